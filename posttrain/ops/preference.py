@@ -1,0 +1,115 @@
+"""Preference losses: DPO and variants, Bradley-Terry reward model (formulas.md 8-9).
+
+Notation: B preference pairs (chosen y_w, rejected y_l), T response tokens, V vocab.
+
+Implicit reward margin ``h = beta * [(logp(y_w) - logp_ref(y_w)) - (logp(y_l) - logp_ref(y_l))]``
+with sequence log-probs ``logp(y|x) = sum_t m * logp`` (see ``sequence_logprobs``):
+
+- ``sigmoid`` (DPO, Rafailov et al. 2023, arXiv:2305.18290 eq. 7): ``-log sigmoid(h)``.
+- ``cdpo`` (conservative DPO, label smoothing s):
+  ``-(1-s) log sigmoid(h) - s log sigmoid(-h)``.
+- ``robust`` (rDPO, Chowdhury et al. 2024, arXiv:2403.00409):
+  ``[-(1-s) log sigmoid(h) + s log sigmoid(-h)] / (1 - 2s)``; needs s < 1/2.
+- ``ipo`` (Azar et al. 2023, arXiv:2310.12036): ``(h/beta - 1/(2*beta))^2``. The CALLER passes
+  token-AVERAGED log-probs here (``sequence_logprobs(..., average=True)``), not sums.
+- ``hinge`` (SLiC-style): ``relu(1 - h)``.
+
+Deliberate choice: ``sigmoid`` also honours ``label_smoothing`` (as TRL does), which makes it
+identical to ``cdpo``; with the default s = 0 it is plain DPO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def _cdpo(h: Tensor, beta: float, s: float) -> Tensor:
+    return -(1.0 - s) * F.logsigmoid(h) - s * F.logsigmoid(-h)  # [B]
+
+
+def _robust(h: Tensor, beta: float, s: float) -> Tensor:
+    if not 0.0 <= s < 0.5:
+        raise ValueError(f"dpo_loss(robust): label_smoothing must be in [0, 0.5), got {s}")
+    return (-(1.0 - s) * F.logsigmoid(h) + s * F.logsigmoid(-h)) / (1.0 - 2.0 * s)  # [B]
+
+
+def _ipo(h: Tensor, beta: float, s: float) -> Tensor:
+    return (h / beta - 1.0 / (2.0 * beta)) ** 2  # [B]
+
+
+def _hinge(h: Tensor, beta: float, s: float) -> Tensor:
+    return torch.relu(1.0 - h)  # [B]
+
+
+DPO_LOSSES: dict[str, Callable[[Tensor, float, float], Tensor]] = {
+    "sigmoid": _cdpo,
+    "cdpo": _cdpo,
+    "robust": _robust,
+    "ipo": _ipo,
+    "hinge": _hinge,
+}
+
+
+def dpo_loss(
+    chosen_logps: Tensor,
+    rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    *,
+    beta: float = 0.1,
+    loss_type: str = "sigmoid",
+    label_smoothing: float = 0.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Per-pair DPO-family loss.
+
+    Args:
+        chosen_logps / rejected_logps: [B] policy sequence log-probs of y_w / y_l.
+        ref_chosen_logps / ref_rejected_logps: [B] reference sequence log-probs (these can be
+            precomputed once for the whole dataset).
+        beta: KL strength. loss_type: see the module docstring.
+        label_smoothing: s, the assumed label-flip rate (cdpo / robust / sigmoid).
+
+    Returns:
+        (loss [B] per pair -- take ``.mean()``, metrics) with detached means
+        "rewards/chosen" = beta*(logp - logp_ref)(y_w), "rewards/rejected", "rewards/margin"
+        and "rewards/accuracy" (fraction of pairs with chosen reward > rejected reward).
+    """
+    if loss_type not in DPO_LOSSES:
+        raise ValueError(f"dpo_loss: unknown loss_type {loss_type!r}; valid: {sorted(DPO_LOSSES)}")
+    chosen_rewards = beta * (chosen_logps - ref_chosen_logps)  # [B]
+    rejected_rewards = beta * (rejected_logps - ref_rejected_logps)  # [B]
+    h = chosen_rewards - rejected_rewards  # [B]
+    loss = DPO_LOSSES[loss_type](h, beta, label_smoothing)  # [B]
+    with torch.no_grad():
+        metrics = {
+            "rewards/chosen": chosen_rewards.mean(),
+            "rewards/rejected": rejected_rewards.mean(),
+            "rewards/margin": h.mean(),
+            "rewards/accuracy": (chosen_rewards > rejected_rewards).float().mean(),
+        }
+    return loss, metrics
+
+
+def bradley_terry_loss(
+    chosen_scores: Tensor,
+    rejected_scores: Tensor,
+    margin: Tensor | float | None = None,
+) -> Tensor:
+    """Bradley-Terry reward-model loss ``mean(-log sigmoid(r_w - r_l - m))``.
+
+    Args:
+        chosen_scores / rejected_scores: [B] scalar scores read at the last real token.
+        margin: optional [B] (or scalar) margin m subtracted inside the sigmoid
+            (the Llama-2 reward-model variant).
+
+    Returns:
+        [] mean loss over pairs.
+    """
+    diff = chosen_scores - rejected_scores  # [B]
+    if margin is not None:
+        diff = diff - margin  # [B]
+    return -F.logsigmoid(diff).mean()  # []

@@ -1,0 +1,77 @@
+"""DPO variants and Bradley-Terry (formulas.md sections 8-9)."""
+
+import math
+
+import pytest
+import torch
+
+from posttrain.ops import bradley_terry_loss, dpo_loss
+
+# chosen -1 vs ref -2, rejected -3 vs ref -2, beta 0.5:
+# chosen reward 0.5*(+1) = 0.5, rejected reward 0.5*(-1) = -0.5, h = 1
+# -log sigmoid(1) = log(1 + e^-1) = 0.31326 ; -log sigmoid(-1) = log(1 + e) = 1.31326
+ARGS = (torch.tensor([-1.0]), torch.tensor([-3.0]), torch.tensor([-2.0]), torch.tensor([-2.0]))
+
+
+@pytest.mark.parametrize(
+    "loss_type, s, want",
+    [
+        ("sigmoid", 0.0, 0.31326),
+        # 0.9*0.31326 + 0.1*1.31326 = 0.28194 + 0.13133 = 0.41326
+        ("cdpo", 0.1, 0.41326),
+        ("sigmoid", 0.1, 0.41326),
+        # (0.9*0.31326 - 0.1*1.31326) / (1 - 0.2) = (0.28194 - 0.13133)/0.8 = 0.18826
+        ("robust", 0.1, 0.18826),
+        ("robust", 0.0, 0.31326),
+        # (h/beta - 1/(2 beta))^2 = (2 - 1)^2 = 1
+        ("ipo", 0.0, 1.0),
+        # relu(1 - h) = relu(0) = 0
+        ("hinge", 0.0, 0.0),
+    ],
+)
+def test_dpo_golden(loss_type, s, want):
+    loss, _ = dpo_loss(*ARGS, beta=0.5, loss_type=loss_type, label_smoothing=s)
+    assert loss.shape == (1,)
+    assert loss.item() == pytest.approx(want, abs=1e-5)
+
+
+def test_dpo_hinge_and_ipo_other_beta():
+    # beta 0.25: h = 0.5 -> hinge relu(1 - 0.5) = 0.5 ; ipo (0.5/0.25 - 1/0.5)^2 = (2 - 2)^2 = 0
+    loss, _ = dpo_loss(*ARGS, beta=0.25, loss_type="hinge")
+    assert loss.item() == pytest.approx(0.5)
+    loss, _ = dpo_loss(*ARGS, beta=0.25, loss_type="ipo")
+    assert loss.item() == pytest.approx(0.0)
+
+
+def test_dpo_metrics_and_gradient_sign():
+    chosen = torch.tensor([-1.0, -5.0], requires_grad=True)
+    rejected = torch.tensor([-3.0, -1.0], requires_grad=True)
+    ref = torch.tensor([-2.0, -2.0])
+    loss, m = dpo_loss(chosen, rejected, ref, ref, beta=0.5)
+    # chosen rewards [0.5, -1.5] mean -0.5 ; rejected [-0.5, 0.5] mean 0 ;
+    # margins [1, -2] mean -0.5 ; accuracy 1/2
+    assert m["rewards/chosen"].item() == pytest.approx(-0.5)
+    assert m["rewards/rejected"].item() == pytest.approx(0.0)
+    assert m["rewards/margin"].item() == pytest.approx(-0.5)
+    assert m["rewards/accuracy"].item() == pytest.approx(0.5)
+    loss.mean().backward()
+    # minimizing the loss raises chosen log-probs and lowers rejected ones
+    assert (chosen.grad < 0).all() and (rejected.grad > 0).all()
+    # d/dc -log sigmoid(h) = -beta * sigmoid(-h) / B: pair 0: -0.5 * sigmoid(-1) / 2 = -0.06723
+    assert chosen.grad[0].item() == pytest.approx(-0.5 * (1 / (1 + math.e)) / 2, abs=1e-6)
+
+
+def test_dpo_bad_keys():
+    with pytest.raises(ValueError, match=r"'cdpo', 'hinge', 'ipo', 'robust', 'sigmoid'"):
+        dpo_loss(*ARGS, loss_type="kto")
+    with pytest.raises(ValueError, match="label_smoothing"):
+        dpo_loss(*ARGS, loss_type="robust", label_smoothing=0.5)
+
+
+def test_bradley_terry_golden():
+    chosen, rejected = torch.tensor([2.0, 0.0]), torch.tensor([1.0, -1.0])
+    # both diffs 1: -log sigmoid(1) = 0.31326
+    assert bradley_terry_loss(chosen, rejected).item() == pytest.approx(0.31326, abs=1e-5)
+    # margin 0.5: -log sigmoid(0.5) = log(1 + e^-0.5) = log(1.60653) = 0.47408
+    loss = bradley_terry_loss(chosen, rejected, margin=torch.tensor([0.5, 0.5]))
+    assert loss.item() == pytest.approx(0.47408, abs=1e-5)
