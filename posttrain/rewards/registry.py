@@ -1,0 +1,227 @@
+"""Named reward functions, their weighted sum, and a scorer that counts every failure.
+
+A reward function is a plain callable ``fn(completion, **fields) -> float``. Built-in names:
+``math``, ``format``, ``code``; anything else is ``"package.module:function"``. The dataset
+row's extra fields are passed by parameter name (``inspect.signature``), so
+``math_reward(completion, answer)`` and ``code_reward(completion, tests)`` work unchanged; a
+function with ``**kwargs`` receives every field. ``RewardSpec.kwargs`` (from the recipe) are
+passed too and win over a row field of the same name.
+
+``RewardScorer.score`` returns the weighted sum per sample (``nan`` if any function raised
+:class:`UnscorableError` for it: the sample is excluded and counted), each function's values,
+metrics (means, error counts, unscorable count, code outcome counters) and the error records.
+A function that raises anything else is counted and recorded; ``on_error="raise"`` re-raises it
+as :class:`RewardFunctionError` naming the function and the sample (always so for
+:class:`SandboxUnavailableError`: a strict sandbox that cannot run is a set-up error).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import os
+import re
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from posttrain.rewards.code import code_reward, code_reward_detailed
+from posttrain.rewards.errors import (
+    RewardFunctionError,
+    SandboxUnavailableError,
+    UnscorableError,
+)
+from posttrain.rewards.format import format_reward
+from posttrain.rewards.math import math_reward
+from posttrain.rewards.sandbox import STATUSES
+
+RewardFn = Callable[..., float]
+
+BUILTIN_REWARDS: dict[str, RewardFn] = {
+    "math": math_reward,
+    "format": format_reward,
+    "code": code_reward,
+}
+# Functions whose detailed variant also reports an outcome status for the counters.
+_DETAILED: dict[Any, Callable[..., tuple[float, Any]]] = {code_reward: code_reward_detailed}
+_TARGET_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_ON_ERROR = {"zero": "zero", "raise": "raise"}
+_EXCERPT_CHARS = 200
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """One named reward function and its weight in the sum."""
+
+    name: str
+    """Built-in name (``math``, ``format``, ``code``) or ``"package.module:function"``."""
+    weight: float = 1.0
+    """Multiplier in the weighted sum."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for every call (e.g. ``{"partial": True}`` for ``code``)."""
+
+
+@dataclass
+class ScoreResult:
+    """Scores of one batch. ``scores[i]`` is ``nan`` for an unscorable sample."""
+
+    scores: list[float]
+    per_function: dict[str, list[float]]
+    metrics: dict[str, float]
+    errors: list[dict[str, Any]]
+
+
+def resolve_reward(name: str) -> RewardFn:
+    """The function for a built-in name or a ``"package.module:function"`` target."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"reward name must be a non-empty string, got {name!r}")
+    if ":" not in name:
+        if name not in BUILTIN_REWARDS:
+            raise ValueError(f"unknown reward {name!r}; built-in rewards: "
+                             f"{sorted(BUILTIN_REWARDS)} (or 'package.module:function')")
+        return BUILTIN_REWARDS[name]
+    if not _TARGET_RE.match(name):
+        raise ValueError(f"reward {name!r}: expected 'package.module:function'")
+    module_name, function_name = name.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"reward {name!r}: cannot import module {module_name!r}: {exc}") from exc
+    fn = getattr(module, function_name, None)
+    if fn is None or not callable(fn):
+        raise ValueError(f"reward {name!r}: module {module_name!r} has no callable "
+                         f"{function_name!r}")
+    return fn
+
+
+def validate_specs(specs: Sequence[RewardSpec | str]) -> list[tuple[RewardSpec, RewardFn]]:
+    """Check every spec (name, weight, unique names, importable function) before any work."""
+    if not specs:
+        raise ValueError("no reward functions given: need at least one RewardSpec")
+    resolved: list[tuple[RewardSpec, RewardFn]] = []
+    seen: set[str] = set()
+    for index, spec in enumerate(specs):
+        spec = RewardSpec(spec) if isinstance(spec, str) else spec
+        if not isinstance(spec, RewardSpec):
+            raise ValueError(f"reward spec {index}: expected RewardSpec or str, got {spec!r}")
+        if isinstance(spec.weight, bool) or not isinstance(spec.weight, (int, float)) \
+                or not math.isfinite(spec.weight):
+            raise ValueError(f"reward spec {index} ({spec.name!r}): weight must be a finite "
+                             f"number, got {spec.weight!r}")
+        if spec.name in seen:
+            raise ValueError(f"reward spec {index}: {spec.name!r} is listed twice")
+        seen.add(spec.name)
+        fn = resolve_reward(spec.name)
+        try:
+            inspect.signature(fn)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"reward {spec.name!r}: cannot read its signature: {exc}") from exc
+        resolved.append((spec, fn))
+    return resolved
+
+
+def call_arguments(fn: RewardFn, spec: RewardSpec, row: dict[str, Any], index: int
+                   ) -> dict[str, Any]:
+    """Keyword arguments for ``fn(completion, **kwargs)`` taken from the row by parameter name."""
+    params = list(inspect.signature(fn).parameters.values())[1:]  # the first is the completion
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        kwargs = dict(row)
+    else:
+        names = {p.name for p in params
+                 if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                               inspect.Parameter.KEYWORD_ONLY)}
+        kwargs = {k: v for k, v in row.items() if k in names}
+    kwargs.update(spec.kwargs)
+    missing = [p.name for p in params if p.default is inspect.Parameter.empty
+               and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                              inspect.Parameter.KEYWORD_ONLY) and p.name not in kwargs]
+    if missing:
+        raise ValueError(f"reward {spec.name!r}: sample {index} has no field(s) {missing}; "
+                         f"the row has {sorted(row)}")
+    return kwargs
+
+
+class RewardScorer:
+    """Weighted sum of named reward functions over a batch, run on a thread pool."""
+
+    def __init__(self, specs: Sequence[RewardSpec | str], on_error: str = "zero",
+                 max_workers: int | None = None) -> None:
+        if on_error not in _ON_ERROR:
+            raise ValueError(f"unknown on_error {on_error!r}; valid values: {sorted(_ON_ERROR)}")
+        self.resolved = validate_specs(specs)
+        self.on_error = on_error
+        self.max_workers = max(1, max_workers or os.cpu_count() or 1)
+
+    def _call(self, spec: RewardSpec, fn: RewardFn, completion: str,
+              kwargs: dict[str, Any]) -> tuple[float, str | None, BaseException | None]:
+        """(value, outcome status or None, exception or None) of one call; never raises."""
+        try:
+            if fn in _DETAILED:
+                value, result = _DETAILED[fn](completion, **kwargs)
+                return float(value), result.status, None
+            return float(fn(completion, **kwargs)), None, None
+        except Exception as exc:
+            return math.nan, None, exc
+
+    def score(self, completions: Sequence[str], rows: Sequence[dict[str, Any]]) -> ScoreResult:
+        """Score every completion with every function; ``rows[i]`` holds sample i's fields."""
+        if len(completions) != len(rows):
+            raise ValueError(f"{len(completions)} completions but {len(rows)} rows")
+        jobs = [(spec, fn, i, call_arguments(fn, spec, rows[i], i))
+                for spec, fn in self.resolved for i in range(len(completions))]
+        with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
+            outcomes = list(pool.map(lambda job: self._call(job[0], job[1], completions[job[2]],
+                                                            job[3]), jobs))
+        return self._collect(completions, jobs, outcomes)
+
+    def _collect(self, completions: Sequence[str], jobs: list, outcomes: list) -> ScoreResult:
+        n = len(completions)
+        per_function = {spec.name: [0.0] * n for spec, _ in self.resolved}
+        unscorable = [False] * n
+        errors: list[dict[str, Any]] = []
+        counters = dict.fromkeys(STATUSES, 0)
+        error_counts = dict.fromkeys(per_function, 0)
+        for (spec, _, i, _), (value, status, exc) in zip(jobs, outcomes, strict=True):
+            if isinstance(exc, UnscorableError):
+                unscorable[i], value = True, math.nan
+            elif exc is not None:
+                # a sandbox that refuses to run (strict mode) is a set-up error, never a zero
+                if self.on_error == "raise" or isinstance(exc, SandboxUnavailableError):
+                    raise RewardFunctionError(spec.name, i, exc) from exc
+                error_counts[spec.name] += 1
+                errors.append({"function": spec.name, "index": i, "error": repr(exc),
+                               "completion": completions[i][:_EXCERPT_CHARS]})
+                value = 0.0
+            if status is not None:
+                counters[status] += 1
+            per_function[spec.name][i] = value
+        scores = [math.nan if unscorable[i] else
+                  sum(spec.weight * per_function[spec.name][i] for spec, _ in self.resolved)
+                  for i in range(n)]
+        metrics = _metrics(per_function, scores, unscorable, error_counts,
+                           counters if any(fn in _DETAILED for _, fn in self.resolved) else None)
+        return ScoreResult(scores, per_function, metrics, errors)
+
+
+def _mean(values: Sequence[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else math.nan
+
+
+def _metric_name(name: str) -> str:
+    return re.sub(r"[^\w.\-]+", ".", name)
+
+
+def _metrics(per_function: dict[str, list[float]], scores: list[float], unscorable: list[bool],
+             error_counts: dict[str, int], counters: dict[str, int] | None) -> dict[str, float]:
+    metrics: dict[str, float] = {"reward/mean": _mean(scores),
+                                 "reward/unscorable": float(sum(unscorable))}
+    for name, values in per_function.items():
+        metrics[f"reward/{_metric_name(name)}_mean"] = _mean(values)
+        metrics[f"reward/errors/{_metric_name(name)}"] = float(error_counts[name])
+    if counters is not None:
+        for status, count in counters.items():
+            metrics[f"code/{status}"] = float(count)
+    return metrics

@@ -1,0 +1,421 @@
+"""Run untrusted Python with tests in a sandbox: bubblewrap + resource limits + process sweep.
+
+``run_sandboxed(code, tests, limits=..., mode=...)`` starts the trusted supervisor
+(:mod:`posttrain.rewards._harness`) in a fresh interpreter and returns a :class:`SandboxResult`.
+The guarantees of each mode are tabulated in ``docs/sandbox.md``. In short:
+
+* ``bwrap`` (bubblewrap): read-only root, private size-capped tmpfs for ``/tmp``, ``/var/tmp``,
+  ``/dev/shm``, new ``/proc`` and ``/dev``, all namespaces unshared (network, PID, IPC, UTS,
+  cgroup, user; nested user namespaces disabled), ``--die-with-parent``, ``--new-session``,
+  ``--clearenv``. Killing bubblewrap kills every process of the run (PID namespace).
+* ``limits``: the same resource limits and process sweep, no file-system or network isolation
+  (a one-time warning says so).
+* ``strict``/``bwrap``: refuse to run without a working bubblewrap
+  (:class:`SandboxUnavailableError`). ``auto``: bwrap if it works here, else ``limits``.
+
+In every mode: ``RLIMIT_CPU``, ``RLIMIT_AS``, ``RLIMIT_NPROC``, ``RLIMIT_FSIZE``,
+``RLIMIT_NOFILE`` (and ``RLIMIT_CORE=0``) on every process; a wall-clock deadline per test
+(the supervisor kills the test's processes) and for the whole run (we kill the process group);
+stdout/stderr kept up to ``max_output_bytes``. When the caller is root the run drops to an
+unprivileged uid unique to the concurrent slot (``uid_base + slot``): root is exempt from
+``RLIMIT_NPROC``, and a unique uid also lets us kill every process of the run afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import math
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from posttrain.rewards.errors import SandboxUnavailableError
+from posttrain.rewards.sandbox_host import (
+    cleanup_world_writable,
+    count_user_tasks,
+    kill_uid,
+    probe_python,
+    uid_is_idle,
+)
+
+logger = logging.getLogger(__name__)
+
+STATUSES = ("passed", "failed", "timeout", "memory", "crashed", "sandbox_error")
+_MODES = {"auto": "auto", "bwrap": "bwrap", "strict": "bwrap", "limits": "limits"}
+_HARNESS_SOURCE = Path(__file__).with_name("_harness.py").read_text()
+_STARTUP_S = 10.0  # interpreter + bubblewrap start-up allowance for the whole-run deadline
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits of one sandboxed run (defaults in brackets; docs/sandbox.md)."""
+
+    timeout_s: float = 5.0
+    """Wall-clock limit per test [5 s]; the CPU limit per test is ``ceil(timeout_s)`` seconds."""
+    address_space_mb: int = 1024
+    """RLIMIT_AS of every process [1024 MiB]."""
+    nproc: int = 32
+    """RLIMIT_NPROC: processes + threads of the run [32]."""
+    file_size_mb: int = 16
+    """RLIMIT_FSIZE: largest file the program may write [16 MiB]."""
+    nofile: int = 64
+    """RLIMIT_NOFILE: open file descriptors per process [64]."""
+    tmpfs_mb: int = 64
+    """Size of each private tmpfs in bwrap mode [64 MiB]."""
+    max_output_bytes: int = 65536
+    """Stdout and stderr are each kept up to this many bytes [64 KiB]; the rest is drained."""
+    uid_base: int = 200000
+    """When running as root, slot ``k`` runs as uid/gid ``uid_base + k`` [200000]."""
+    python: str | None = None
+    """Interpreter inside the sandbox [first of sys.executable, python3 that the uid can run]."""
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "address_space_mb", "nproc", "file_size_mb", "nofile",
+                     "tmpfs_mb", "max_output_bytes"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"SandboxLimits.{name} must be > 0, got {getattr(self, name)!r}")
+
+
+@dataclass
+class SandboxResult:
+    """Outcome of one run. ``status`` is the first non-passing test's status (or ``passed``)."""
+
+    status: str
+    tests_passed: int
+    tests_total: int
+    test_status: list[str] = field(default_factory=list)
+    detail: str = ""
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+    mode: str = ""
+
+
+class _Slots:
+    """Slot numbers for concurrent runs; with ``lock_dir`` a slot is also locked across
+    processes (``flock``), so two trainers on one machine never share a sandbox uid."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._used: dict[int, int | None] = {}  # slot -> lock file descriptor
+
+    def acquire(self, lock_dir: str | None, usable: Callable[[int], bool]) -> int:
+        """Lowest free slot that ``usable`` accepts (e.g. its uid has no zombies left)."""
+        with self._lock:
+            slot = 0
+            while True:
+                if slot not in self._used and usable(slot):
+                    fd = _try_lock(lock_dir, slot) if lock_dir else None
+                    if lock_dir is None or fd is not None:
+                        self._used[slot] = fd
+                        return slot
+                slot += 1
+
+    def release(self, slot: int) -> None:
+        with self._lock:
+            fd = self._used.pop(slot, None)
+        if fd is not None:
+            os.close(fd)  # closing drops the flock
+
+
+def _try_lock(lock_dir: str, slot: int) -> int | None:
+    os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(lock_dir, f"slot-{slot}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+_SLOTS = _Slots()
+_PROBE_LOCK = threading.Lock()
+_BWRAP_OK: dict[bool, str | None] = {}  # as_root -> None if bwrap works, else the reason
+_WARNED: set[str] = set()
+
+
+def _bwrap_argv(limits: SandboxLimits) -> list[str]:
+    size = str(limits.tmpfs_mb * 1024 * 1024)
+    return [
+        shutil.which("bwrap") or "bwrap",
+        "--ro-bind", "/", "/",
+        "--dev", "/dev",
+        "--proc", "/proc",
+        "--size", size, "--tmpfs", "/tmp",
+        "--size", size, "--tmpfs", "/var/tmp",
+        "--size", size, "--tmpfs", "/dev/shm",
+        "--chdir", "/tmp",
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--as-pid-1",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+        "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
+        "--setenv", "HOME", "/tmp",
+        "--setenv", "TMPDIR", "/tmp",
+        "--setenv", "LANG", "C.UTF-8",
+        "--",
+    ]
+
+
+def _user_kwargs(uid: int | None) -> dict:
+    if uid is None:
+        return {}
+    return {"user": uid, "group": uid, "extra_groups": []}
+
+
+def _bwrap_problem(as_root: bool, uid: int | None) -> str | None:
+    """None if bubblewrap runs a process here, else why not (cached per privilege level)."""
+    with _PROBE_LOCK:
+        if as_root not in _BWRAP_OK:
+            if shutil.which("bwrap") is None:
+                _BWRAP_OK[as_root] = ("bwrap not found on PATH "
+                                      "(Debian/Ubuntu: apt-get install bubblewrap)")
+            else:
+                argv = _bwrap_argv(SandboxLimits()) + ["/bin/true"]
+                try:
+                    done = subprocess.run(argv, capture_output=True, timeout=30,
+                                          **_user_kwargs(uid))
+                    ok = done.returncode == 0
+                    reason = None if ok else done.stderr.decode(errors="replace").strip()
+                except (OSError, subprocess.TimeoutExpired) as exc:
+                    reason = repr(exc)
+                _BWRAP_OK[as_root] = reason and f"bwrap failed to start a sandbox: {reason}"
+        return _BWRAP_OK[as_root]
+
+
+def _resolve_mode(mode: str, as_root: bool, uid: int | None) -> str:
+    if mode not in _MODES:
+        raise ValueError(f"unknown sandbox mode {mode!r}; valid modes: {sorted(_MODES)}")
+    wanted = _MODES[mode]
+    if wanted == "limits":
+        return "limits"
+    problem = _bwrap_problem(as_root, uid)
+    if problem is None:
+        return "bwrap"
+    if wanted == "bwrap":
+        raise SandboxUnavailableError(f"sandbox mode {mode!r} needs bubblewrap: {problem}")
+    if "limits" not in _WARNED:
+        _WARNED.add("limits")
+        logger.warning("%s; running code with resource limits only: file-system and network "
+                       "isolation are OFF (set sandbox mode 'strict' to refuse)", problem)
+    return "limits"
+
+
+def _payload(code: str, tests: list[str], limits: SandboxLimits, nproc: int,
+             stop_on_failure: bool, kill_all: bool) -> bytes:
+    cpu_s = max(1, math.ceil(limits.timeout_s))
+    harness_limits = {
+        "address_space_mb": limits.address_space_mb,
+        "nproc": nproc,
+        "file_size_mb": limits.file_size_mb,
+        "nofile": limits.nofile,
+        "supervisor_cpu_s": (cpu_s + 2) * max(1, len(tests)) + 10,
+    }
+    body = {"code": code, "tests": tests, "timeout_s": limits.timeout_s, "cpu_s": cpu_s,
+            "stop_on_failure": stop_on_failure, "kill_all": kill_all, "limits": harness_limits}
+    return json.dumps(body).encode()
+
+
+def _communicate(proc: subprocess.Popen, payload: bytes, result_fd: int, deadline: float,
+                 cap: int) -> tuple[bytes, bytes, bytes, bool]:
+    """Feed stdin, read stdout/stderr (capped) and the result pipe until the result pipe closes
+    or the deadline passes. Returns (result, stdout, stderr, timed_out)."""
+    assert proc.stdin and proc.stdout and proc.stderr
+    buffers = {proc.stdout.fileno(): b"", proc.stderr.fileno(): b"", result_fd: b""}
+    stdin_fd = proc.stdin.fileno()
+    os.set_blocking(stdin_fd, False)
+    sent = 0
+    with selectors.DefaultSelector() as sel:
+        sel.register(stdin_fd, selectors.EVENT_WRITE)
+        for fd in buffers:
+            sel.register(fd, selectors.EVENT_READ)
+        result_open, grace_end = True, None
+        while sel.get_map():
+            now = time.monotonic()
+            end = deadline if grace_end is None else min(deadline, grace_end)
+            if now >= end:
+                return buffers[result_fd], buffers[proc.stdout.fileno()], \
+                    buffers[proc.stderr.fileno()], result_open
+            for key, _ in sel.select(end - now):
+                fd = key.fd
+                if fd == stdin_fd:
+                    try:
+                        sent += os.write(fd, payload[sent : sent + 65536])
+                    except BlockingIOError:
+                        continue
+                    except BrokenPipeError:  # the sandbox died before reading everything
+                        sent = len(payload)
+                    if sent >= len(payload):
+                        sel.unregister(fd)
+                        proc.stdin.close()
+                    continue
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    sel.unregister(fd)
+                    if fd == result_fd:
+                        result_open, grace_end = False, time.monotonic() + 0.5
+                    continue
+                limit = 1 << 20 if fd == result_fd else cap
+                if len(buffers[fd]) < limit:
+                    buffers[fd] += chunk[: limit - len(buffers[fd])]
+    return buffers[result_fd], buffers[proc.stdout.fileno()], buffers[proc.stderr.fileno()], \
+        result_open
+
+
+def _parse_report(raw: bytes, timed_out: bool, stderr: bytes, n_tests: int
+                  ) -> tuple[str, list[str], str]:
+    if not raw.startswith(b"R\n"):
+        tail = stderr.decode(errors="replace")[-500:]
+        return "sandbox_error", ["sandbox_error"] * n_tests, f"sandbox did not start: {tail}"
+    body = raw[2:].strip()
+    if not body:
+        status = "timeout" if timed_out else "crashed"
+        return status, [status] * n_tests, f"supervisor gave no report ({status})"
+    try:
+        report = json.loads(body)
+        tests = [str(t) for t in report["tests"]][:n_tests]
+    except (ValueError, KeyError, TypeError) as exc:
+        return "sandbox_error", ["sandbox_error"] * n_tests, f"unreadable report: {exc!r}"
+    failing = [t for t in tests if t not in ("passed", "skipped")]
+    return (failing[0] if failing else "passed"), tests, str(report.get("detail", ""))
+
+
+def _launch(mode: str, limits: SandboxLimits, uid: int | None, workdir: str | None,
+            result_w: int) -> subprocess.Popen:
+    python = limits.python or probe_python(uid)
+    command = [python, "-I", "-S", "-B", "-u", "-c", _HARNESS_SOURCE, str(result_w)]
+    if mode == "bwrap":
+        command = _bwrap_argv(limits) + command
+        env = {}
+    else:
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(workdir),
+               "TMPDIR": str(workdir), "LANG": "C.UTF-8"}
+    return subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        pass_fds=(result_w,), start_new_session=True, env=env, cwd=workdir,
+        **_user_kwargs(uid),
+    )
+
+
+def _nproc_limit(limits: SandboxLimits, mode: str, uid: int | None) -> int:
+    """RLIMIT_NPROC counts every task of the (namespaced) uid; add what a shared uid already has."""
+    if uid is not None or mode == "bwrap":
+        return limits.nproc  # a uid of our own, or a fresh user namespace: only this run counts
+    return count_user_tasks(os.getuid()) + limits.nproc
+
+
+def run_sandboxed(code: str, tests: list[str] | None = None, *,
+                  limits: SandboxLimits | None = None, mode: str = "auto",
+                  stop_on_failure: bool = False) -> SandboxResult:
+    """Run ``code`` then each test (a Python snippet, usually asserts) in its own process.
+
+    Without ``tests`` the program alone runs once and passes if it finishes without raising.
+    ``stop_on_failure`` skips the remaining tests after the first one that does not pass.
+    """
+    limits = limits or SandboxLimits()
+    tests = list(tests) if tests else [""]
+    as_root = os.geteuid() == 0
+    lock_dir = os.path.join(tempfile.gettempdir(), "posttrain-sandbox-slots") if as_root else None
+    slot = _SLOTS.acquire(lock_dir, lambda k: not as_root or uid_is_idle(limits.uid_base + k))
+    uid = limits.uid_base + slot if as_root else None
+    started = time.monotonic()
+    try:
+        resolved = _resolve_mode(mode, as_root, uid)
+        return _run_in_slot(code, tests, limits, resolved, uid, stop_on_failure, started)
+    finally:
+        _SLOTS.release(slot)
+
+
+def _run_in_slot(code: str, tests: list[str], limits: SandboxLimits, mode: str,
+                 uid: int | None, stop_on_failure: bool, started: float) -> SandboxResult:
+    workdir = None
+    if mode == "limits" and uid is not None:
+        kill_uid(uid, limits.python or probe_python(uid))  # leftovers of a crashed process
+    if mode == "limits":
+        workdir = tempfile.mkdtemp(prefix="posttrain-sandbox-")
+        if uid is not None:
+            os.chown(workdir, uid, uid)
+    kill_all = mode == "bwrap" or uid is not None  # alone in a PID namespace or a uid
+    payload = _payload(code, tests, limits, _nproc_limit(limits, mode, uid), stop_on_failure,
+                       kill_all)
+    result_r, result_w = os.pipe()
+    proc, timed_out = None, True
+    try:
+        try:
+            proc = _launch(mode, limits, uid, workdir, result_w)
+        except OSError as exc:
+            return SandboxResult("sandbox_error", 0, len(tests), ["sandbox_error"] * len(tests),
+                                 f"cannot start the sandbox: {exc!r}", mode=mode,
+                                 duration_s=time.monotonic() - started)
+        finally:
+            os.close(result_w)
+        deadline = started + _STARTUP_S + len(tests) * (limits.timeout_s + 1.0)
+        raw, out, err, timed_out = _communicate(proc, payload, result_r, deadline,
+                                                limits.max_output_bytes)
+    finally:
+        os.close(result_r)
+        _cleanup(proc, mode, uid, workdir, limits, graceful=not timed_out)
+    status, test_status, detail = _parse_report(raw, timed_out, err, len(tests))
+    return SandboxResult(
+        status=status, tests_passed=test_status.count("passed"), tests_total=len(tests),
+        test_status=test_status, detail=detail, stdout=out.decode(errors="replace"),
+        stderr=err.decode(errors="replace"), duration_s=time.monotonic() - started, mode=mode,
+    )
+
+
+def _cleanup(proc: subprocess.Popen | None, mode: str, uid: int | None,
+             workdir: str | None, limits: SandboxLimits, graceful: bool) -> None:
+    """Nothing of the run may survive it: process group, uid sweep, temporary files."""
+    if proc is not None and graceful:
+        # a supervisor that reported exits by itself; let bubblewrap unwind its namespace
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=2.0)
+    if proc is not None and mode == "bwrap" and proc.poll() is None:
+        # kill bubblewrap's in-namespace init first: the kernel then kills the whole namespace
+        # and the outer bwrap reaps it (killing the outer first would orphan a zombie)
+        for child in _children(proc.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(child, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=2.0)
+    if proc is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None and not stream.closed:
+                stream.close()
+    if mode == "limits" and uid is not None:
+        kill_uid(uid, limits.python or probe_python(uid))
+        cleanup_world_writable(uid)
+    if workdir is not None:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (Linux ``/proc/<pid>/task/<pid>/children``)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def limits_dict(limits: SandboxLimits) -> dict:
+    """The limits as a plain dict (for logs and docs)."""
+    return asdict(limits)

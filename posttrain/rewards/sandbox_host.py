@@ -1,0 +1,118 @@
+"""Host-side helpers of the sandbox: pick an interpreter, count and kill a uid's processes,
+remove what a uid left in world-writable directories. Linux ``/proc`` only; no torch."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+_WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+_PYTHON_CACHE: dict[bool, str] = {}
+_PYTHON_LOCK = threading.Lock()
+
+
+def probe_python(uid: int | None) -> str:
+    """First interpreter the sandbox uid can run: sys.executable, then python3 on PATH.
+
+    A root-owned ``/root/.pyenv`` interpreter, for instance, is not reachable by an
+    unprivileged uid; the system ``/usr/bin/python3`` then runs the (stdlib-only) harness.
+    """
+    key = uid is None
+    with _PYTHON_LOCK:
+        if key in _PYTHON_CACHE:
+            return _PYTHON_CACHE[key]
+        candidates = [sys.executable, os.path.realpath(sys.executable),
+                      shutil.which("python3"), "/usr/bin/python3"]
+        extra = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
+        for candidate in dict.fromkeys(c for c in candidates if c):
+            try:
+                done = subprocess.run([candidate, "-I", "-S", "-c", "import resource, select"],
+                                      capture_output=True, timeout=30, cwd="/", **extra)
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            if done.returncode == 0:
+                _PYTHON_CACHE[key] = candidate
+                return candidate
+        raise RuntimeError(f"no Python interpreter runnable by uid {uid}: tried {candidates}; "
+                           "set SandboxLimits(python=...)")
+
+
+def _status_fields(pid: str) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return {}
+
+
+def _uid_processes(uid: int) -> list[tuple[int, dict[str, str]]]:
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        fields = _status_fields(name)
+        uids = fields.get("Uid", "").split()
+        if uids and int(uids[0]) == uid:
+            found.append((int(name), fields))
+    return found
+
+
+def count_user_tasks(uid: int) -> int:
+    """Tasks (threads) owned by real uid ``uid`` - what RLIMIT_NPROC counts."""
+    return sum(int(fields.get("Threads", "1").strip() or 1) for _, fields in _uid_processes(uid))
+
+
+def kill_uid(uid: int, python: str, wait_s: float = 2.0) -> bool:
+    """Kill every live process of the sandbox slot ``uid``; True once none is left alive.
+
+    A helper running *as* ``uid`` calls ``kill(-1, SIGKILL)``, which reaches exactly that uid's
+    processes and is atomic with respect to fork. Zombies left to the host's init are not waited
+    for (see ``uid_is_idle``).
+    """
+    if uid in (0, os.getuid()):
+        raise ValueError(f"refusing to kill every process of uid {uid} (the caller's or root)")
+    deadline = time.monotonic() + wait_s
+    while True:
+        if not any(_alive(fields) for _, fields in _uid_processes(uid)):
+            return True
+        subprocess.run([python, "-I", "-S", "-c", "import os\ntry: os.kill(-1, 9)\n"
+                        "except OSError: pass"], user=uid, group=uid, extra_groups=[],
+                       capture_output=True, timeout=30, cwd="/")
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+
+
+def uid_is_idle(uid: int) -> bool:
+    """True if ``uid`` owns no process at all, zombies included (they count for RLIMIT_NPROC)."""
+    return not _uid_processes(uid)
+
+
+def _alive(fields: dict[str, str]) -> bool:
+    return not fields.get("State", "").strip().startswith(("Z", "X"))
+
+
+def cleanup_world_writable(uid: int) -> int:
+    """Remove entries owned by ``uid`` at the top of /tmp, /var/tmp, /dev/shm, /run/lock."""
+    removed = 0
+    for directory in _WORLD_WRITABLE:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+                removed += 1
+            except OSError:
+                continue
+    return removed
