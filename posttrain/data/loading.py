@@ -1,0 +1,154 @@
+"""Load dataset rows (JSONL, JSON, parquet, ``datasets`` directories or Hub names) and validate
+them against a kind's schema before any model is loaded.
+
+Every problem becomes a :class:`DataError` naming the file, the line (1-based; for ``datasets``
+sources the row index), the field and what was expected. Up to ``MAX_REPORTED`` problems are
+reported at once so a user can fix a file in one pass.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from posttrain.data import hub
+from posttrain.data.schemas import normalize_row, row_problems, schema
+
+MAX_REPORTED = 10
+_JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
+
+
+class DataError(ValueError):
+    """A malformed dataset: ``source``, ``line`` (or None), ``field`` (or None), ``message``.
+
+    ``str(err)`` reads ``data.jsonl:3: field 'answer': expected a string, got list``; when
+    several rows are bad, the further problems follow on their own lines.
+    """
+
+    def __init__(self, source: str, line: int | None, field: str | None, message: str,
+                 more: list[str] | None = None) -> None:
+        self.source, self.line, self.field, self.message = source, line, field, message
+        self.more = more or []
+        where = source if line is None else f"{source}:{line}"
+        head = f"{where}: {message}" if field is None else f"{where}: field '{field}': {message}"
+        super().__init__("\n".join([head, *self.more]))
+
+
+def read_jsonl(path: str | Path) -> list[tuple[int, Any]]:
+    """``(line number, parsed object)`` for each non-blank line; a JSON array file works too."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(str(path), None, None, "file not found")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise DataError(str(path), err.lineno, None, f"invalid JSON ({err.msg})") from err
+        return [(i + 1, item) for i, item in enumerate(items)]
+    out = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append((number, json.loads(line)))
+        except json.JSONDecodeError as err:
+            raise DataError(str(path), number, None,
+                            f"invalid JSON ({err.msg} at column {err.colno}); expected one "
+                            "JSON object per line") from err
+    return out
+
+
+def rename_columns(row: Any, columns: Mapping[str, str] | None) -> Any:
+    """Map source columns to schema fields: ``columns={"prompt": "question"}``."""
+    if not columns or not isinstance(row, dict):
+        return row
+    out = {k: v for k, v in row.items() if k not in columns.values()}
+    for field, column in columns.items():
+        if column in row:
+            out[field] = row[column]
+    return out
+
+
+def validate_rows(numbered: Iterable[tuple[int, Any]], kind: str, source: str,
+                  columns: Mapping[str, str] | None = None) -> list[dict]:
+    """Check every row against ``kind``; return normalized rows or raise :class:`DataError`."""
+    schema(kind)  # unknown kind -> ValueError listing the valid ones
+    rows, errors = [], []
+    for number, raw in numbered:
+        row = rename_columns(raw, columns)
+        for field, msg in row_problems(row, kind):
+            if columns and field in columns:
+                msg = f"{msg} (read from column '{columns[field]}')"
+            errors.append((number, field, msg))
+        if not errors:
+            rows.append(normalize_row(row, kind))
+        if len(errors) >= MAX_REPORTED:
+            break
+    if errors:
+        line, field, msg = errors[0]
+        more = [f"{source}:{n}: field '{f}': {m}" for n, f, m in errors[1:]]
+        raise DataError(source, line, None if field == "<row>" else field, msg, more)
+    if not rows:
+        raise DataError(source, None, None,
+                        f"the dataset is empty; expected at least one '{kind}' row")
+    return rows
+
+
+def _datasets_rows(source: str, split: str, subset: str | None) -> list[tuple[int, Any]]:
+    """Rows of a parquet file, a ``save_to_disk`` directory or a Hub dataset name."""
+    try:
+        import datasets
+    except ImportError as err:  # pragma: no cover - datasets is a dependency
+        raise DataError(source, None, None, "reading this source needs `datasets`") from err
+    path = Path(source)
+    if not path.exists() and not hub.hub_reachable():
+        raise DataError(source, None, None,
+                        "not a local file or directory, and the Hugging Face Hub is unreachable "
+                        "(offline machine or HF_HUB_OFFLINE=1): download the dataset on a "
+                        "connected machine (e.g. `datasets.load_dataset(...).save_to_disk(DIR)` "
+                        "or `.to_parquet(FILE)`) and pass the local path")
+    try:
+        if path.suffix == ".parquet":
+            ds = datasets.load_dataset("parquet", data_files=str(path), split="train")
+        elif path.is_dir() and (path / "dataset_info.json").exists():
+            ds = datasets.load_from_disk(str(path))
+            ds = ds[split] if isinstance(ds, datasets.DatasetDict) else ds
+        elif path.is_dir() and (path / "state.json").exists():
+            ds = datasets.load_from_disk(str(path))
+        else:
+            ds = datasets.load_dataset(source, subset, split=split)
+    except Exception as err:  # every loader failure becomes one clear error
+        hint = "" if path.exists() else (
+            " (not a local file, so it was looked up on the Hugging Face Hub; the machine "
+            "may be offline or the name wrong: download it elsewhere and pass a local path)")
+        raise DataError(source, None, None,
+                        f"could not load split '{split}'{hint}: {type(err).__name__}: {err}"
+                        ) from err
+    return [(i + 1, row) for i, row in enumerate(ds)]
+
+
+def load_rows(
+    source: str | Path,
+    kind: str,
+    *,
+    split: str = "train",
+    subset: str | None = None,
+    columns: Mapping[str, str] | None = None,
+    limit: int | None = None,
+) -> list[dict]:
+    """Load and validate a dataset of ``kind`` (see :mod:`posttrain.data.schemas`).
+
+    ``source`` is a ``.jsonl``/``.json`` file (line numbers in errors), a ``.parquet`` file, a
+    ``datasets.save_to_disk`` directory or a Hub dataset name (1-based row numbers in errors).
+    ``columns`` renames source columns to schema fields; ``limit`` keeps the first rows.
+    """
+    schema(kind)
+    name = str(source)
+    numbered = (read_jsonl(name) if name.endswith(_JSON_SUFFIXES)
+                else _datasets_rows(name, split, subset))
+    if limit is not None:
+        numbered = numbered[:limit]
+    return validate_rows(numbered, kind, name, columns)

@@ -1,0 +1,128 @@
+"""Row schemas for every dataset kind, checked field by field.
+
+Kinds (``design.md``, "Data formats"):
+
+* ``prompts``: ``{"prompt": str | list[chat message], "answer"?: str, ...extra}``
+* ``sft``: ``{"prompt", "completion": str}``
+* ``preferences``: ``{"prompt", "chosen": str, "rejected": str}``
+* ``steps``: ``{"prompt", "steps": [str, ...], "labels": [1 | 0 | -1, ...]}`` (same length)
+* ``code``: ``{"prompt", "tests": str | [str, ...]}``
+
+A chat message is ``{"role": str, "content": str}``. Integer or float answers are accepted and
+turned into strings (JSON writers often emit ``"answer": 42``). Extra fields pass through
+untouched. A check returns ``None`` when the value is fine, else a short description of what was
+expected and what was found; :mod:`posttrain.data.loading` adds the file, line and field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Check = Callable[[Any], str | None]
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def check_str(value: Any) -> str | None:
+    return None if _is_str(value) else f"expected a string, got {_type_name(value)}"
+
+
+def check_prompt(value: Any) -> str | None:
+    """A non-empty string, or a non-empty list of ``{"role": str, "content": str}``."""
+    if isinstance(value, str):
+        return None if value else "expected a non-empty string or chat-message list, got ''"
+    if not isinstance(value, list) or not value:
+        return ("expected a string or a non-empty list of chat messages "
+                f"({{'role': str, 'content': str}}), got {_type_name(value)}")
+    for i, msg in enumerate(value):
+        if not isinstance(msg, dict):
+            return (f"message {i}: expected an object with 'role' and 'content', "
+                    f"got {_type_name(msg)}")
+        for key in ("role", "content"):
+            if not _is_str(msg.get(key)):
+                return (f"message {i}: expected '{key}' to be a string, "
+                        f"got {_type_name(msg.get(key))}")
+    return None
+
+
+def check_answer(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return f"expected a string (or number), got {_type_name(value)}"
+    return None
+
+
+def check_str_list(value: Any) -> str | None:
+    if not isinstance(value, list) or not value:
+        return f"expected a non-empty list of strings, got {_type_name(value)}"
+    for i, item in enumerate(value):
+        if not _is_str(item):
+            return f"item {i}: expected a string, got {_type_name(item)}"
+    return None
+
+
+def check_labels(value: Any) -> str | None:
+    if not isinstance(value, list) or not value:
+        return f"expected a non-empty list of 1 / 0 / -1, got {_type_name(value)}"
+    for i, item in enumerate(value):
+        if isinstance(item, bool) or item not in (1, 0, -1):
+            return f"item {i}: expected 1, 0 or -1, got {item!r}"
+    return None
+
+
+def check_tests(value: Any) -> str | None:
+    return None if _is_str(value) and value else check_str_list(value)
+
+
+# kind -> (required fields, optional fields); each field has its check.
+SCHEMAS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
+    "prompts": ({"prompt": check_prompt}, {"answer": check_answer}),
+    "sft": ({"prompt": check_prompt, "completion": check_str}, {}),
+    "preferences": (
+        {"prompt": check_prompt, "chosen": check_str, "rejected": check_str}, {}),
+    "steps": ({"prompt": check_prompt, "steps": check_str_list, "labels": check_labels}, {}),
+    "code": ({"prompt": check_prompt, "tests": check_tests}, {}),
+}
+
+
+def schema(kind: str) -> tuple[dict[str, Check], dict[str, Check]]:
+    if kind not in SCHEMAS:
+        raise ValueError(f"unknown dataset kind {kind!r}; valid: {sorted(SCHEMAS)}")
+    return SCHEMAS[kind]
+
+
+def row_problems(row: Any, kind: str) -> list[tuple[str, str]]:
+    """Every ``(field, problem)`` of one row; empty when the row is valid."""
+    required, optional = schema(kind)
+    if not isinstance(row, dict):
+        return [("<row>", f"expected a JSON object, got {_type_name(row)}")]
+    problems = []
+    for field, check in required.items():
+        if field not in row:
+            problems.append((field, "missing (required for kind "
+                                    f"'{kind}': {sorted(required)})"))
+        elif (msg := check(row[field])) is not None:
+            problems.append((field, msg))
+    for field, check in optional.items():
+        if field in row and (msg := check(row[field])) is not None:
+            problems.append((field, msg))
+    if kind == "steps" and not problems and len(row["steps"]) != len(row["labels"]):
+        problems.append(("labels", f"expected one label per step ({len(row['steps'])}), "
+                                   f"got {len(row['labels'])}"))
+    return problems
+
+
+def normalize_row(row: dict, kind: str) -> dict:
+    """Copy of a valid row with numeric answers as strings."""
+    out = dict(row)
+    if kind == "prompts" and "answer" in out and not isinstance(out["answer"], str):
+        answer = out["answer"]
+        out["answer"] = str(int(answer)) if isinstance(answer, float) and answer.is_integer() \
+            else str(answer)
+    return out

@@ -1,0 +1,125 @@
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from posttrain.data.prompts import render_prompt
+from posttrain.models import (
+    ModelLoadError,
+    adapters_disabled,
+    apply_lora,
+    build_char_tokenizer,
+    build_tiny_llama,
+    count_parameters,
+    has_adapters,
+    load_model_and_tokenizer,
+)
+from posttrain.models.loading import resolve_dtype
+
+TRACE = "<think>12+7=19; 19*3=57; 57-5=-2</think><answer>-2</answer>"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+def tiny(tokenizer, seed=0):
+    return build_tiny_llama(tokenizer, hidden_size=32, num_layers=1, num_heads=2,
+                            intermediate_size=64, max_position_embeddings=128, seed=seed)
+
+
+def test_vocab_and_tags_are_single_tokens(tokenizer):
+    assert 100 <= len(tokenizer) <= 110
+    for tag in ("<think>", "</think>", "<answer>", "</answer>"):
+        assert len(tokenizer(tag, add_special_tokens=False)["input_ids"]) == 1
+    ids = tokenizer(TRACE, add_special_tokens=False)["input_ids"]
+    # 4 tags + every other character one token each
+    assert len(ids) == 4 + len(TRACE) - len("<think></think><answer></answer>")
+    assert tokenizer.decode(ids, skip_special_tokens=True) == TRACE
+    assert {tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id} == {0, 1, 2}
+
+
+def test_unknown_character_maps_to_unk(tokenizer):
+    ids = tokenizer("1é", add_special_tokens=False)["input_ids"]
+    assert ids[-1] == tokenizer.unk_token_id
+
+
+def test_chat_template(tokenizer):
+    assert render_prompt(tokenizer, "12+7") == "<s>12+7\n"
+    messages = [{"role": "user", "content": "12+7"}, {"role": "assistant", "content": "x"}]
+    assert tokenizer.apply_chat_template(messages, tokenize=False) == "<s>12+7\nx</s>"
+    # the rendered prompt tokenizes with exactly one BOS
+    ids = tokenizer(render_prompt(tokenizer, "1+2"), add_special_tokens=False)["input_ids"]
+    assert ids.count(tokenizer.bos_token_id) == 1 and ids[0] == tokenizer.bos_token_id
+
+
+def test_tokenizer_and_model_round_trip(tokenizer, tmp_path):
+    model = tiny(tokenizer)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    tok2 = AutoTokenizer.from_pretrained(tmp_path)
+    model2 = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert tok2(TRACE)["input_ids"] == tokenizer(TRACE)["input_ids"]
+    assert tok2.chat_template == tokenizer.chat_template
+    assert tok2.eos_token_id == tokenizer.eos_token_id
+    ids = torch.tensor([tokenizer(TRACE)["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, model2(ids).logits)
+    model3, tok3 = load_model_and_tokenizer(tmp_path, dtype="bfloat16")
+    assert next(model3.parameters()).dtype == torch.bfloat16
+    assert model3.generation_config.eos_token_id == tokenizer.eos_token_id
+    assert len(tok3) == len(tokenizer)
+
+
+def test_build_tiny_llama_sizes(tokenizer):
+    model = build_tiny_llama(tokenizer, hidden_size=128, num_layers=2, num_heads=4,
+                             intermediate_size=512)
+    # embeddings 104*128 (tied head) + per layer: attention 4*128*128, MLP 3*128*512, 2 norms
+    # of 128; + final norm 128 -> 13312 + 2*(65536 + 196608 + 256) + 128 = 538240
+    assert count_parameters(model) == 538240
+    assert model.config.vocab_size == len(tokenizer)
+    with pytest.raises(ValueError, match="divisible"):
+        build_tiny_llama(tokenizer, hidden_size=30, num_heads=4)
+
+
+def test_build_is_seeded(tokenizer):
+    a, b, c = tiny(tokenizer, 0), tiny(tokenizer, 0), tiny(tokenizer, 1)
+    pa, pb, pc = (next(m.parameters()) for m in (a, b, c))
+    assert torch.equal(pa, pb) and not torch.equal(pa, pc)
+
+
+def test_load_errors_are_clear(tmp_path):
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_model_and_tokenizer(tmp_path)
+    with pytest.raises(ValueError, match="valid"):
+        resolve_dtype("float8")
+
+
+def test_hub_name_offline_error_says_so(monkeypatch):
+    from posttrain.data import hub
+
+    monkeypatch.setattr(hub, "hub_reachable", lambda timeout_s=3.0: False)
+    with pytest.raises(ModelLoadError, match="Hugging Face Hub"):
+        load_model_and_tokenizer("no-such-org/no-such-model-xyz")
+
+
+def test_lora_and_reference_with_adapters_disabled(tokenizer):
+    model = tiny(tokenizer)
+    ids = torch.tensor([tokenizer(TRACE)["input_ids"]])
+    with torch.no_grad():
+        base = model(ids).logits.clone()
+    with pytest.raises(ValueError, match="adapters"), adapters_disabled(model):
+        pass
+    peft_model = apply_lora(model, r=4, alpha=8)
+    assert has_adapters(peft_model)
+    trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    with torch.no_grad():  # move the adapter away from its zero init
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.5)
+        changed = peft_model(ids).logits
+        with adapters_disabled(peft_model):
+            ref = peft_model(ids).logits
+    assert not torch.allclose(changed, base)
+    torch.testing.assert_close(ref, base)
