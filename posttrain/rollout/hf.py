@@ -1,0 +1,203 @@
+"""Sampling with a Hugging Face causal LM: the default rollout backend.
+
+A lean decode loop over the model's KV cache instead of ``model.generate``: on small models the
+per-token overhead of ``generate`` (logits processors, stopping criteria, bookkeeping) costs more
+than the forward pass itself. The loop keeps what RL needs and ``generate`` does not return
+cheaply: the log-prob of every sampled token under the full distribution at the sampling
+temperature, and a truncation flag per sequence.
+
+Notation: N sequences (B prompts x G samples), P prompt tokens, T new tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posttrain.rollout.record import Rollout
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+
+
+def autocast_ctx(
+    enabled: bool, device: torch.device | str = "cpu"
+) -> contextlib.AbstractContextManager:
+    """bf16 autocast on `device` when enabled, else a no-op context."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """Name of the KV-cache argument: ``cache`` (transformers 5) or ``past_key_values`` (4.x)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
+    """Mask logits outside top-k / the top-p nucleus with -inf. logits: [N, V] fp32."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # [N, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)  # [N, V]
+        probs = sorted_logits.softmax(-1)
+        cum = probs.cumsum(-1)
+        drop_sorted = (cum - probs) > top_p  # keep the token that crosses top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def tokenize_prompts(tokenizer: Any, prompts: list[str]) -> tuple[Tensor, Tensor]:
+    """Left-padded prompt ids and bool mask, [B, P]. Prompts are already rendered text."""
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    finally:
+        tokenizer.padding_side = side
+    return enc["input_ids"], enc["attention_mask"].bool()
+
+
+@torch.no_grad()
+def sample_tokens(
+    model: torch.nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    params: SamplingParams,
+    eos_token_id: int | list[int],
+    pad_token_id: int,
+    autocast: bool = False,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Decode up to max_new_tokens for each row.
+
+    Args:
+        prompt_ids: [N, P] left-padded prompts; prompt_mask: [N, P] bool.
+    Returns:
+        completion_ids [N, T], response_mask [N, T] bool (through EOS), logprobs [N, T] fp32
+        (0 where masked), truncated [N] bool.
+    """
+    device = prompt_ids.device
+    N = prompt_ids.shape[0]
+    eos = torch.as_tensor(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id],
+                          device=device)
+    attn = prompt_mask.long()  # [N, P]
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [N, P]
+    cache_kw = _cache_kwarg(model)
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    tokens, logps = [], []
+    finished = torch.zeros(N, dtype=torch.bool, device=device)
+    alive_mask = []
+    inp = prompt_ids
+    for _ in range(params.max_new_tokens):
+        with autocast_ctx(autocast, device):
+            out = model(input_ids=inp, attention_mask=attn, position_ids=pos, use_cache=True,
+                        logits_to_keep=1, **{cache_kw: cache})
+        logits = out.logits[:, -1, :].float()  # [N, V]
+        if params.greedy:
+            tok = logits.argmax(-1)  # [N]
+            lp = torch.log_softmax(logits, -1).gather(-1, tok[:, None])[:, 0]
+        else:
+            logits = logits / params.temperature
+            logp_full = torch.log_softmax(logits, -1)  # [N, V]
+            filtered = _filter_logits(logits, params.top_k, params.top_p)
+            probs = filtered.softmax(-1)
+            tok = torch.multinomial(probs, 1, generator=generator)[:, 0]  # [N]
+            lp = logp_full.gather(-1, tok[:, None])[:, 0]  # [N]
+        alive = ~finished
+        tok = torch.where(alive, tok, torch.full_like(tok, pad_token_id))
+        tokens.append(tok)
+        logps.append(torch.where(alive, lp, torch.zeros_like(lp)))
+        alive_mask.append(alive)
+        finished = finished | torch.isin(tok, eos)
+        if bool(finished.all()):
+            break
+        attn = torch.cat([attn, alive.long()[:, None]], dim=1)
+        pos = pos[:, -1:] + 1
+        inp = tok[:, None]
+    completion_ids = torch.stack(tokens, 1)  # [N, T]
+    response_mask = torch.stack(alive_mask, 1)  # [N, T]
+    logprobs = torch.stack(logps, 1)  # [N, T]
+    return completion_ids, response_mask, logprobs, ~finished
+
+
+def generate(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: list[str],
+    *,
+    group_size: int = 1,
+    rows: list[dict[str, Any]] | None = None,
+    params: SamplingParams | None = None,
+    autocast: bool = False,
+    generator: torch.Generator | None = None,
+    batch_size: int = 0,
+) -> Rollout:
+    """Sample `group_size` completions for each rendered prompt: the rollout entry point.
+
+    Returns a group-contiguous Rollout of N = len(prompts) * group_size sequences.
+    `batch_size` > 0 splits the N sequences into generation batches of that many rows.
+    """
+    params = params or SamplingParams()
+    was_training = model.training
+    model.eval()
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts)
+    prompt_ids = prompt_ids.repeat_interleave(group_size, 0)  # [N, P]
+    prompt_mask = prompt_mask.repeat_interleave(group_size, 0)
+    device = next(model.parameters()).device
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    parts = []
+    for sl in _batches(prompt_ids.shape[0], batch_size):
+        pid, pm = _trim_left(prompt_ids[sl], prompt_mask[sl])
+        parts.append(sample_tokens(model, pid, pm, params, eos, pad, autocast, generator))
+    if was_training:
+        model.train()
+    T = max(p[0].shape[1] for p in parts)
+
+    def padr(x: Tensor, value: float | int | bool) -> Tensor:
+        fill = torch.full((x.shape[0], T - x.shape[1]), value, dtype=x.dtype, device=x.device)
+        return torch.cat([x, fill], 1)
+
+    completion_ids = torch.cat([padr(p[0], pad) for p in parts])
+    response_mask = torch.cat([padr(p[1], False) for p in parts])
+    logprobs = torch.cat([padr(p[2], 0.0) for p in parts])
+    truncated = torch.cat([p[3] for p in parts])
+    texts = tokenizer.batch_decode(
+        completion_ids.masked_fill(~response_mask, pad).cpu(), skip_special_tokens=True
+    )
+    rep_rows = [r for r in (rows or [{}] * len(prompts)) for _ in range(group_size)]
+    return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
+                   response_mask=response_mask, logprobs=logprobs, truncated=truncated,
+                   group_size=group_size, completions=texts, rows=rep_rows)
+
+
+def _batches(n: int, batch_size: int) -> Iterator[slice]:
+    step = batch_size if batch_size > 0 else n
+    for start in range(0, n, step):
+        yield slice(start, min(n, start + step))
+
+
+def _trim_left(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Drop leading columns that are padding in every row. [n, P] -> [n, P']."""
+    keep = mask.any(0)
+    first = int(keep.nonzero()[0]) if bool(keep.any()) else 0
+    return ids[:, first:], mask[:, first:]

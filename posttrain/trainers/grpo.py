@@ -1,0 +1,277 @@
+"""GRPO and its presets (GSPO, DAPO, Dr. GRPO) with verifiable or learned rewards.
+
+One step: 1 generate G completions per prompt -> 2 score them -> 3 group-relative advantages ->
+4 clipped policy-gradient update(s). The variants are choices along axes of `GRPOConfig`
+(advantage, scale, ratio_level, loss_agg, KL placement), all computed by `posttrain.ops`; this
+file only orchestrates.
+
+Deliberate simplifications, as in the papers' common implementations:
+- A group containing an unscorable sample (gold answer that cannot be parsed) is dropped whole
+  and counted in `reward/unscorable`: its baseline would be meaningless.
+- `kl_placement: reward` subtracts beta * (sum of per-token KL) from each sequence's score before
+  the group normalisation (the per-token reward shaping of PPO has no place in an outcome-only
+  advantage).
+- With one optimizer step per rollout (num_iterations = mini_batches = 1) the old log-probs are
+  the detached current ones (ratio = 1, gradient = policy gradient): no extra forward pass.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posttrain.config import GRPOConfig
+from posttrain.ops import (
+    aggregate_loss,
+    group_advantages,
+    kl_penalty,
+    masked_mean,
+    policy_loss,
+    rloo_advantages,
+)
+from posttrain.rollout import Rollout, SamplingParams, concat_rollouts, generate
+from posttrain.trainers.common import (
+    MetricsLogger,
+    build_optimizer,
+    clip_and_step,
+    peak_rss_mb,
+    save_checkpoint,
+    save_config,
+    set_seed,
+    setup_threads,
+    write_summary,
+)
+from posttrain.trainers.forward import batched_logprobs, completion_logprobs
+from posttrain.trainers.session import Session, load_session
+
+
+class GRPOTrainer:
+    """Group-relative policy optimisation on a prompt dataset with reward functions."""
+
+    def __init__(self, cfg: GRPOConfig, session: Session | None = None) -> None:
+        self.cfg = cfg
+        setup_threads(cfg.threads)
+        self.gen = set_seed(cfg.seed)
+        # Data, rewards and config are validated inside load_session before any model loads.
+        self.s = session or load_session(cfg, kind="prompts")
+        self.model, self.tok = self.s.model, self.s.tokenizer
+        self.ref = self.s.load_reference() if cfg.kl_coef > 0 else None
+        self.opt, self.sched = build_optimizer(self.model, cfg, self._optimizer_steps())
+        self.logger = MetricsLogger(cfg.out_dir)
+        self._order: list[int] = []
+        self._times = {"gen": 0.0, "score": 0.0}
+        self.sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
+
+    def _optimizer_steps(self) -> int:
+        return self.cfg.max_steps * self.cfg.num_iterations * self.cfg.mini_batches
+
+    # ------------------------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        cfg, start = self.cfg, time.time()
+        save_config(cfg.out_dir, cfg)
+        eval_before = self.s.evaluate(self.model, dump="eval_before.jsonl")
+        self.logger.log(0, {f"eval/{k}": v for k, v in eval_before.items()
+                            if isinstance(v, (int, float))})
+        history: list[dict[str, float]] = []
+        self.model.train()
+        with self.s.progress(cfg.max_steps, "grpo") as bar:
+            for step in range(1, cfg.max_steps + 1):
+                t0, self._times = time.time(), {"gen": 0.0, "score": 0.0}
+                rollout, metrics = self.rollout_step()  # 1 generate, 2 score
+                self.compute_advantages(rollout, metrics)  # 3 advantages (+ ref forward)
+                t1 = time.time()
+                metrics.update(self.update(rollout))  # 4 update
+                t_train, t_gen = time.time() - t1, self._times["gen"]
+                n_tok = float(rollout.response_mask.sum())
+                metrics.update({"perf/step_seconds": time.time() - t0,
+                                "perf/gen_seconds": t_gen, "perf/score_seconds":
+                                self._times["score"], "perf/train_seconds": t_train,
+                                "perf/gen_tokens_per_sec": metrics.pop("_gen_tokens") / t_gen,
+                                "perf/train_tokens_per_sec": n_tok / max(t_train, 1e-9),
+                                "perf/peak_rss_mb": peak_rss_mb()})
+                if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
+                    metrics.update(self.s.evaluate(self.model, prefix="eval/"))
+                if step % cfg.log_every == 0 or step == cfg.max_steps:
+                    history.append({"step": step, **self.logger.log(step, metrics)})
+                if cfg.save_every and step % cfg.save_every == 0:
+                    save_checkpoint(self.model, self.tok, f"{cfg.out_dir}/checkpoint")
+                bar.update(reward=metrics.get("reward/mean"), acc=metrics.get("reward/accuracy"))
+        eval_after = self.s.evaluate(self.model, dump="eval_after.jsonl")
+        self.logger.log(cfg.max_steps, {f"eval/{k}": v for k, v in eval_after.items()
+                                        if isinstance(v, (int, float))})
+        self.logger.close()
+        save_checkpoint(self.model, self.tok, f"{cfg.out_dir}/final")
+        summary = {"eval_before": eval_before.get("accuracy"), "eval_after":
+                   eval_after.get("accuracy"), "eval_before_detail": eval_before,
+                   "eval_after_detail": eval_after, "seconds": round(time.time() - start, 1),
+                   "steps": cfg.max_steps, "history": history}
+        write_summary(cfg.out_dir, cfg, **summary)
+        return summary
+
+    # ------------------------------------------------------------------------------------------
+    def next_rows(self, n: int) -> list[dict[str, Any]]:
+        """The next `n` training rows, reshuffling at each epoch boundary."""
+        rows = []
+        while len(rows) < n:
+            if not self._order:
+                perm = torch.randperm(len(self.s.train_rows), generator=self.gen)
+                self._order = perm.tolist()
+            rows.append(self.s.train_rows[self._order.pop()])
+        return rows
+
+    def sample_and_score(self, n_prompts: int) -> tuple[Rollout, dict[str, float]]:
+        cfg = self.cfg
+        rows = self.next_rows(n_prompts)
+        prompts = [self.s.render(r[cfg.prompt_field]) for r in rows]
+        t0 = time.time()
+        rollout = generate(self.model, self.tok, prompts, group_size=cfg.group_size, rows=rows,
+                           params=self.sampling, autocast=cfg.autocast_bf16, generator=self.gen)
+        t1 = time.time()
+        result = self.s.scorer.score(rollout.completions, rollout.rows)
+        rollout.scores = torch.tensor(result.scores, dtype=torch.float32)
+        self.s.log_reward_errors(result.errors)
+        self._times["gen"] += t1 - t0
+        self._times["score"] += time.time() - t1
+        return rollout, dict(result.metrics)
+
+    def rollout_step(self) -> tuple[Rollout, dict[str, float]]:
+        """1 generate + 2 score, with whole-group filtering (unscorable; DAPO dynamic sampling)."""
+        cfg, G = self.cfg, self.cfg.group_size
+        rollout, metrics = self.sample_and_score(cfg.prompts_per_step)
+        all_scores, gen_tokens = [rollout.scores], float(rollout.response_mask.sum())
+        kept = [self._filter_groups(rollout, metrics)]
+        n_groups = kept[0].num_sequences // G
+        rounds = 0
+        while (cfg.dynamic_sampling and n_groups < cfg.prompts_per_step
+               and rounds < cfg.dynamic_sampling_max_rounds):
+            rounds += 1
+            extra, m = self.sample_and_score(cfg.prompts_per_step - n_groups)
+            all_scores.append(extra.scores)
+            gen_tokens += float(extra.response_mask.sum())
+            for k, v in m.items():
+                metrics[k] = metrics.get(k, 0.0) + v if "errors" in k or "code/" in k else v
+            kept.append(self._filter_groups(extra, metrics))
+            n_groups += kept[-1].num_sequences // G
+        scores = torch.cat(all_scores)  # [all sampled]
+        valid = ~scores.isnan()
+        grouped = scores.view(-1, G)
+        metrics.update({
+            "_gen_tokens": gen_tokens,
+            "reward/mean": float(scores[valid].mean()) if bool(valid.any()) else float("nan"),
+            "reward/std": float(scores[valid].std()) if int(valid.sum()) > 1 else 0.0,
+            "reward/accuracy": float((scores[valid] >= 1.0).float().mean())
+            if bool(valid.any()) else float("nan"),
+            "reward/frac_zero_std_groups": float((grouped.std(1) == 0).float().mean()),
+            "response/length_mean": float(rollout.response_mask.sum(1).float().mean()),
+            "response/truncated_frac": float(rollout.truncated.float().mean()),
+            "rollout/dynamic_sampling_rounds": float(rounds),
+        })
+        out = concat_rollouts(kept, self.tok.pad_token_id)
+        metrics["rollout/groups_used"] = float(out.num_sequences // G)
+        return out, metrics
+
+    def _filter_groups(self, rollout: Rollout, metrics: dict[str, float]) -> Rollout:
+        """Drop groups with an unscorable member, and (dynamic sampling) all-equal groups."""
+        G = self.cfg.group_size
+        grouped = rollout.scores.view(-1, G)  # [B, G]
+        keep = ~grouped.isnan().any(1)  # [B]
+        if self.cfg.dynamic_sampling:
+            keep &= grouped.nan_to_num(0.0).std(1) > 0
+        metrics["reward/dropped_groups"] = metrics.get("reward/dropped_groups", 0.0) + float(
+            (~keep).sum())
+        idx = torch.arange(rollout.num_sequences).view(-1, G)[keep].flatten()
+        return rollout.select(idx) if int(keep.sum()) < keep.numel() else rollout
+
+    # ------------------------------------------------------------------------------------------
+    def compute_advantages(self, rollout: Rollout, metrics: dict[str, float]) -> None:
+        """3: reference log-probs (if KL is used), KL-in-reward shaping, group advantages."""
+        cfg = self.cfg
+        if rollout.num_sequences == 0:
+            rollout.advantages = torch.zeros(0)
+            return
+        scores = rollout.scores.to(rollout.logprobs.device)  # [N]
+        if self.ref is not None:
+            rollout.ref_logprobs = batched_logprobs(
+                self.ref, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                rollout.response_mask, cfg.micro_batch_size, cfg.temperature, cfg.autocast_bf16)
+            if cfg.kl_placement == "reward":
+                kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, kind=cfg.kl_estimator)
+                seq_kl = (kl * rollout.response_mask).sum(-1)  # [N]
+                scores = scores - cfg.kl_coef * seq_kl
+                metrics["kl/seq_mean"] = float(seq_kl.mean())
+        if cfg.advantage == "rloo":
+            adv = rloo_advantages(scores, cfg.group_size)
+        else:
+            adv = group_advantages(scores, cfg.group_size, scale=cfg.scale,
+                                   std_ddof=cfg.std_ddof)
+        rollout.advantages = adv  # [N]
+        metrics["advantage/abs_mean"] = float(adv.abs().mean())
+        if not (cfg.num_iterations == 1 and cfg.mini_batches == 1):
+            rollout.old_logprobs = rollout.logprobs if cfg.old_logprobs == "rollout" else (
+                batched_logprobs(self.model, rollout.prompt_ids, rollout.prompt_mask,
+                                 rollout.completion_ids, rollout.response_mask,
+                                 cfg.micro_batch_size, cfg.temperature, cfg.autocast_bf16))
+
+    def loss_mask(self, rollout: Rollout) -> Tensor:
+        """[N, T] tokens that count in the loss."""
+        mask = rollout.response_mask
+        if self.cfg.mask_truncated_completions:
+            mask = mask & ~rollout.truncated[:, None]
+        return mask
+
+    def update(self, rollout: Rollout) -> dict[str, float]:
+        """4: num_iterations passes x mini_batches optimizer steps, micro-batched."""
+        cfg = self.cfg
+        N = rollout.num_sequences
+        acc: dict[str, list[float]] = {}
+        if N == 0:
+            return {"train/skipped_empty_batch": 1.0}
+        mask_all = self.loss_mask(rollout)
+        lengths = mask_all.sum(-1)
+        for _ in range(cfg.num_iterations):
+            perm = torch.randperm(N, generator=self.gen)
+            for mb in perm.chunk(cfg.mini_batches):
+                mb = mb[torch.argsort(lengths[mb], stable=True)]  # similar lengths together
+                total_tokens = float(mask_all[mb].sum())
+                if total_tokens == 0:
+                    continue
+                parts = [self.micro_step(rollout.select(mi), mask_all[mi], total_tokens,
+                                         float(len(mb))) for mi in mb.split(cfg.micro_batch_size)]
+                for k in parts[0]:  # losses are already step-normalised: sum them
+                    vals = [p[k] for p in parts]
+                    acc.setdefault(k, []).append(sum(vals) if k.startswith("loss/")
+                                                 else sum(vals) / len(vals))
+                norm = clip_and_step(self.model, self.opt, self.sched, cfg.max_grad_norm)
+                acc.setdefault("train/grad_norm", []).append(float(norm))
+        out = {k: sum(v) / len(v) for k, v in acc.items()}
+        out["train/lr"] = self.sched.get_last_lr()[0]
+        return out
+
+    def micro_step(self, mb: Rollout, mask: Tensor, total_tokens: float,
+                   total_seqs: float) -> dict[str, float]:
+        """Forward + backward of one micro-batch; the loss is normalised over the whole step."""
+        cfg = self.cfg
+        logprobs, entropy = completion_logprobs(
+            self.model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.response_mask,
+            cfg.temperature, cfg.autocast_bf16, with_entropy=True)  # [n, T]
+        old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+        loss, metrics = policy_loss(
+            logprobs, old, mb.advantages, mask, ratio_level=cfg.ratio_level,
+            eps_low=cfg.clip_eps_low, eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg,
+            max_len=cfg.max_new_tokens, sequence_ratio=cfg.sequence_ratio,
+            dual_clip=cfg.dual_clip, total_tokens=total_tokens, total_seqs=total_seqs)
+        out = {k: float(v) for k, v in metrics.items()}
+        if self.ref is not None and cfg.kl_placement == "loss":
+            kl = kl_penalty(logprobs, mb.ref_logprobs, kind=cfg.kl_estimator)  # [n, T]
+            kl_loss = aggregate_loss(kl, mask, cfg.loss_agg, max_len=cfg.max_new_tokens,
+                                     total_tokens=total_tokens, total_seqs=total_seqs)
+            loss = loss + cfg.kl_coef * kl_loss
+            out["kl/token_mean"] = float(masked_mean(kl.detach(), mask))
+        loss.backward()
+        out["loss/policy"] = float(loss.detach())
+        if entropy is not None:
+            out["policy/entropy"] = float(masked_mean(entropy, mask))
+        return out

@@ -1,0 +1,184 @@
+"""What a trainer run holds besides its algorithm: data, rewards, model, evaluation, progress.
+
+`load_session` validates the config, the reward specs and every data row BEFORE any model is
+loaded, so bad input fails in a second with the file, line and field named.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posttrain.config import BaseConfig, ConfigError
+from posttrain.data import as_messages, load_rows, render_prompt
+from posttrain.models import load_model_and_tokenizer
+from posttrain.rewards.registry import RewardScorer, RewardSpec, validate_specs
+from posttrain.rollout import SamplingParams, generate
+
+
+@dataclass
+class Session:
+    cfg: BaseConfig
+    model: Any
+    tokenizer: Any
+    train_rows: list[dict[str, Any]]
+    eval_rows: list[dict[str, Any]]
+    scorer: RewardScorer | None = None
+    reward_names: list[str] = field(default_factory=list)
+
+    def render(self, prompt: Any) -> str:
+        system = getattr(self.cfg, "system_prompt", "")
+        if system:
+            prompt = [{"role": "system", "content": system}, *as_messages(prompt)]
+        return render_prompt(self.tokenizer, prompt)
+
+    def load_reference(self) -> Any:
+        """A frozen copy of the starting policy, in eval mode with gradients off."""
+        ref, _ = load_model_and_tokenizer(self.cfg.model, dtype=self.cfg.dtype)
+        ref.to(resolve_device(self.cfg.device)).eval().requires_grad_(False)
+        return ref
+
+    @torch.no_grad()
+    def evaluate(self, model: Any, prefix: str = "", dump: str | None = None) -> dict[str, Any]:
+        """Greedy decoding on the held-out rows, scored by the reward functions.
+
+        `accuracy` is the fraction of prompts whose first reward function (the correctness
+        reward by convention) returns >= 1.0; `format_rate` the fraction with a positive format
+        reward (when one is configured); `reward_mean` the mean weighted score. `dump` names a
+        JSONL file in out_dir that receives every prompt, completion and verdict.
+        """
+        if not self.eval_rows or self.scorer is None:
+            return {}
+        cfg = self.cfg
+        rows = self.eval_rows[: cfg.eval_size]
+        prompt_field = getattr(cfg, "prompt_field", "prompt")
+        prompts = [self.render(r[prompt_field]) for r in rows]
+        max_new = getattr(cfg, "eval_max_new_tokens", getattr(cfg, "max_new_tokens", 64))
+        rollout = generate(model, self.tokenizer, prompts, rows=rows,
+                           params=SamplingParams(max_new_tokens=max_new, greedy=True),
+                           autocast=cfg.autocast_bf16, batch_size=cfg.eval_batch_size)
+        result = self.scorer.score(rollout.completions, rows)
+        first = result.per_function[self.reward_names[0]]
+        valid = [v for v in first if v == v]  # drop NaN (unscorable)
+        out: dict[str, Any] = {
+            f"{prefix}accuracy": sum(v >= 1.0 for v in valid) / max(1, len(valid)),
+            f"{prefix}reward_mean": sum(s for s in result.scores if s == s) / max(1, len(valid)),
+            f"{prefix}n": len(valid),
+            f"{prefix}length_mean": float(rollout.response_mask.sum(1).float().mean()),
+        }
+        if "format" in result.per_function:
+            out[f"{prefix}format_rate"] = sum(v > 0 for v in result.per_function["format"]) / len(
+                rows)
+        if not prefix:
+            out["samples"] = [{"prompt": r[prompt_field], "completion": c}
+                              for r, c in zip(rows[:5], rollout.completions[:5], strict=True)]
+        if dump:
+            path = Path(self.cfg.out_dir) / dump
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("w") as fh:
+                for r, c, v, s in zip(rows, rollout.completions, first, result.scores,
+                                      strict=True):
+                    fh.write(json.dumps({"prompt": r[prompt_field], "answer": r.get("answer"),
+                                         "completion": c, "correct": v >= 1.0, "score": s},
+                                        default=str) + "\n")
+        return out
+
+    def log_reward_errors(self, errors: list[dict[str, Any]]) -> None:
+        """Append reward-function crashes (with the sample) to reward_errors.jsonl."""
+        if not errors:
+            return
+        path = Path(self.cfg.out_dir) / "reward_errors.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as fh:
+            for err in errors:
+                fh.write(json.dumps(err, default=str) + "\n")
+
+    @contextlib.contextmanager
+    def progress(self, total: int, desc: str) -> Iterator[_Bar]:
+        bar = _Bar(total, desc, enabled=self.cfg.progress)
+        try:
+            yield bar
+        finally:
+            bar.close()
+
+
+class _Bar:
+    """A rich progress bar showing reward and accuracy; silent when disabled or not a TTY."""
+
+    def __init__(self, total: int, desc: str, enabled: bool) -> None:
+        self._progress = None
+        if enabled and sys.stderr.isatty():
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                      TextColumn("{task.completed}/{task.total}"),
+                                      TextColumn("{task.fields[info]}"), TimeRemainingColumn())
+            self._progress.start()
+            self._task = self._progress.add_task(desc, total=total, info="")
+
+    def update(self, **fields: float | None) -> None:
+        if self._progress is None:
+            return
+        info = " ".join(f"{k}={v:.3f}" for k, v in fields.items() if v is not None)
+        self._progress.update(self._task, advance=1, info=info)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` -> cuda when available, else cpu; anything else as torch spells it."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _normalise_rows(rows: list[dict[str, Any]], answer_field: str,
+                    marker: str) -> list[dict[str, Any]]:
+    """Expose the configured answer field to reward functions as `answer` (after `marker`)."""
+    if answer_field == "answer" and not marker:
+        return rows
+    out = []
+    for r in rows:
+        answer = r.get(answer_field)
+        if marker and isinstance(answer, str) and marker in answer:
+            answer = answer.rsplit(marker, 1)[1].strip()
+        out.append({**r, "answer": answer})
+    return out
+
+
+def load_session(cfg: BaseConfig, kind: str, with_train: bool = True) -> Session:
+    """Validate rewards and data (cheap, first), then load the model and tokenizer."""
+    scorer, names = None, []
+    specs_raw = getattr(cfg, "rewards", None)
+    if specs_raw is not None:
+        try:
+            specs = [RewardSpec(**s) for s in specs_raw]
+        except TypeError as err:
+            raise ConfigError(
+                f"config key 'rewards': each entry needs name and weight: {err}") from err
+        validate_specs(specs)
+        names = [s.name for s in specs]
+        scorer = RewardScorer(specs, on_error=getattr(cfg, "reward_on_error", "zero"))
+    train_split = getattr(cfg, "train_split", "train")
+    opts = {"subset": cfg.data_subset or None, "columns": cfg.columns or None}
+    train_rows = (load_rows(cfg.train_data, kind=kind, split=train_split, **opts)
+                  if with_train else [])
+    eval_rows = (load_rows(cfg.eval_data, kind="prompts", split=cfg.eval_split,
+                           limit=cfg.eval_size, **opts) if cfg.eval_data else [])
+    answer_field = getattr(cfg, "answer_field", "answer")
+    marker = getattr(cfg, "answer_marker", "")
+    if kind == "prompts":
+        train_rows = _normalise_rows(train_rows, answer_field, marker)
+    eval_rows = _normalise_rows(eval_rows, answer_field, marker)
+    model, tokenizer = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype)
+    model.to(resolve_device(cfg.device))
+    return Session(cfg, model, tokenizer, train_rows, eval_rows, scorer, names)

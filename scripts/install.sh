@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install posttrain into ./.venv on a fresh machine (idempotent).
+#   bubblewrap: the sandbox for model-written code (Debian/Ubuntu package; skipped if present).
+#   torch:      TORCH_SPEC (default torch==2.13.0, the CPU build); set it for your CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v bwrap >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null || \
+      echo "install.sh: could not install bubblewrap; code rewards run with limits only" >&2
+  else
+    echo "install.sh: bubblewrap not found; install it (apt-get install bubblewrap) for the code sandbox" >&2
+  fi
+fi
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -c "import torch" 2>/dev/null || \
+  .venv/bin/python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+.venv/bin/python -m pip install -q -e '.[dev]'
+echo "install.sh: ready (.venv)"
