@@ -73,6 +73,24 @@ def tokenize_prompts(tokenizer: Any, prompts: list[str]) -> tuple[Tensor, Tensor
     return enc["input_ids"], enc["attention_mask"].bool()
 
 
+def _next_token(logits: Tensor, params: SamplingParams,
+                generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """Pick the next token from logits [n, V]; return (tokens [n], log-probs [n] fp32).
+
+    The log-prob is under the full distribution at the sampling temperature (before top-k /
+    top-p truncation), which is what the learner recomputes.
+    """
+    logits = logits.float()
+    if params.greedy:
+        tok = logits.argmax(-1)  # [n]
+        return tok, torch.log_softmax(logits, -1).gather(-1, tok[:, None])[:, 0]
+    logits = logits / params.temperature
+    logp_full = torch.log_softmax(logits, -1)  # [n, V]
+    probs = _filter_logits(logits, params.top_k, params.top_p).softmax(-1)  # [n, V]
+    tok = torch.multinomial(probs, 1, generator=generator)[:, 0]  # [n]
+    return tok, logp_full.gather(-1, tok[:, None])[:, 0]
+
+
 @torch.no_grad()
 def sample_tokens(
     model: torch.nn.Module,
@@ -83,59 +101,71 @@ def sample_tokens(
     pad_token_id: int,
     autocast: bool = False,
     generator: torch.Generator | None = None,
+    group_size: int = 1,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Decode up to max_new_tokens for each row.
+    """Decode up to max_new_tokens for each of the N = B * group_size rows.
+
+    Two savings over a plain loop: each distinct prompt is prefilled once and its KV cache
+    repeated `group_size` times, and rows that have finished are dropped from the batch (the
+    cache is compacted) once a quarter of the running rows are done.
 
     Args:
-        prompt_ids: [N, P] left-padded prompts; prompt_mask: [N, P] bool.
+        prompt_ids: [B, P] distinct left-padded prompts; prompt_mask: [B, P] bool.
     Returns:
         completion_ids [N, T], response_mask [N, T] bool (through EOS), logprobs [N, T] fp32
-        (0 where masked), truncated [N] bool.
+        (0 where masked), truncated [N] bool; rows are group-contiguous.
     """
     device = prompt_ids.device
-    N = prompt_ids.shape[0]
     eos = torch.as_tensor(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id],
                           device=device)
-    attn = prompt_mask.long()  # [N, P]
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [N, P]
-    cache_kw = _cache_kwarg(model)
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    tokens, logps = [], []
-    finished = torch.zeros(N, dtype=torch.bool, device=device)
-    alive_mask = []
-    inp = prompt_ids
-    for _ in range(params.max_new_tokens):
-        with autocast_ctx(autocast, device):
-            out = model(input_ids=inp, attention_mask=attn, position_ids=pos, use_cache=True,
-                        logits_to_keep=1, **{cache_kw: cache})
-        logits = out.logits[:, -1, :].float()  # [N, V]
-        if params.greedy:
-            tok = logits.argmax(-1)  # [N]
-            lp = torch.log_softmax(logits, -1).gather(-1, tok[:, None])[:, 0]
-        else:
-            logits = logits / params.temperature
-            logp_full = torch.log_softmax(logits, -1)  # [N, V]
-            filtered = _filter_logits(logits, params.top_k, params.top_p)
-            probs = filtered.softmax(-1)
-            tok = torch.multinomial(probs, 1, generator=generator)[:, 0]  # [N]
-            lp = logp_full.gather(-1, tok[:, None])[:, 0]  # [N]
-        alive = ~finished
-        tok = torch.where(alive, tok, torch.full_like(tok, pad_token_id))
-        tokens.append(tok)
-        logps.append(torch.where(alive, lp, torch.zeros_like(lp)))
-        alive_mask.append(alive)
-        finished = finished | torch.isin(tok, eos)
-        if bool(finished.all()):
+    cache_kw = {_cache_kwarg(model): cache}
+    attn = prompt_mask.long()  # [B, P]
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, P]
+    with autocast_ctx(autocast, device):
+        out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=pos, use_cache=True,
+                    logits_to_keep=1, **cache_kw)
+    logits = out.logits[:, -1, :].repeat_interleave(group_size, 0)  # [N, V]
+    if group_size > 1:
+        cache.batch_repeat_interleave(group_size)
+        attn, pos = attn.repeat_interleave(group_size, 0), pos.repeat_interleave(group_size, 0)
+    N, T = logits.shape[0], params.max_new_tokens
+    tokens = torch.full((N, T), pad_token_id, dtype=torch.long, device=device)  # [N, T]
+    logprobs = torch.zeros((N, T), device=device)  # [N, T]
+    lengths = torch.full((N,), T, dtype=torch.long, device=device)  # [N]
+    ended = torch.zeros(N, dtype=torch.bool, device=device)  # [N] sampled EOS
+    rows = torch.arange(N, device=device)  # [n] original index of each running row
+    alive = torch.ones(N, dtype=torch.bool, device=device)  # [n] not finished yet
+    pos = pos[:, -1:]  # [n, 1]
+    for t in range(T):
+        tok, lp = _next_token(logits, params, generator)  # [n], [n]
+        tokens[rows, t], logprobs[rows, t] = tok, lp
+        newly_done = alive & torch.isin(tok, eos)  # [n]
+        lengths[rows[newly_done]] = t + 1
+        ended[rows[newly_done]] = True
+        alive = alive & ~newly_done
+        n_alive = int(alive.sum())
+        if n_alive == 0 or t == T - 1:
             break
-        attn = torch.cat([attn, alive.long()[:, None]], dim=1)
-        pos = pos[:, -1:] + 1
-        inp = tok[:, None]
-    completion_ids = torch.stack(tokens, 1)  # [N, T]
-    response_mask = torch.stack(alive_mask, 1)  # [N, T]
-    logprobs = torch.stack(logps, 1)  # [N, T]
-    return completion_ids, response_mask, logprobs, ~finished
+        if 4 * (rows.numel() - n_alive) >= rows.numel():  # compact: drop finished rows
+            keep = alive.nonzero()[:, 0]  # [n']
+            cache.batch_select_indices(keep)
+            rows, tok, attn, pos, alive = rows[keep], tok[keep], attn[keep], pos[keep], alive[keep]
+        # finished rows not yet compacted away run on and their samples are masked out
+        attn = torch.cat([attn, torch.ones_like(tok)[:, None]], dim=1)  # [n, P+t+1]
+        pos = pos + 1
+        with autocast_ctx(autocast, device):
+            out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos,
+                        use_cache=True, **cache_kw)
+        logits = out.logits[:, -1, :]  # [n, V]
+    steps = torch.arange(T, device=device)[None, :]  # [1, T]
+    response_mask = steps < lengths[:, None]  # [N, T]
+    tokens = tokens.masked_fill(~response_mask, pad_token_id)
+    logprobs = logprobs.masked_fill(~response_mask, 0.0)
+    used = int(response_mask.any(0).sum()) if N else 0
+    return tokens[:, :used], response_mask[:, :used], logprobs[:, :used], ~ended
 
 
 def generate(
@@ -158,17 +188,17 @@ def generate(
     params = params or SamplingParams()
     was_training = model.training
     model.eval()
-    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts)
-    prompt_ids = prompt_ids.repeat_interleave(group_size, 0)  # [N, P]
-    prompt_mask = prompt_mask.repeat_interleave(group_size, 0)
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts)  # [B, P]
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     parts = []
-    for sl in _batches(prompt_ids.shape[0], batch_size):
+    per_batch = max(1, batch_size // group_size) if batch_size > 0 else 0
+    for sl in _batches(prompt_ids.shape[0], per_batch):
         pid, pm = _trim_left(prompt_ids[sl], prompt_mask[sl])
-        parts.append(sample_tokens(model, pid, pm, params, eos, pad, autocast, generator))
+        parts.append(sample_tokens(model, pid, pm, params, eos, pad, autocast, generator,
+                                   group_size))
     if was_training:
         model.train()
     T = max(p[0].shape[1] for p in parts)
@@ -185,6 +215,8 @@ def generate(
         completion_ids.masked_fill(~response_mask, pad).cpu(), skip_special_tokens=True
     )
     rep_rows = [r for r in (rows or [{}] * len(prompts)) for _ in range(group_size)]
+    prompt_ids = prompt_ids.repeat_interleave(group_size, 0)  # [N, P]
+    prompt_mask = prompt_mask.repeat_interleave(group_size, 0)  # [N, P]
     return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
                    response_mask=response_mask, logprobs=logprobs, truncated=truncated,
                    group_size=group_size, completions=texts, rows=rep_rows)
