@@ -27,6 +27,11 @@ class ConfigError(ValueError):
     """A recipe or override that does not fit the config: names the key and what was expected."""
 
 
+def _math_and_format() -> list[dict[str, Any]]:
+    """The default rewards: verifiable correctness (1.0) plus the <think> format bonus (0.1)."""
+    return [{"name": "math", "weight": 1.0}, {"name": "format", "weight": 1.0}]
+
+
 # ----------------------------------------------------------------------------------------------
 # Shared fields
 # ----------------------------------------------------------------------------------------------
@@ -97,9 +102,7 @@ class SFTConfig(BaseConfig):
     """Longest prompt+completion kept, in tokens (longer rows are an error, not silently cut)."""
     max_new_tokens: int = 64
     """Generation budget for held-out evaluation."""
-    rewards: list[dict[str, Any]] = field(
-        default_factory=lambda: [{"name": "math", "weight": 1.0}, {"name": "format", "weight": 1.0}]
-    )
+    rewards: list[dict[str, Any]] = field(default_factory=_math_and_format)
     """Reward functions used to score held-out greedy samples (evaluation only)."""
     lr: float = 1e-3
     """Peak learning rate (AdamW)."""
@@ -119,9 +122,7 @@ class GRPOConfig(BaseConfig):
     answer_marker: str = ""
     """If set, the gold answer is the text after the last occurrence of this marker in the
     answer field (GSM8K solutions end with "#### 72": use "####")."""
-    rewards: list[dict[str, Any]] = field(
-        default_factory=lambda: [{"name": "math", "weight": 1.0}, {"name": "format", "weight": 1.0}]
-    )
+    rewards: list[dict[str, Any]] = field(default_factory=_math_and_format)
     """Reward functions and weights: [{name: math|format|code|pkg.module:function, weight: w}]."""
     reward_on_error: Literal["zero", "raise"] = "zero"
     """A reward function that raises: score 0 (counted in reward/errors) or stop training."""
@@ -202,6 +203,10 @@ class DPOConfig(BaseConfig):
     """Preference loss (formulas.md section 8); ipo averages log-probs over tokens."""
     label_smoothing: float = 0.0
     """Assumed label-noise rate s for cdpo / robust."""
+    rpo_alpha: float = 0.0
+    """Weight of the chosen completion's NLL (mean over its tokens) added to each pair's loss:
+    RPO, Pang et al. 2024 (arXiv:2404.19733) eq. 1. Keeps the chosen log-probs from falling;
+    0 disables."""
     batch_size: int = 32
     """Preference pairs per optimizer step."""
     micro_batch_size: int = 32
@@ -219,9 +224,7 @@ class DPOConfig(BaseConfig):
     """Modules that get LoRA adapters."""
     max_new_tokens: int = 64
     """Generation budget for held-out greedy evaluation."""
-    rewards: list[dict[str, Any]] = field(
-        default_factory=lambda: [{"name": "math", "weight": 1.0}, {"name": "format", "weight": 1.0}]
-    )
+    rewards: list[dict[str, Any]] = field(default_factory=_math_and_format)
     """Reward functions used to score held-out greedy samples (evaluation only)."""
     lr: float = 5e-6
     """Peak learning rate (AdamW)."""
