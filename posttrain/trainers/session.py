@@ -168,11 +168,14 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True) -> Session
         validate_specs(specs)
         names = [s.name for s in specs]
         scorer = RewardScorer(specs, on_error=getattr(cfg, "reward_on_error", "zero"))
+    if kind == "prompts" and "code" in names:
+        kind = "code"  # code rows carry `tests`: validate them before any training starts
     train_split = getattr(cfg, "train_split", "train")
     opts = {"subset": cfg.data_subset or None, "columns": cfg.columns or None}
     train_rows = (load_rows(cfg.train_data, kind=kind, split=train_split, **opts)
                   if with_train else [])
-    eval_rows = (load_rows(cfg.eval_data, kind="prompts", split=cfg.eval_split,
+    eval_rows = (load_rows(cfg.eval_data, kind=kind if kind == "code" else "prompts",
+                           split=cfg.eval_split,
                            limit=cfg.eval_size, **opts) if cfg.eval_data else [])
     answer_field = getattr(cfg, "answer_field", "answer")
     marker = getattr(cfg, "answer_marker", "")
