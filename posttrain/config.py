@@ -52,6 +52,13 @@ class BaseConfig:
     """torch.set_num_threads; 0 keeps torch's default."""
     device: str = "auto"
     """Where the models run: auto (cuda when available, else cpu), cpu, cuda, cuda:1, ..."""
+    lora_r: int = 0
+    """LoRA rank; 0 trains all weights. With LoRA the reference is the model with adapters off
+    (no second copy of the weights) and the final checkpoint is saved merged."""
+    lora_alpha: int = 16
+    """LoRA alpha."""
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+    """Modules that get LoRA adapters."""
     lr: float = 1e-5
     """Peak learning rate (AdamW)."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
@@ -216,12 +223,6 @@ class DPOConfig(BaseConfig):
     precompute_ref: bool = True
     """Compute reference log-probs once for the whole dataset (cached next to the data, keyed by
     model and data hash) instead of a reference forward pass every step."""
-    lora_r: int = 0
-    """LoRA rank; 0 trains all weights. With LoRA the reference is the model with adapters off."""
-    lora_alpha: int = 16
-    """LoRA alpha."""
-    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
-    """Modules that get LoRA adapters."""
     max_new_tokens: int = 64
     """Generation budget for held-out greedy evaluation."""
     rewards: list[dict[str, Any]] = field(default_factory=_math_and_format)

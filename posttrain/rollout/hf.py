@@ -43,7 +43,8 @@ def autocast_ctx(
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
     """Name of the KV-cache argument: ``cache`` (transformers 5) or ``past_key_values`` (4.x)."""
-    params = inspect.signature(model.forward).parameters
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    params = inspect.signature(base.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 

@@ -80,6 +80,12 @@ def peak_rss_mb() -> float:
     return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
 
 
+def merged(model: Any) -> Any:
+    """The plain model to save: LoRA adapters merged into the weights (peft), else `model`."""
+    merge = getattr(model, "merge_and_unload", None)
+    return merge() if callable(merge) and hasattr(model, "peft_config") else model
+
+
 def save_checkpoint(model: Any, tokenizer: Any, path: str | Path) -> Path:
     """Write a `from_pretrained`-loadable safetensors checkpoint atomically.
 

@@ -43,12 +43,13 @@ from torch import Tensor
 
 from posttrain.config import ConfigError, DPOConfig
 from posttrain.data import DataError, load_rows, render_prompt
-from posttrain.models import adapters_disabled, apply_lora
+from posttrain.models import adapters_disabled
 from posttrain.ops import dpo_loss, sequence_logprobs
 from posttrain.trainers.common import (
     MetricsLogger,
     build_optimizer,
     clip_and_step,
+    merged,
     peak_rss_mb,
     save_checkpoint,
     save_config,
@@ -191,10 +192,8 @@ class DPOTrainer:
         self.pairs = tokenize_pairs(self.tok, self.s.train_rows, cfg.max_len, cfg.train_data)
         self.eval_pairs = (tokenize_pairs(self.tok, eval_rows, cfg.max_len, cfg.eval_pref_data)
                            if eval_rows else None)
+        self.s.maybe_lora()
         self.model = self.s.model
-        if cfg.lora_r > 0:
-            self.model = apply_lora(self.model, r=cfg.lora_r, alpha=cfg.lora_alpha,
-                                    target_modules=cfg.lora_target_modules)
         self.ref = (self.s.load_reference()
                     if cfg.lora_r == 0 and not cfg.precompute_ref else None)
         self.opt, self.sched = build_optimizer(self.model, cfg, cfg.max_steps)
@@ -237,8 +236,7 @@ class DPOTrainer:
         eval_after, pref_after = self.s.evaluate(self.model), self.evaluate_pairs()
         self.logger.log(cfg.max_steps, _eval_metrics(eval_after, pref_after))
         self.logger.close()
-        final = self.model.merge_and_unload() if cfg.lora_r > 0 else self.model
-        save_checkpoint(final, self.tok, f"{cfg.out_dir}/final")
+        save_checkpoint(merged(self.model), self.tok, f"{cfg.out_dir}/final")
         summary = {
             "eval_before": eval_before.get("accuracy"), "eval_after": eval_after.get("accuracy"),
             "implicit_acc_before": pref_before.get("accuracy"),

@@ -17,13 +17,16 @@ Deliberate simplifications, as in the papers' common implementations:
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from posttrain.config import GRPOConfig
+from posttrain.models import adapters_disabled
 from posttrain.ops import (
     aggregate_loss,
     group_advantages,
@@ -37,6 +40,7 @@ from posttrain.trainers.common import (
     MetricsLogger,
     build_optimizer,
     clip_and_step,
+    merged,
     peak_rss_mb,
     save_checkpoint,
     save_config,
@@ -57,8 +61,10 @@ class GRPOTrainer:
         self.gen = set_seed(cfg.seed)
         # Data, rewards and config are validated inside load_session before any model loads.
         self.s = session or load_session(cfg, kind="prompts")
+        self.s.maybe_lora()
         self.model, self.tok = self.s.model, self.s.tokenizer
-        self.ref = self.s.load_reference() if cfg.kl_coef > 0 else None
+        # the reference: none without KL; with LoRA the policy with adapters off; else a copy
+        self.ref = self.s.load_reference() if cfg.kl_coef > 0 and cfg.lora_r == 0 else None
         self.opt, self.sched = build_optimizer(self.model, cfg, self._optimizer_steps())
         self.logger = MetricsLogger(cfg.out_dir)
         self._order: list[int] = []
@@ -103,7 +109,7 @@ class GRPOTrainer:
         self.logger.log(cfg.max_steps, {f"eval/{k}": v for k, v in eval_after.items()
                                         if isinstance(v, (int, float))})
         self.logger.close()
-        save_checkpoint(self.model, self.tok, f"{cfg.out_dir}/final")
+        save_checkpoint(merged(self.model), self.tok, f"{cfg.out_dir}/final")
         summary = {"eval_before": eval_before.get("accuracy"), "eval_after":
                    eval_after.get("accuracy"), "eval_before_detail": eval_before,
                    "eval_after_detail": eval_after, "seconds": round(time.time() - start, 1),
@@ -193,10 +199,12 @@ class GRPOTrainer:
             rollout.advantages = torch.zeros(0)
             return
         scores = rollout.scores.to(rollout.logprobs.device)  # [N]
-        if self.ref is not None:
-            rollout.ref_logprobs = batched_logprobs(
-                self.ref, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
-                rollout.response_mask, cfg.micro_batch_size, cfg.temperature, cfg.autocast_bf16)
+        if cfg.kl_coef > 0:
+            with self.reference() as ref:
+                rollout.ref_logprobs = batched_logprobs(
+                    ref, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                    rollout.response_mask, cfg.micro_batch_size, cfg.temperature,
+                    cfg.autocast_bf16)
             if cfg.kl_placement == "reward":
                 kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, kind=cfg.kl_estimator)
                 seq_kl = (kl * rollout.response_mask).sum(-1)  # [N]
@@ -214,6 +222,15 @@ class GRPOTrainer:
                 batched_logprobs(self.model, rollout.prompt_ids, rollout.prompt_mask,
                                  rollout.completion_ids, rollout.response_mask,
                                  cfg.micro_batch_size, cfg.temperature, cfg.autocast_bf16))
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[torch.nn.Module]:
+        """The frozen reference policy: the loaded copy, or the policy with adapters off."""
+        if self.ref is not None:
+            yield self.ref
+            return
+        with adapters_disabled(self.model) as base:
+            yield base
 
     def loss_mask(self, rollout: Rollout) -> Tensor:
         """[N, T] tokens that count in the loss."""
@@ -264,7 +281,7 @@ class GRPOTrainer:
             max_len=cfg.max_new_tokens, sequence_ratio=cfg.sequence_ratio,
             dual_clip=cfg.dual_clip, total_tokens=total_tokens, total_seqs=total_seqs)
         out = {k: float(v) for k, v in metrics.items()}
-        if self.ref is not None and cfg.kl_placement == "loss":
+        if cfg.kl_coef > 0 and cfg.kl_placement == "loss":
             kl = kl_penalty(logprobs, mb.ref_logprobs, kind=cfg.kl_estimator)  # [n, T]
             kl_loss = aggregate_loss(kl, mask, cfg.loss_agg, max_len=cfg.max_new_tokens,
                                      total_tokens=total_tokens, total_seqs=total_seqs)

@@ -8,6 +8,7 @@ from typing import Any
 from posttrain.config import ConfigError, DPOConfig, GRPOConfig, SFTConfig
 from posttrain.trainers.common import (
     MetricsLogger,
+    merged,
     save_checkpoint,
     save_config,
     set_seed,
@@ -25,6 +26,7 @@ def run_sft(cfg: SFTConfig, session: Session | None = None) -> dict[str, Any]:
     set_seed(cfg.seed)
     s = session or load_session(cfg, kind="sft")
     check_lengths(s, cfg.max_len)
+    s.maybe_lora()
     save_config(cfg.out_dir, cfg)
     logger = MetricsLogger(cfg.out_dir)
     eval_before = s.evaluate(s.model)
@@ -42,7 +44,7 @@ def run_sft(cfg: SFTConfig, session: Session | None = None) -> dict[str, Any]:
             max_grad_norm=cfg.max_grad_norm, autocast=cfg.autocast_bf16)
     eval_after = s.evaluate(s.model)
     logger.close()
-    save_checkpoint(s.model, s.tokenizer, f"{cfg.out_dir}/final")
+    save_checkpoint(merged(s.model), s.tokenizer, f"{cfg.out_dir}/final")
     summary = {"eval_before": eval_before.get("accuracy"), "eval_after": eval_after.get("accuracy"),
                "eval_before_detail": eval_before, "eval_after_detail": eval_after,
                "train": train_metrics, "seconds": round(time.time() - start, 1)}

@@ -18,7 +18,7 @@ import torch
 
 from posttrain.config import BaseConfig, ConfigError
 from posttrain.data import as_messages, load_rows, render_prompt
-from posttrain.models import load_model_and_tokenizer
+from posttrain.models import apply_lora, load_model_and_tokenizer
 from posttrain.rewards.registry import RewardScorer, RewardSpec, validate_specs
 from posttrain.rollout import SamplingParams, generate
 
@@ -38,6 +38,12 @@ class Session:
         if system:
             prompt = [{"role": "system", "content": system}, *as_messages(prompt)]
         return render_prompt(self.tokenizer, prompt)
+
+    def maybe_lora(self) -> None:
+        """Wrap the policy in LoRA adapters when `lora_r` > 0 (only adapters train)."""
+        if self.cfg.lora_r > 0:
+            self.model = apply_lora(self.model, r=self.cfg.lora_r, alpha=self.cfg.lora_alpha,
+                                    target_modules=self.cfg.lora_target_modules)
 
     def load_reference(self) -> Any:
         """A frozen copy of the starting policy, in eval mode with gradients off."""
