@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -82,8 +83,20 @@ def _demo(argv: list[str]) -> int:
     return 0
 
 
+def _quiet_libraries() -> None:
+    """Our own progress bar and table are the output; hide transformers' per-file bars."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _quiet_libraries()
     usage = "usage: posttrain {demo," + ",".join(COMMANDS) + "} [--config recipe.yaml] [k=v ...]"
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
