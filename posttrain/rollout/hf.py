@@ -124,10 +124,19 @@ def sample_tokens(
     cache = DynamicCache(config=model.config)
     cache_kw = {_cache_kwarg(model): cache}
     attn = prompt_mask.long()  # [B, P]
+    with autocast_ctx(autocast, device):  # one region: bf16 weight casts are cached
+        return _decode(model, prompt_ids, attn, params, eos, pad_token_id, generator,
+                       group_size, cache, cache_kw)
+
+
+def _decode(model: torch.nn.Module, prompt_ids: Tensor, attn: Tensor, params: SamplingParams,
+            eos: Tensor, pad_token_id: int, generator: torch.Generator | None, group_size: int,
+            cache: Any, cache_kw: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The prefill + decode loop of `sample_tokens` (runs inside its autocast region)."""
+    device = prompt_ids.device
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, P]
-    with autocast_ctx(autocast, device):
-        out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=pos, use_cache=True,
-                    logits_to_keep=1, **cache_kw)
+    out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=pos, use_cache=True,
+                logits_to_keep=1, **cache_kw)
     logits = out.logits[:, -1, :].repeat_interleave(group_size, 0)  # [N, V]
     if group_size > 1:
         cache.batch_repeat_interleave(group_size)
@@ -157,9 +166,8 @@ def sample_tokens(
         # finished rows not yet compacted away run on and their samples are masked out
         attn = torch.cat([attn, torch.ones_like(tok)[:, None]], dim=1)  # [n, P+t+1]
         pos = pos + 1
-        with autocast_ctx(autocast, device):
-            out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos,
-                        use_cache=True, **cache_kw)
+        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos,
+                    use_cache=True, **cache_kw)
         logits = out.logits[:, -1, :]  # [n, V]
     steps = torch.arange(T, device=device)[None, :]  # [1, T]
     response_mask = steps < lengths[:, None]  # [N, T]
