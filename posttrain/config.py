@@ -183,7 +183,9 @@ class GRPOConfig(BaseConfig):
     micro_batch_size: int = 64
     """Sequences per forward/backward (gradient accumulation within a mini-batch)."""
     old_logprobs: Literal["rollout", "recompute"] = "rollout"
-    """Off-policy updates: reuse the sampler's log-probs or run one more forward pass."""
+    """Off-policy updates: reuse the sampler's log-probs or run one more forward pass. Under
+    autocast_bf16 the sampler's log-probs come from a bf16 decode, so `recompute` is used (a
+    ratio must start at exactly 1 for tight clip ranges such as GSPO's)."""
     mask_truncated_completions: bool = False
     """Exclude completions that hit max_new_tokens from the loss (DAPO)."""
     dynamic_sampling: bool = False

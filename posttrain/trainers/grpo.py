@@ -218,7 +218,8 @@ class GRPOTrainer:
         rollout.advantages = adv  # [N]
         metrics["advantage/abs_mean"] = float(adv.abs().mean())
         if not (cfg.num_iterations == 1 and cfg.mini_batches == 1):
-            rollout.old_logprobs = rollout.logprobs if cfg.old_logprobs == "rollout" else (
+            reuse = cfg.old_logprobs == "rollout" and not cfg.autocast_bf16
+            rollout.old_logprobs = rollout.logprobs if reuse else (
                 batched_logprobs(self.model, rollout.prompt_ids, rollout.prompt_mask,
                                  rollout.completion_ids, rollout.response_mask,
                                  cfg.micro_batch_size, cfg.temperature, cfg.autocast_bf16))

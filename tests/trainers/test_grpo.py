@@ -169,3 +169,21 @@ def test_lora_grpo_uses_adapters_off_as_reference_and_saves_merged(toy_world, tm
     changed = [not torch.equal(a, b) for a, b in zip(reloaded.parameters(), base.parameters(),
                                                         strict=True)]
     assert any(changed) and not all(changed)  # adapted layers merged, the rest untouched
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_off_policy_old_logprobs_start_at_ratio_one(toy_world, tmp_path, autocast):
+    """With several mini-batches the first update's ratio is 1 (to float tolerance): fp32 reuses
+    the sampler's log-probs, bf16 autocast recomputes them with the training forward."""
+    from posttrain.trainers.forward import completion_logprobs
+
+    trainer = GRPOTrainer(_cfg(toy_world, str(tmp_path), mini_batches=2, autocast_bf16=autocast))
+    rollout, metrics = trainer.rollout_step()
+    trainer.compute_advantages(rollout, metrics)
+    with torch.no_grad():
+        current, _ = completion_logprobs(trainer.model, rollout.prompt_ids, rollout.prompt_mask,
+                                         rollout.completion_ids, rollout.response_mask,
+                                         autocast=autocast)
+    diff = ((current - rollout.old_logprobs) * rollout.response_mask).abs().max()
+    assert diff < 1e-4, diff
+    assert (rollout.old_logprobs is rollout.logprobs) == (not autocast)
