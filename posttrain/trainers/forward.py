@@ -87,7 +87,7 @@ def completion_logprobs(
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach() / temperature)  # [n, T']
+            entropy = entropy_from_logits(logits.detach(), temperature=temperature)  # [n, T']
     if T < T_full:
         pad = (0, T_full - T)
         logprobs = torch.nn.functional.pad(logprobs, pad)
