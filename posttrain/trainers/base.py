@@ -187,7 +187,8 @@ class Trainer:
         cfg, start = self.cfg, time.time()
         save_config(cfg.out_dir, cfg)
         eval_before = self.evaluate("before")
-        self.logger.log(0, _eval_metrics(eval_before))
+        if eval_before:
+            self.logger.log(0, _eval_metrics(eval_before))
         history: list[dict[str, float]] = []
         self.model.train()
         with self.s.progress(cfg.max_steps, self.name) as bar:
@@ -205,7 +206,8 @@ class Trainer:
                     self.save(f"{cfg.out_dir}/checkpoint")
                 bar.update(**{k.split("/")[-1]: metrics.get(k) for k in self.progress_keys})
         eval_after = self.evaluate("after")
-        self.logger.log(cfg.max_steps, _eval_metrics(eval_after))
+        if eval_after:
+            self.logger.log(cfg.max_steps, _eval_metrics(eval_after))
         self.logger.close()
         self.save(f"{cfg.out_dir}/final")
         summary = {"eval_before": eval_before.get("accuracy"),

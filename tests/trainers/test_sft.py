@@ -139,7 +139,7 @@ def test_tiny_sft_run_lowers_loss(tokenizer, tmp_path):
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in logged if "loss/sft" in r]
     assert steps == [20, 40, 60]
-    assert logged[0]["step"] == 0  # the before-training evaluation row
+    assert all("eval/accuracy" not in r for r in logged)  # rewards: [] -> no greedy eval
     assert trainer.model is model
 
 
