@@ -56,7 +56,7 @@ def test_one_step_of_each_trainer_on_every_device(tok, tmp_path, device, autocas
     metrics = grpo.step(1)
     assert metrics["train/grad_norm"] >= 0 and "kl/token_mean" in metrics
     dpo = DPOTrainer(model=tiny(tok), tokenizer=tok, train_data=pairs(), rewards=[],
-                     out_dir=str(tmp_path / "dpo"), batch_size=4, micro_batch_size=2, **kw)
+                     out_dir=str(tmp_path / "dpo"), batch_size=4, micro_batch_size=4, **kw)
     assert 0.0 <= dpo.step(1)["rewards/accuracy"] <= 1.0
     assert next(grpo.model.parameters()).device.type == device
 

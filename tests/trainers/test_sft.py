@@ -154,9 +154,9 @@ def test_sft_lr_warmup_and_betas_come_from_the_config(tokenizer, tmp_path):
 
 
 def test_bad_arguments(tokenizer, tmp_path):
-    with pytest.raises(ConfigError, match="max_len"):
+    with pytest.raises(ConfigError, match="max_seq_len"):
         SFTTrainer(model=tiny(tokenizer), tokenizer=tokenizer, out_dir=str(tmp_path),
-                   train_data=[{"prompt": "1+2+3", "completion": "6"}], max_len=3, rewards=[])
+                   train_data=[{"prompt": "1+2+3", "completion": "6"}], max_seq_len=3, rewards=[])
     with pytest.raises(ConfigError, match="batch_size"):
         SFTTrainer(model=tiny(tokenizer), tokenizer=tokenizer, out_dir=str(tmp_path),
                    train_data=sft_rows(4), batch_size=0, rewards=[])
