@@ -19,7 +19,7 @@ class DPOConfig(BaseConfig):
     beta: float = 0.1
     """DPO beta: strength of the implicit KL anchor to the reference."""
     loss_type: Literal["sigmoid", "cdpo", "robust", "ipo", "hinge"] = "sigmoid"
-    """Preference loss (formulas.md section 8); ipo averages log-probs over tokens."""
+    """Preference loss (docs/algorithms.md); ipo averages log-probs over tokens."""
     label_smoothing: float = 0.0
     """Assumed label-noise rate s for cdpo / robust."""
     rpo_alpha: float = 0.0
