@@ -162,7 +162,7 @@ def test_lm_head_stays_fp32_under_bf16_autocast(model_tok):
         assert model(input_ids=ids).logits.dtype == torch.bfloat16
         with head_outside_autocast(model):
             out = model(input_ids=ids)
-            hidden = model.get_decoder()(input_ids=ids).last_hidden_state
+            hidden = model.model(input_ids=ids).last_hidden_state
     assert out.logits.dtype == torch.float32
     want = model.get_output_embeddings()(hidden.float())
     assert torch.allclose(out.logits, want, atol=1e-6)

@@ -73,7 +73,7 @@ def test_completion_logits_are_the_models_logits(family):
     if model.config.model_type == "gemma2":
         assert got.abs().max() <= model.config.final_logit_softcapping + 1e-4
         raw = model.get_output_embeddings()(
-            model.get_decoder()(input_ids=ids, attention_mask=attn,
+            model.model(input_ids=ids, attention_mask=attn,
                                 position_ids=pos).last_hidden_state)
         assert raw.abs().max() > model.config.final_logit_softcapping  # the cap is active
 
