@@ -153,15 +153,19 @@ def _plain(value, depth=0):
     return False
 
 
-def _encode(value, max_bytes):
-    """``V`` + repr of plain data, ``N`` for anything else, ``X`` when too large."""
+def _encode(value, max_bytes, plain=_plain, as_text=repr, size=len):
+    """``V`` + repr of plain data, ``N`` for anything else, ``X`` when too large.
+
+    A courtesy check only (names bound at import, before the program runs): the parent parses
+    the text with ``ast.literal_eval`` and checks the types again; nothing here is trusted.
+    """
     try:
-        if not _plain(value):
+        if not plain(value):
             return b"N"
-        data = repr(value).encode("utf-8")
+        data = as_text(value).encode("utf-8")
     except Exception:  # e.g. an int beyond the str-conversion digit limit
         return b"N"
-    return b"V" + data if len(data) <= max_bytes else b"X"
+    return b"V" + data if size(data) <= max_bytes else b"X"
 
 
 def _setup_child(test, fds, cpu_s):

@@ -213,8 +213,8 @@ def parse_test(item: Any, index: int = 0) -> CodeTest:
             raise ValueError(f"test {index}: {problem}")
         return CodeTest("stdio", item["input"], expected=item["output"])
     if not isinstance(item, str):
-        raise ValueError(f"test {index}: expected an assert snippet (str) or "
-                         f"{{'input': str, 'output': str}}, got {type(item).__name__}")
+        raise ValueError(f"test {index}: expected a string (assert snippet) or an "
+                         f"{{'input': str, 'output': str}} object, got {type(item).__name__}")
     try:
         module = ast.parse(item)
         compile(module, f"<test {index}>", "exec")
