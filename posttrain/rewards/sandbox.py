@@ -371,7 +371,8 @@ def _run_in_slot(code: str, tests: list[CodeTest], limits: SandboxLimits, mode: 
                         limits.max_output_bytes, line_cap)
     finally:
         os.close(result_r)
-        _cleanup(proc, mode, uid, workdir, limits, graceful=not done.timed_out)
+        _cleanup(proc, mode, uid, workdir, limits,
+                 graceful=not (done.timed_out or done.error))
     status, test_status, detail = _outcome(judged, done, len(tests))
     in_process = sum(1 for t, s in zip(tests, test_status, strict=True)
                      if t.kind == "assert" and s not in ("skipped", "sandbox_error"))

@@ -177,8 +177,9 @@ def exchange(proc: subprocess.Popen, result_fd: int, run: bytes, tests: Sequence
             now = time.monotonic()
             end = deadline if grace_end is None else min(deadline, grace_end)
             if now >= end:
-                if done and io.pending_result_bytes():
-                    raise ProtocolError("bytes after the last answer")
+                if io.pending_result_bytes():
+                    raise ProtocolError("unterminated report line (or bytes after the last "
+                                        "answer)")
                 outcome.timed_out = not done
                 break
             io.pump(end - now)
