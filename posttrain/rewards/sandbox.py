@@ -1,10 +1,14 @@
 """Run untrusted Python with tests in a sandbox: bubblewrap + resource limits + process sweep.
 
-``run_sandboxed(code, tests, limits=..., mode=...)`` starts the trusted supervisor
-(:mod:`posttrain.rewards._harness`) in a fresh interpreter and returns a :class:`SandboxResult`.
-The guarantees of each mode are tabulated in ``docs/sandbox.md``. In short:
+``run_sandboxed(code, tests, limits=..., mode=...)`` starts the supervisor
+(:mod:`posttrain.rewards._harness`) in a fresh interpreter, sends it one test at a time
+(:mod:`posttrain.rewards.sandbox_io`), judges each answer here, outside the sandbox
+(:mod:`posttrain.rewards.code_tests`), and returns a :class:`SandboxResult`. The guarantees of
+each mode are tabulated in ``docs/sandbox.md``. In short:
 
-* ``bwrap`` (bubblewrap): read-only root, private size-capped tmpfs for ``/tmp``, ``/var/tmp``,
+* ``bwrap`` (bubblewrap): only ``/usr``, ``/bin``, ``/sbin``, ``/lib*``, the loader cache and the
+  interpreter's prefix are visible (read-only; no host data, home or work directories),
+  private size-capped tmpfs for ``/tmp``, ``/var/tmp``,
   ``/dev/shm``, new ``/proc`` and ``/dev``, all namespaces unshared (network, PID, IPC, UTS,
   cgroup, user; nested user namespaces disabled), ``--die-with-parent``, ``--new-session``,
   ``--clearenv``. Killing bubblewrap kills every process of the run (PID namespace).
