@@ -7,9 +7,9 @@ It makes itself non-dumpable (``PR_SET_DUMPABLE 0``: processes of its uid cannot
 and then talks to the parent, one JSON object per line:
 
 * stdin (fd 0): first the run ``{"code", "timeout_s", "cpu_s", "kill_all", "limits",
-  "max_value_bytes", "max_stdout_bytes"}``; then one test per line, each sent by the parent
-  only after it judged the previous one: ``{"kind": "value", "prelude", "expr"}``,
-  ``{"kind": "stdio", "input"}`` or ``{"kind": "assert", "source"}``. EOF ends the run.
+  "max_value_bytes", "max_stdout_bytes"}``; then one test per line: ``{"kind": "value",
+  "prelude", "expr"}``, ``{"kind": "stdio", "input"}`` or ``{"kind": "assert", "source"}``.
+  EOF ends the run (the parent kills the run instead when it has seen enough).
 * RESULT_FD: ``R`` once started, then one line per test: ``{"status", "top", "value",
   "stdout", "truncated"}``.
 
@@ -22,7 +22,7 @@ interpreter; the parent counts such verdicts).
 
 After every test the supervisor kills the child and everything it spawned (it is a child
 subreaper, see ``_sweep``) before it answers, so no process of the program is alive while the
-parent reads a verdict or sends the next test.
+parent reads that answer.
 """
 
 import contextlib

@@ -1,7 +1,7 @@
 """Run untrusted Python with tests in a sandbox: bubblewrap + resource limits + process sweep.
 
 ``run_sandboxed(code, tests, limits=..., mode=...)`` starts the supervisor
-(:mod:`posttrain.rewards._harness`) in a fresh interpreter, sends it one test at a time
+(:mod:`posttrain.rewards._harness`) in a fresh interpreter, sends it the program and the tests
 (:mod:`posttrain.rewards.sandbox_io`), judges each answer here, outside the sandbox
 (:mod:`posttrain.rewards.code_tests`), and returns a :class:`SandboxResult`. The guarantees of
 each mode are tabulated in ``docs/sandbox.md``. In short:
@@ -376,7 +376,7 @@ def _run_in_slot(code: str, tests: list[CodeTest], limits: SandboxLimits, mode: 
     finally:
         os.close(result_r)
         _cleanup(proc, mode, uid, workdir, limits,
-                 graceful=not (done.timed_out or done.error))
+                 graceful=not (done.timed_out or done.error or done.stopped_early))
     status, test_status, detail = _outcome(judged, done, len(tests))
     in_process = sum(1 for t, s in zip(tests, test_status, strict=True)
                      if t.kind == "assert" and s not in ("skipped", "sandbox_error"))

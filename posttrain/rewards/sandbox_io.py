@@ -1,7 +1,8 @@
 """The parent's side of the conversation with the sandbox supervisor (:mod:`._harness`).
 
-:func:`exchange` sends the run, then one test at a time: the next test goes out only after the
-previous answer was judged here, so early stopping needs no verdict from inside the sandbox.
+:func:`exchange` sends the run and every test at once, then judges the answers here as they
+arrive (one per test, in order); when the caller stops early it stops reading and the run is
+killed, so early stopping needs no verdict from inside the sandbox.
 Everything the supervisor writes is checked strictly: a report line that is too long, not one
 JSON object of the exact shape, more answers than tests asked, or any byte after the last
 answer makes the whole run a ``sandbox_error`` (:class:`ProtocolError`); nothing is parsed
@@ -65,7 +66,7 @@ class _Streams:
         self.proc, self.result_fd = proc, result_fd
         self.out_cap, self.line_cap = out_cap, line_cap
         self.stdin_fd: int | None = proc.stdin.fileno()
-        self.outgoing = b""
+        self.outgoing, self.close_after = b"", False
         self.buffers = {proc.stdout.fileno(): b"", proc.stderr.fileno(): b"", result_fd: b""}
         self.sel = selectors.DefaultSelector()
         os.set_blocking(self.stdin_fd, False)
@@ -73,12 +74,14 @@ class _Streams:
             self.sel.register(fd, selectors.EVENT_READ)
         self.result_open = True
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes, close_after: bool = False) -> None:
+        """Queue ``data`` for the supervisor's stdin; ``close_after``: then close it (EOF)."""
         if self.stdin_fd is None:
             return
         if not self.outgoing:
             self.sel.register(self.stdin_fd, selectors.EVENT_WRITE)
         self.outgoing += data
+        self.close_after = close_after
 
     def close_stdin(self) -> None:
         if self.stdin_fd is not None:
@@ -124,6 +127,8 @@ class _Streams:
         self.outgoing = self.outgoing[sent:]
         if not self.outgoing:
             self.sel.unregister(self.stdin_fd)
+            if self.close_after:
+                self.close_stdin()
 
     def next_line(self) -> bytes | None:
         buffer = self.buffers[self.result_fd]
@@ -149,11 +154,11 @@ def exchange(proc: subprocess.Popen, result_fd: int, run: bytes, tests: Sequence
     """
     io = _Streams(proc, result_fd, out_cap, line_cap)
     outcome = Exchange()
-    io.send(run + b"\n" + tests[0] + b"\n")
+    io.send(run + b"\n" + b"".join(test + b"\n" for test in tests), close_after=True)
     done, grace_end = False, None
     try:
-        while True:
-            while (line := io.next_line()) is not None:
+        while not outcome.stopped_early:
+            while not outcome.stopped_early and (line := io.next_line()) is not None:
                 if not outcome.started:
                     if line != _HELLO:
                         raise ProtocolError(f"bad start of report: {line[:200]!r}")
@@ -164,12 +169,12 @@ def exchange(proc: subprocess.Popen, result_fd: int, run: bytes, tests: Sequence
                 index = outcome.answered
                 go_on = on_answer(index, parse_response(line))
                 outcome.answered += 1
-                if go_on and outcome.answered < len(tests):
-                    io.send(tests[outcome.answered] + b"\n")
-                else:
-                    outcome.stopped_early = outcome.answered < len(tests)
+                if outcome.answered == len(tests):
                     done, grace_end = True, time.monotonic() + grace_s
-                    io.close_stdin()
+                elif not go_on:  # the caller kills the run: later answers are not read
+                    outcome.stopped_early = True
+            if outcome.stopped_early:
+                break
             if not io.result_open:
                 if io.pending_result_bytes():
                     raise ProtocolError("report ends without a newline")
