@@ -168,7 +168,7 @@ def _encode(value, max_bytes, plain=_plain, as_text=repr, size=len):
     return b"V" + data if size(data) <= max_bytes else b"X"
 
 
-def _setup_child(test, fds, cpu_s):
+def _setup_child(fds, cpu_s):
     """Runs in the forked child before any untrusted code: fds, process group, limits."""
     os.close(fds["result"])
     os.close(fds["status_r"])
@@ -196,7 +196,7 @@ def _child(code, test, fds, token, cpu_s, max_value_bytes):
     base_exception, memory_error, system_exit = BaseException, MemoryError, SystemExit
     stdout, write_fd, kind = sys.stdout, fds["status_w"], test["kind"]
     try:
-        _setup_child(test, fds, cpu_s)
+        _setup_child(fds, cpu_s)
         if kind == "value":
             prelude = compile(test["prelude"], "<test>", "exec")
             expr = compile(test["expr"], "<test>", "eval")
