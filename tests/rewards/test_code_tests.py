@@ -20,6 +20,9 @@ from posttrain.rewards.code_tests import (
     values_equal,
 )
 from posttrain.tasks.functions import code_rows
+from tests.rewards.test_sandbox_adversarial import mode
+
+__all__ = ["mode"]  # the fixture: bwrap and limits mode
 
 
 @pytest.mark.parametrize(("snippet", "expr", "expected", "prelude"), [
@@ -150,34 +153,36 @@ def test_both_formats_are_validated_at_load(tmp_path: Path) -> None:
             load_rows(path, kind)
 
 
-def test_honest_value_tests_of_every_plain_type() -> None:
+def test_honest_value_tests_of_every_plain_type(mode: str) -> None:
     program = ("def f(x):\n    return {'n': None, 'b': x > 0, 'i': x, 'f': x / 2, 's': str(x),"
                " 'l': [x], 't': (x, x)}\n")
     expected = "{'n': None, 'b': True, 'i': 3, 'f': 1.5, 's': '3', 'l': [3], 't': (3, 3)}"
-    assert code_reward(program, [f"assert f(3) == {expected}"]) == 1.0
-    assert code_reward(program, ["assert f(3)['t'] == [3, 3]"]) == 0.0  # a tuple is no list
-    assert code_reward("def f():\n    return 5.0", ["assert f() == 5"]) == 0.0
+    assert code_reward(program, [f"assert f(3) == {expected}"], mode=mode) == 1.0
+    # a tuple is not a list
+    assert code_reward(program, ["assert f(3)['t'] == [3, 3]"], mode=mode) == 0.0
+    assert code_reward("def f():\n    return 5.0", ["assert f() == 5"], mode=mode) == 0.0
     assert code_reward("def f():\n    return 5.0", ["assert f() == 5"],
-                       compare={"int_float": True}) == 1.0
+                       compare={"int_float": True}, mode=mode) == 1.0
     assert code_reward("def f():\n    return 0.1 + 0.2", ["assert f() == 0.3"],
-                       compare={"float_abs_tol": 1e-9}) == 1.0
+                       compare={"float_abs_tol": 1e-9}, mode=mode) == 1.0
 
 
-def test_honest_stdio_tests() -> None:
+def test_honest_stdio_tests(mode: str) -> None:
     program = "a, b = map(int, input().split())\nprint(a + b)\n"
     tests = [{"input": "1 2\n", "output": "3\n"}, {"input": "5 5", "output": "10"},
              {"input": "2 2", "output": "5"}, {"input": "x", "output": "x"}]
-    score, result = code_reward_detailed(program, tests, partial=True)
+    score, result = code_reward_detailed(program, tests, partial=True, mode=mode)
     assert score == 0.5  # wrong answer and a crash (ValueError) fail; the rest pass
     assert result.test_status == ["passed", "passed", "failed", "failed"]
     assert result.test_kinds == ["stdio"] * 4 and result.in_process_verdicts == 0
     # a crash on one input does not skip the other stdin/stdout tests
-    assert code_reward(program, tests[3:] + tests[:1], partial=True) == 0.5
+    assert code_reward(program, tests[3:] + tests[:1], partial=True, mode=mode) == 0.5
     assert code_reward("import sys\nprint(sys.stdin.read()[::-1], end='')\nraise SystemExit(0)",
-                       [{"input": "abc", "output": "cba"}]) == 1.0
-    assert code_reward("print(3)\nraise SystemExit(1)", [{"input": "", "output": "3"}]) == 0.0
+                       [{"input": "abc", "output": "cba"}], mode=mode) == 1.0
+    assert code_reward("print(3)\nraise SystemExit(1)", [{"input": "", "output": "3"}],
+                       mode=mode) == 0.0
     assert code_reward("print(3, end='  \\n\\n')", [{"input": "", "output": "3"}],
-                       compare={"stdout": "exact"}) == 0.0
+                       compare={"stdout": "exact"}, mode=mode) == 0.0
 
 
 def test_stdout_over_the_cap_fails() -> None:
