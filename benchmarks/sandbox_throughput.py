@@ -12,9 +12,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
-from posttrain.rewards import code_rewards_batch
+# measure the checkout this file is in, not an installed (editable) copy elsewhere
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from posttrain.rewards import code_rewards_batch  # noqa: E402
 
 PASSING = "def f(x):\n    return 2 * x + 3\n"
 FAILING = "def f(x):\n    return 2 * x\n"

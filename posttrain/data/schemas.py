@@ -2,11 +2,12 @@
 
 Kinds (``design.md``, "Data formats"):
 
-* ``prompts``: ``{"prompt": str | list[chat message], "answer"?: str, ...extra}``
+* ``prompts``: ``{"prompt": str | list[chat message], "answer"?: str, "tests"?: (as for code),
+  ...extra}`` (RL prompts of a code task carry their ``tests``; they are checked here too)
 * ``sft``: ``{"prompt", "completion": str}``
 * ``preferences``: ``{"prompt", "chosen": str, "rejected": str}``
 * ``steps``: ``{"prompt", "steps": [str, ...], "labels": [1 | 0 | -1, ...]}`` (same length)
-* ``code``: ``{"prompt", "tests": str | [str, ...]}``
+* ``code``: ``{"prompt", "tests": str | [str | {"input": str, "output": str}, ...]}``
 
 A chat message is ``{"role": str, "content": str}``. Integer or float answers are accepted and
 turned into strings (JSON writers often emit ``"answer": 42``). Extra fields pass through
@@ -77,12 +78,17 @@ def check_labels(value: Any) -> str | None:
 
 
 def check_tests(value: Any) -> str | None:
-    return None if _is_str(value) and value else check_str_list(value)
+    """An assert string, or a non-empty list of assert strings and/or stdin/stdout objects
+    ``{"input": str, "output": str}``; each snippet must compile, a dict of any other shape is
+    an error (``posttrain.rewards.code_tests``, docs/sandbox.md)."""
+    from posttrain.rewards.code_tests import tests_problem
+
+    return tests_problem(value)
 
 
 # kind -> (required fields, optional fields); each field has its check.
 SCHEMAS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
-    "prompts": ({"prompt": check_prompt}, {"answer": check_answer}),
+    "prompts": ({"prompt": check_prompt}, {"answer": check_answer, "tests": check_tests}),
     "sft": ({"prompt": check_prompt, "completion": check_str}, {}),
     "preferences": (
         {"prompt": check_prompt, "chosen": check_str, "rejected": check_str}, {}),

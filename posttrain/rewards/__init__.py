@@ -11,6 +11,7 @@ from posttrain.rewards.code import (
     extract_program,
     split_tests,
 )
+from posttrain.rewards.code_tests import CompareOptions
 from posttrain.rewards.errors import (
     RewardFunctionError,
     SandboxUnavailableError,
@@ -30,6 +31,7 @@ from posttrain.rewards.sandbox import SandboxLimits, SandboxResult, run_sandboxe
 
 __all__ = [
     "BUILTIN_REWARDS",
+    "CompareOptions",
     "RewardFunctionError",
     "RewardScorer",
     "RewardSpec",

@@ -1,19 +1,28 @@
-"""Trusted supervisor that runs inside the sandbox (standard library only, never imports posttrain).
+"""Sandbox supervisor (standard library only, never imports posttrain; runs inside the sandbox).
 
-Started by :mod:`posttrain.rewards.sandbox` as ``python -I -S -B -c <this source> RESULT_FD``.
-It reads one JSON payload from stdin, applies the resource limits to itself (so every
-descendant inherits them), then for each test forks a fresh child that runs the program and
-then that one test. The supervisor itself never executes untrusted code.
+Started by :mod:`posttrain.rewards.sandbox` as ``python -I -S -B -u -c <this source> RESULT_FD``.
+It makes itself non-dumpable (``PR_SET_DUMPABLE 0``: processes of its uid cannot open its
+``/proc/<pid>/mem`` or ``/proc/<pid>/fd``, ``ptrace`` it or use ``process_vm_writev`` /
+``pidfd_getfd`` on it), applies the resource limits to itself (every descendant inherits them)
+and then talks to the parent, one JSON object per line:
 
-Verdict channel: each child gets a private pipe and a random 16-byte token (made per test).
-The child writes ``U`` once the program's top level finished, then the token only if the test
-ran to the end without raising. A test passes iff the pipe holds exactly ``U + token`` and the
-child exited with status 0 before its deadline. Stdout/stderr never decide anything. The
-supervisor reports to the parent on RESULT_FD, which each child closes before running code.
+* stdin (fd 0): first the run ``{"code", "timeout_s", "cpu_s", "kill_all", "limits",
+  "max_value_bytes", "max_stdout_bytes"}``; then one test per line: ``{"kind": "value",
+  "prelude", "expr"}``, ``{"kind": "stdio", "input"}`` or ``{"kind": "assert", "source"}``.
+  EOF ends the run (the parent kills the run instead when it has seen enough).
+* RESULT_FD: ``R`` once started, then one line per test: ``{"status", "top", "value",
+  "stdout", "truncated"}``.
 
-After every test the supervisor kills the child and everything it spawned: it is a child
-subreaper (``PR_SET_CHILD_SUBREAPER``), so orphans of the program are re-parented to it and
-swept (SIGKILL + reap) until none is left; see ``_sweep``.
+For each test a fresh child is forked that runs the program and then the test; the supervisor
+never executes untrusted code and never sees an expected value or output: for ``value`` tests
+the child sends ``repr`` of the value (plain data of exact types only), for ``stdio`` tests its
+stdout is captured, and the parent compares both outside the sandbox. Only ``assert`` tests are
+decided here, by an in-process token (forgeable by a program that digs it out of its own
+interpreter; the parent counts such verdicts).
+
+After every test the supervisor kills the child and everything it spawned (it is a child
+subreaper, see ``_sweep``) before it answers, so no process of the program is alive while the
+parent reads that answer.
 """
 
 import contextlib
@@ -26,15 +35,16 @@ import sys
 import time
 
 _TOKEN_BYTES = 16
+_SCALARS = (type(None), bool, int, float, str)
 
 
 def _prctl(option, value):
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
     except Exception:  # best effort: the outer layer still kills the process group
-        pass
+        return -1
 
 
 def _apply_limits(limits):
@@ -128,29 +138,91 @@ def _sweep(kill_all, pgid):
     _reap()
 
 
-def _child(code, test, write_fd, token, cpu_s, result_fd):
+def _plain(value, depth=0):
+    """Plain data of exact types (a subclass can lie to repr/json); mirrors code_tests."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    if depth >= 100:
+        return False
+    if kind is list or kind is tuple:
+        return all(_plain(item, depth + 1) for item in value)
+    if kind is dict:
+        return all(_plain(k, depth + 1) and type(k) is not list for k in value) and all(
+            _plain(v, depth + 1) for v in value.values())
+    return False
+
+
+def _encode(value, max_bytes, plain=_plain, as_text=repr, size=len):
+    """``V`` + repr of plain data, ``N`` for anything else, ``X`` when too large.
+
+    A courtesy check only (names bound at import, before the program runs): the parent parses
+    the text with ``ast.literal_eval`` and checks the types again; nothing here is trusted.
+    """
+    try:
+        if not plain(value):
+            return b"N"
+        data = as_text(value).encode("utf-8")
+    except Exception:  # e.g. an int beyond the str-conversion digit limit
+        return b"N"
+    return b"V" + data if size(data) <= max_bytes else b"X"
+
+
+def _setup_child(fds, cpu_s):
+    """Runs in the forked child before any untrusted code: fds, process group, limits."""
+    os.close(fds["result"])
+    os.close(fds["status_r"])
+    stdin = fds.get("stdin")
+    if stdin is None:
+        stdin = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(stdin, 0)  # never the parent's command pipe
+    os.close(stdin)
+    if "stdout_w" in fds:
+        os.close(fds["stdout_r"])
+        os.dup2(fds["stdout_w"], 1)
+        os.close(fds["stdout_w"])
+    os.setpgid(0, 0)
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+        signal.signal(number, signal.SIG_DFL)
+
+
+def _child(code, test, fds, token, cpu_s, max_value_bytes):
     """Runs in the forked child: the program, then one test. Never returns."""
     # Bind everything used after the program runs *before* it runs: the program may
     # monkeypatch builtins, os, sys or this module, but not these local references.
-    run, write, exit_now = exec, os.write, os._exit
-    settrace, setprofile = sys.settrace, sys.setprofile
-    base_exception, memory_error = BaseException, MemoryError
+    run, evaluate, write, exit_now = exec, eval, os.write, os._exit
+    settrace, setprofile, encode = sys.settrace, sys.setprofile, _encode
+    base_exception, memory_error, system_exit = BaseException, MemoryError, SystemExit
+    stdout, write_fd, kind = sys.stdout, fds["status_w"], test["kind"]
     try:
-        os.close(result_fd)
-        os.setpgid(0, 0)
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-            signal.signal(number, signal.SIG_DFL)
+        _setup_child(fds, cpu_s)
+        if kind == "value":
+            prelude = compile(test["prelude"], "<test>", "exec")
+            expr = compile(test["expr"], "<test>", "eval")
+        elif kind == "assert":
+            check = compile(test["source"], "<test>", "exec")
     except base_exception:  # our own set-up failed, before any untrusted code ran
         write(write_fd, b"S")
         exit_now(71)
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
-        run(code, namespace)
+        try:
+            run(code, namespace)
+        except system_exit as stop:
+            if kind != "stdio" or stop.code not in (None, 0):
+                raise
+        with contextlib.suppress(base_exception):
+            stdout.flush()
         write(write_fd, b"U")
         settrace(None)
         setprofile(None)
-        run(test, namespace)
+        if kind == "value":
+            run(prelude, namespace)
+            write(write_fd, encode(evaluate(expr, namespace), max_value_bytes))
+        elif kind == "assert":
+            run(check, namespace)
+            write(write_fd, token)
     except memory_error:
         try:
             write(write_fd, b"M")
@@ -158,18 +230,22 @@ def _child(code, test, write_fd, token, cpu_s, result_fd):
             exit_now(1)
     except base_exception:
         exit_now(1)
-    write(write_fd, token)
     exit_now(0)
 
 
-def _wait_child(pid, read_fd, timeout_s):
-    """Collect the child's pipe bytes and its exit; (data, status, cpu_seconds, timed_out)."""
+def _wait_child(pid, pipes, timeout_s):
+    """Collect the child's pipes (``{fd: cap}``) and its exit.
+
+    Returns ``({fd: bytes}, truncated fds, status, cpu_seconds, timed_out)``; a pipe is kept up
+    to its cap and drained beyond it.
+    """
     deadline = time.monotonic() + timeout_s
     try:
         pidfd = os.pidfd_open(pid)
     except (AttributeError, OSError):
         pidfd = None  # older kernel/Python: poll every 20 ms instead
-    data, reading, timed_out, done = b"", True, False, None
+    data = {fd: b"" for fd in pipes}
+    open_fds, truncated, timed_out, done = set(pipes), set(), False, None
     while done is None:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -177,104 +253,169 @@ def _wait_child(pid, read_fd, timeout_s):
             os.kill(pid, signal.SIGKILL)
             done = os.wait4(pid, 0)
             break
-        watch = ([read_fd] if reading else []) + ([pidfd] if pidfd is not None else [])
+        watch = sorted(open_fds) + ([pidfd] if pidfd is not None else [])
         wait = remaining if pidfd is not None else min(remaining, 0.02)
-        ready = select.select(watch, [], [], wait)[0]
-        if reading and read_fd in ready:
-            chunk = os.read(read_fd, 4096)
-            reading = bool(chunk)
-            if len(data) < 4096:
-                data += chunk
+        for fd in select.select(watch, [], [], wait)[0]:
+            if fd in open_fds:
+                _read_into(fd, data, pipes[fd], open_fds, truncated)
         finished = os.wait4(pid, os.WNOHANG)
         if finished[0] == pid:
             done = finished
-    if reading:  # whatever the child wrote before exiting is still in the pipe
-        os.set_blocking(read_fd, False)
+    for fd in pipes:  # whatever the child wrote before exiting is still in the pipe
+        os.set_blocking(fd, False)
         with contextlib.suppress(OSError):
-            data += os.read(read_fd, 4096)
-    os.close(read_fd)
+            while fd in open_fds:
+                _read_into(fd, data, pipes[fd], open_fds, truncated)
+        os.close(fd)
     if pidfd is not None:
         os.close(pidfd)
     rusage = done[2]
-    return data[:4096], done[1], rusage.ru_utime + rusage.ru_stime, timed_out
+    return data, truncated, done[1], rusage.ru_utime + rusage.ru_stime, timed_out
 
 
-def _classify(data, status, cpu_used, cpu_s, timed_out, token):
-    """Test status from what the child left behind; also whether the program got past top level."""
-    past_top_level = data.startswith(b"U")
+def _read_into(fd, data, cap, open_fds, truncated):
+    chunk = os.read(fd, 65536)
+    if not chunk:
+        open_fds.discard(fd)
+    elif len(data[fd]) + len(chunk) > cap:
+        data[fd] = (data[fd] + chunk)[:cap]
+        truncated.add(fd)
+    else:
+        data[fd] += chunk
+
+
+def _classify(kind, data, status, cpu_used, cpu_s, timed_out, token):
+    """Status of a test from what its child left behind (see the module docstring)."""
     signaled = os.WIFSIGNALED(status)
     over_cpu = signaled and (
         os.WTERMSIG(status) == signal.SIGXCPU
         or (os.WTERMSIG(status) == signal.SIGKILL and cpu_used >= cpu_s)
     )
+    exited_ok = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     if data == b"S":
-        verdict = "sandbox_error"
-    elif timed_out or over_cpu:
-        verdict = "timeout"
-    elif data == b"U" + token and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
-        verdict = "passed"
-    elif b"M" in data[:2]:
-        verdict = "memory"
-    elif signaled:
-        verdict = "crashed"
-    else:
-        verdict = "failed"
-    return verdict, past_top_level
+        return "sandbox_error"
+    if timed_out or over_cpu:
+        return "timeout"
+    if exited_ok and kind == "assert" and data == b"U" + token:
+        return "passed"
+    if exited_ok and kind == "value" and data.startswith(b"UV"):
+        return "returned"
+    if exited_ok and kind == "stdio" and data == b"U":
+        return "exited"
+    if b"M" in data[:2]:
+        return "memory"
+    return "crashed" if signaled else "failed"
 
 
-def _run_test(code, test, payload, result_fd):
-    token = os.urandom(_TOKEN_BYTES)
-    read_fd, write_fd = os.pipe()
+def _pipes_for(test, fds):
+    if test["kind"] == "stdio":
+        fds["stdin"] = _stdin_file(test["input"])
+        fds["stdout_r"], fds["stdout_w"] = os.pipe()
+
+
+def _stdin_file(text):
+    """A file holding the test's stdin, at offset 0 (memfd; a temp file where unavailable)."""
     try:
+        fd = os.memfd_create("stdin")
+    except (AttributeError, OSError):
+        import tempfile
+
+        fd, path = tempfile.mkstemp()
+        os.unlink(path)
+    data = text.encode("utf-8")
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _close_parent_ends(fds):
+    for name in ("status_w", "stdin", "stdout_w"):
+        if name in fds:
+            os.close(fds[name])
+
+
+def _run_test(code, test, run, result_fd):
+    """Fork a child for one test; return its response (see the module docstring)."""
+    token = os.urandom(_TOKEN_BYTES)
+    fds = {"result": result_fd}
+    try:
+        fds["status_r"], fds["status_w"] = os.pipe()
+        _pipes_for(test, fds)
         pid = os.fork()
     except OSError:  # e.g. EAGAIN: processes of an earlier run not yet reaped by the host
-        os.close(read_fd)
-        os.close(write_fd)
-        return "sandbox_error", False
+        for name, fd in fds.items():
+            if name != "result":
+                os.close(fd)
+        return _response("sandbox_error", False)
     if pid == 0:
         try:
-            os.close(read_fd)
-            _child(code, test, write_fd, token, payload["cpu_s"], result_fd)
+            _child(code, test, fds, token, run["cpu_s"], run["max_value_bytes"])
         finally:
             os._exit(72)
-    os.close(write_fd)
-    data, status, cpu_used, timed_out = _wait_child(pid, read_fd, payload["timeout_s"])
-    _sweep(payload["kill_all"], pid)
-    return _classify(data, status, cpu_used, payload["cpu_s"], timed_out, token)
+    _close_parent_ends(fds)
+    pipes = {fds["status_r"]: run["max_value_bytes"] + 2 + _TOKEN_BYTES}
+    if "stdout_r" in fds:
+        pipes[fds["stdout_r"]] = run["max_stdout_bytes"]
+    data, truncated, status, cpu_used, timed_out = _wait_child(pid, pipes, run["timeout_s"])
+    _sweep(run["kill_all"], pid)
+    verdict_bytes = data[fds["status_r"]]
+    verdict = _classify(test["kind"], verdict_bytes, status, cpu_used, run["cpu_s"], timed_out,
+                        token)
+    response = _response(verdict, verdict_bytes.startswith(b"U"))
+    if verdict == "returned":
+        response["value"] = verdict_bytes[2:].decode("utf-8", "replace")
+    if test["kind"] == "stdio" and verdict == "exited":
+        response["stdout"] = data[fds["stdout_r"]].decode("utf-8", "replace")
+        response["truncated"] = fds["stdout_r"] in truncated
+    return response
+
+
+def _response(status, top):
+    return {"status": status, "top": top, "value": None, "stdout": None, "truncated": False}
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _lines(fd):
+    """Lines read from ``fd`` with ``os.read`` (no buffered reader a child could inherit)."""
+    buffer = b""
+    while True:
+        while b"\n" not in buffer:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return
+            buffer += chunk
+        line, buffer = buffer.split(b"\n", 1)
+        yield line
 
 
 def main():
     result_fd = int(sys.argv[1])
-    os.write(result_fd, b"R\n")
-    payload = json.loads(sys.stdin.buffer.read())
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
+    _prctl(4, 0)  # PR_SET_DUMPABLE 0, before anything else (see the module docstring)
     _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
     _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die if the parent dies
-    _apply_limits(payload["limits"])
-    tests = payload["tests"]
-    report = {"tests": [], "detail": ""}
+    _write_all(result_fd, b"R\n")
+    commands = _lines(0)
+    run = json.loads(next(commands))
+    _apply_limits(run["limits"])
     try:
-        code = compile(payload["code"], "<program>", "exec")
-        compiled = [compile(t, f"<test {i}>", "exec") for i, t in enumerate(tests)]
-    except (SyntaxError, ValueError) as exc:
-        report["detail"] = f"syntax error: {exc!r}"
-        report["tests"] = ["failed"] * len(tests)
-        compiled = []
-    stopped = False
-    for index, test in enumerate(compiled):
-        if stopped:
-            report["tests"].append("skipped")
-            continue
-        verdict, past_top_level = _run_test(code, test, payload, result_fd)
-        report["tests"].append(verdict)
-        if verdict != "passed" and (payload["stop_on_failure"] or not past_top_level):
-            stopped = True  # a program that fails before its tests fails them all the same way
-            where = "in the test" if past_top_level else "before the test"
-            report["detail"] = f"stopped after test {index}: {verdict} {where}"
-    _sweep(payload["kill_all"], 0)  # nothing may outlive the run; then report
-    os.write(result_fd, (json.dumps(report) + "\n").encode())
+        code = compile(run["code"], "<program>", "exec")
+    except (SyntaxError, ValueError):
+        code = None
+    for line in commands:
+        test = json.loads(line)
+        if code is None:
+            response = _response("failed", False)
+        else:
+            response = _run_test(code, test, run, result_fd)
+        _write_all(result_fd, (json.dumps(response) + "\n").encode())
+    _sweep(run["kill_all"], 0)  # nothing may outlive the run
 
 
 if __name__ == "__main__":

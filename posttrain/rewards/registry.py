@@ -157,12 +157,12 @@ class RewardScorer:
         self.max_workers = max(1, max_workers or os.cpu_count() or 1)
 
     def _call(self, spec: RewardSpec, fn: RewardFn, completion: str,
-              kwargs: dict[str, Any]) -> tuple[float, str | None, BaseException | None]:
-        """(value, outcome status or None, exception or None) of one call; never raises."""
+              kwargs: dict[str, Any]) -> tuple[float, Any, BaseException | None]:
+        """(value, sandbox result or None, exception or None) of one call; never raises."""
         try:
             if fn in _DETAILED:
                 value, result = _DETAILED[fn](completion, **kwargs)
-                return float(value), result.status, None
+                return float(value), result, None
             return float(fn(completion, **kwargs)), None, None
         except Exception as exc:
             return math.nan, None, exc
@@ -183,9 +183,9 @@ class RewardScorer:
         per_function = {spec.name: [0.0] * n for spec, _ in self.resolved}
         unscorable = [False] * n
         errors: list[dict[str, Any]] = []
-        counters = dict.fromkeys(STATUSES, 0)
+        counters = dict.fromkeys((*STATUSES, "in_process_verdicts"), 0)
         error_counts = dict.fromkeys(per_function, 0)
-        for (spec, _, i, _), (value, status, exc) in zip(jobs, outcomes, strict=True):
+        for (spec, _, i, _), (value, result, exc) in zip(jobs, outcomes, strict=True):
             if isinstance(exc, UnscorableError):
                 unscorable[i], value = True, math.nan
             elif exc is not None:
@@ -196,8 +196,9 @@ class RewardScorer:
                 errors.append({"function": spec.name, "index": i, "error": repr(exc),
                                "completion": completions[i][:_EXCERPT_CHARS]})
                 value = 0.0
-            if status is not None:
-                counters[status] += 1
+            if result is not None:  # a SandboxResult
+                counters[result.status] += 1
+                counters["in_process_verdicts"] += result.in_process_verdicts
             per_function[spec.name][i] = value
         scores = [math.nan if unscorable[i] else
                   sum(spec.weight * per_function[spec.name][i] for spec, _ in self.resolved)

@@ -1,10 +1,14 @@
 """Run untrusted Python with tests in a sandbox: bubblewrap + resource limits + process sweep.
 
-``run_sandboxed(code, tests, limits=..., mode=...)`` starts the trusted supervisor
-(:mod:`posttrain.rewards._harness`) in a fresh interpreter and returns a :class:`SandboxResult`.
-The guarantees of each mode are tabulated in ``docs/sandbox.md``. In short:
+``run_sandboxed(code, tests, limits=..., mode=...)`` starts the supervisor
+(:mod:`posttrain.rewards._harness`) in a fresh interpreter, sends it the program and the tests
+(:mod:`posttrain.rewards.sandbox_io`), judges each answer here, outside the sandbox
+(:mod:`posttrain.rewards.code_tests`), and returns a :class:`SandboxResult`. The guarantees of
+each mode are tabulated in ``docs/sandbox.md``. In short:
 
-* ``bwrap`` (bubblewrap): read-only root, private size-capped tmpfs for ``/tmp``, ``/var/tmp``,
+* ``bwrap`` (bubblewrap): only ``/usr``, ``/bin``, ``/sbin``, ``/lib*``, the loader cache and the
+  interpreter's prefix are visible (read-only; no host data, home or work directories),
+  private size-capped tmpfs for ``/tmp``, ``/var/tmp``,
   ``/dev/shm``, new ``/proc`` and ``/dev``, all namespaces unshared (network, PID, IPC, UTS,
   cgroup, user; nested user namespaces disabled), ``--die-with-parent``, ``--new-session``,
   ``--clearenv``. Killing bubblewrap kills every process of the run (PID namespace).
@@ -29,25 +33,28 @@ import json
 import logging
 import math
 import os
-import selectors
 import shutil
 import signal
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
+from posttrain.rewards.code_tests import CodeTest, CompareOptions, judge, parse_test
 from posttrain.rewards.errors import SandboxUnavailableError
 from posttrain.rewards.sandbox_host import (
+    bwrap_binds,
     cleanup_world_writable,
     count_user_tasks,
     kill_uid,
     probe_python,
     uid_is_idle,
 )
+from posttrain.rewards.sandbox_io import Exchange, exchange
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +81,11 @@ class SandboxLimits:
     tmpfs_mb: int = 64
     """Size of each private tmpfs in bwrap mode [64 MiB]."""
     max_output_bytes: int = 65536
-    """Stdout and stderr are each kept up to this many bytes [64 KiB]; the rest is drained."""
+    """Stdout and stderr are each kept up to this many bytes [64 KiB]; the rest is drained.
+    Also the most stdout a stdin/stdout test may print (more fails that test)."""
+    max_value_bytes: int = 65536
+    """Largest ``repr`` of a value sent back by an ``expr == literal`` test [64 KiB]; a larger
+    value fails that test."""
     uid_base: int = 200000
     """When running as root, slot ``k`` runs as uid/gid ``uid_base + k`` [200000]."""
     python: str | None = None
@@ -82,7 +93,7 @@ class SandboxLimits:
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "address_space_mb", "nproc", "file_size_mb", "nofile",
-                     "tmpfs_mb", "max_output_bytes"):
+                     "tmpfs_mb", "max_output_bytes", "max_value_bytes"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SandboxLimits.{name} must be > 0, got {getattr(self, name)!r}")
 
@@ -100,6 +111,10 @@ class SandboxResult:
     stderr: str = ""
     duration_s: float = 0.0
     mode: str = ""
+    test_kinds: list[str] = field(default_factory=list)
+    """``value`` / ``stdio`` / ``assert`` per test (:mod:`posttrain.rewards.code_tests`)."""
+    in_process_verdicts: int = 0
+    """Tests judged inside the program's interpreter (``assert`` kind; forgeable)."""
 
 
 class _Slots:
@@ -146,16 +161,17 @@ _BWRAP_OK: dict[bool, str | None] = {}  # as_root -> None if bwrap works, else t
 _WARNED: set[str] = set()
 
 
-def _bwrap_argv(limits: SandboxLimits) -> list[str]:
+def _bwrap_argv(limits: SandboxLimits, python: str) -> list[str]:
     size = str(limits.tmpfs_mb * 1024 * 1024)
     return [
         shutil.which("bwrap") or "bwrap",
-        "--ro-bind", "/", "/",
+        *bwrap_binds(python),
         "--dev", "/dev",
         "--proc", "/proc",
         "--size", size, "--tmpfs", "/tmp",
         "--size", size, "--tmpfs", "/var/tmp",
         "--size", size, "--tmpfs", "/dev/shm",
+        "--remount-ro", "/",
         "--chdir", "/tmp",
         "--unshare-all",
         "--unshare-user",
@@ -186,7 +202,8 @@ def _bwrap_problem(as_root: bool, uid: int | None) -> str | None:
                 _BWRAP_OK[as_root] = ("bwrap not found on PATH "
                                       "(Debian/Ubuntu: apt-get install bubblewrap)")
             else:
-                argv = _bwrap_argv(SandboxLimits()) + ["/bin/true"]
+                python = os.path.realpath(probe_python(uid))
+                argv = _bwrap_argv(SandboxLimits(), python) + [python, "-I", "-S", "-c", ""]
                 try:
                     done = subprocess.run(argv, capture_output=True, timeout=30,
                                           **_user_kwargs(uid))
@@ -216,91 +233,73 @@ def _resolve_mode(mode: str, as_root: bool, uid: int | None) -> str:
     return "limits"
 
 
-def _payload(code: str, tests: list[str], limits: SandboxLimits, nproc: int,
-             stop_on_failure: bool, kill_all: bool) -> bytes:
+def _run_message(code: str, n_tests: int, limits: SandboxLimits, nproc: int,
+                 kill_all: bool) -> bytes:
     cpu_s = max(1, math.ceil(limits.timeout_s))
     harness_limits = {
         "address_space_mb": limits.address_space_mb,
         "nproc": nproc,
         "file_size_mb": limits.file_size_mb,
         "nofile": limits.nofile,
-        "supervisor_cpu_s": (cpu_s + 2) * max(1, len(tests)) + 10,
+        "supervisor_cpu_s": (cpu_s + 2) * max(1, n_tests) + 10,
     }
-    body = {"code": code, "tests": tests, "timeout_s": limits.timeout_s, "cpu_s": cpu_s,
-            "stop_on_failure": stop_on_failure, "kill_all": kill_all, "limits": harness_limits}
+    body = {"code": code, "timeout_s": limits.timeout_s, "cpu_s": cpu_s, "kill_all": kill_all,
+            "limits": harness_limits, "max_value_bytes": limits.max_value_bytes,
+            "max_stdout_bytes": limits.max_output_bytes}
     return json.dumps(body).encode()
 
 
-def _communicate(proc: subprocess.Popen, payload: bytes, result_fd: int, deadline: float,
-                 cap: int) -> tuple[bytes, bytes, bytes, bool]:
-    """Feed stdin, read stdout/stderr (capped) and the result pipe until the result pipe closes
-    or the deadline passes. Returns (result, stdout, stderr, timed_out)."""
-    assert proc.stdin and proc.stdout and proc.stderr
-    buffers = {proc.stdout.fileno(): b"", proc.stderr.fileno(): b"", result_fd: b""}
-    stdin_fd = proc.stdin.fileno()
-    os.set_blocking(stdin_fd, False)
-    sent = 0
-    with selectors.DefaultSelector() as sel:
-        sel.register(stdin_fd, selectors.EVENT_WRITE)
-        for fd in buffers:
-            sel.register(fd, selectors.EVENT_READ)
-        result_open, grace_end = True, None
-        while sel.get_map():
-            now = time.monotonic()
-            end = deadline if grace_end is None else min(deadline, grace_end)
-            if now >= end:
-                return buffers[result_fd], buffers[proc.stdout.fileno()], \
-                    buffers[proc.stderr.fileno()], result_open
-            for key, _ in sel.select(end - now):
-                fd = key.fd
-                if fd == stdin_fd:
-                    try:
-                        sent += os.write(fd, payload[sent : sent + 65536])
-                    except BlockingIOError:
-                        continue
-                    except BrokenPipeError:  # the sandbox died before reading everything
-                        sent = len(payload)
-                    if sent >= len(payload):
-                        sel.unregister(fd)
-                        proc.stdin.close()
-                    continue
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    sel.unregister(fd)
-                    if fd == result_fd:
-                        result_open, grace_end = False, time.monotonic() + 0.5
-                    continue
-                limit = 1 << 20 if fd == result_fd else cap
-                if len(buffers[fd]) < limit:
-                    buffers[fd] += chunk[: limit - len(buffers[fd])]
-    return buffers[result_fd], buffers[proc.stdout.fileno()], buffers[proc.stderr.fileno()], \
-        result_open
+class _Judge:
+    """Judges each answer outside the sandbox (``code_tests.judge``) and decides early stops."""
+
+    def __init__(self, tests: list[CodeTest], options: CompareOptions,
+                 stop_on_failure: bool) -> None:
+        self.tests, self.options, self.stop_on_failure = tests, options, stop_on_failure
+        self.status: list[str] = []
+        self.detail = ""
+
+    def __call__(self, index: int, response: dict) -> bool:
+        test = self.tests[index]
+        status = judge(test, response, self.options)
+        self.status.append(status)
+        if status == "passed":
+            return True
+        top_failed = not response["top"] and test.kind != "stdio"
+        if self.stop_on_failure or top_failed:
+            where = "before the test" if top_failed else "in the test"
+            self.detail = f"stopped after test {index}: {status} {where}"
+            return False
+        return True
 
 
-def _parse_report(raw: bytes, timed_out: bool, stderr: bytes, n_tests: int
-                  ) -> tuple[str, list[str], str]:
-    if not raw.startswith(b"R\n"):
-        tail = stderr.decode(errors="replace")[-500:]
+def _outcome(judged: _Judge, done: Exchange, n_tests: int) -> tuple[str, list[str], str]:
+    """(status, per-test statuses, detail) of a finished exchange."""
+    if done.error:
+        return "sandbox_error", ["sandbox_error"] * n_tests, f"bad report: {done.error}"
+    if not done.started:
+        tail = done.stderr.decode(errors="replace")[-500:]
         return "sandbox_error", ["sandbox_error"] * n_tests, f"sandbox did not start: {tail}"
-    body = raw[2:].strip()
-    if not body:
-        status = "timeout" if timed_out else "crashed"
-        return status, [status] * n_tests, f"supervisor gave no report ({status})"
-    try:
-        report = json.loads(body)
-        tests = [str(t) for t in report["tests"]][:n_tests]
-    except (ValueError, KeyError, TypeError) as exc:
-        return "sandbox_error", ["sandbox_error"] * n_tests, f"unreadable report: {exc!r}"
-    failing = [t for t in tests if t not in ("passed", "skipped")]
-    return (failing[0] if failing else "passed"), tests, str(report.get("detail", ""))
+    statuses = list(judged.status)
+    detail = judged.detail
+    if len(statuses) < n_tests:
+        if done.stopped_early:
+            statuses += ["skipped"] * (n_tests - len(statuses))
+        else:  # the supervisor died or the run's deadline passed before every answer
+            lost = "timeout" if done.timed_out else "crashed"
+            detail = f"no answer for test {len(statuses)} ({lost})"
+            statuses += [lost] * (n_tests - len(statuses))
+    failing = [t for t in statuses if t not in ("passed", "skipped")]
+    return (failing[0] if failing else "passed"), statuses, detail
 
 
 def _launch(mode: str, limits: SandboxLimits, uid: int | None, workdir: str | None,
             result_w: int) -> subprocess.Popen:
     python = limits.python or probe_python(uid)
+    if mode == "bwrap":
+        python = os.path.realpath(python)  # only the interpreter's own directories are bound
     command = [python, "-I", "-S", "-B", "-u", "-c", _HARNESS_SOURCE, str(result_w)]
     if mode == "bwrap":
-        command = _bwrap_argv(limits) + command
+        command = _bwrap_argv(limits, python) + command
         env = {}
     else:
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(workdir),
@@ -319,16 +318,21 @@ def _nproc_limit(limits: SandboxLimits, mode: str, uid: int | None) -> int:
     return count_user_tasks(os.getuid()) + limits.nproc
 
 
-def run_sandboxed(code: str, tests: list[str] | None = None, *,
+def run_sandboxed(code: str, tests: Sequence[str | dict | CodeTest] | None = None, *,
                   limits: SandboxLimits | None = None, mode: str = "auto",
-                  stop_on_failure: bool = False) -> SandboxResult:
-    """Run ``code`` then each test (a Python snippet, usually asserts) in its own process.
+                  stop_on_failure: bool = False,
+                  compare: CompareOptions | Mapping[str, Any] | None = None) -> SandboxResult:
+    """Run ``code`` then each test in its own fresh process; judge the tests outside it.
 
+    A test is an assert snippet or a ``{"input": str, "output": str}`` dict
+    (:mod:`posttrain.rewards.code_tests`: ``assert <expr> == <literal>`` is compared here with
+    ``compare`` options, stdin/stdout tests too; other snippets are judged in-process).
     Without ``tests`` the program alone runs once and passes if it finishes without raising.
     ``stop_on_failure`` skips the remaining tests after the first one that does not pass.
     """
     limits = limits or SandboxLimits()
-    tests = list(tests) if tests else [""]
+    parsed = [parse_test(t, i) for i, t in enumerate(tests)] if tests else [parse_test("")]
+    options = CompareOptions.from_any(compare)
     as_root = os.geteuid() == 0
     lock_dir = os.path.join(tempfile.gettempdir(), "posttrain-sandbox-slots") if as_root else None
     slot = _SLOTS.acquire(lock_dir, lambda k: not as_root or uid_is_idle(limits.uid_base + k))
@@ -336,13 +340,14 @@ def run_sandboxed(code: str, tests: list[str] | None = None, *,
     started = time.monotonic()
     try:
         resolved = _resolve_mode(mode, as_root, uid)
-        return _run_in_slot(code, tests, limits, resolved, uid, stop_on_failure, started)
+        return _run_in_slot(code, parsed, limits, resolved, uid,
+                            _Judge(parsed, options, stop_on_failure), started)
     finally:
         _SLOTS.release(slot)
 
 
-def _run_in_slot(code: str, tests: list[str], limits: SandboxLimits, mode: str,
-                 uid: int | None, stop_on_failure: bool, started: float) -> SandboxResult:
+def _run_in_slot(code: str, tests: list[CodeTest], limits: SandboxLimits, mode: str,
+                 uid: int | None, judged: _Judge, started: float) -> SandboxResult:
     workdir = None
     if mode == "limits" and uid is not None:
         kill_uid(uid, limits.python or probe_python(uid))  # leftovers of a crashed process
@@ -351,10 +356,11 @@ def _run_in_slot(code: str, tests: list[str], limits: SandboxLimits, mode: str,
         if uid is not None:
             os.chown(workdir, uid, uid)
     kill_all = mode == "bwrap" or uid is not None  # alone in a PID namespace or a uid
-    payload = _payload(code, tests, limits, _nproc_limit(limits, mode, uid), stop_on_failure,
-                       kill_all)
+    run = _run_message(code, len(tests), limits, _nproc_limit(limits, mode, uid), kill_all)
+    messages = [json.dumps(t.sandbox_message()).encode() for t in tests]
+    line_cap = 8 * (limits.max_value_bytes + limits.max_output_bytes) + 1024
     result_r, result_w = os.pipe()
-    proc, timed_out = None, True
+    proc, done = None, Exchange(timed_out=True)
     try:
         try:
             proc = _launch(mode, limits, uid, workdir, result_w)
@@ -365,16 +371,20 @@ def _run_in_slot(code: str, tests: list[str], limits: SandboxLimits, mode: str,
         finally:
             os.close(result_w)
         deadline = started + _STARTUP_S + len(tests) * (limits.timeout_s + 1.0)
-        raw, out, err, timed_out = _communicate(proc, payload, result_r, deadline,
-                                                limits.max_output_bytes)
+        done = exchange(proc, result_r, run, messages, judged, deadline,
+                        limits.max_output_bytes, line_cap)
     finally:
         os.close(result_r)
-        _cleanup(proc, mode, uid, workdir, limits, graceful=not timed_out)
-    status, test_status, detail = _parse_report(raw, timed_out, err, len(tests))
+        _cleanup(proc, mode, uid, workdir, limits,
+                 graceful=not (done.timed_out or done.error or done.stopped_early))
+    status, test_status, detail = _outcome(judged, done, len(tests))
+    in_process = sum(1 for t, s in zip(tests, test_status, strict=True)
+                     if t.kind == "assert" and s not in ("skipped", "sandbox_error"))
     return SandboxResult(
         status=status, tests_passed=test_status.count("passed"), tests_total=len(tests),
-        test_status=test_status, detail=detail, stdout=out.decode(errors="replace"),
-        stderr=err.decode(errors="replace"), duration_s=time.monotonic() - started, mode=mode,
+        test_status=test_status, detail=detail, stdout=done.stdout.decode(errors="replace"),
+        stderr=done.stderr.decode(errors="replace"), duration_s=time.monotonic() - started,
+        mode=mode, test_kinds=[t.kind for t in tests], in_process_verdicts=in_process,
     )
 
 

@@ -116,3 +116,46 @@ def cleanup_world_writable(uid: int) -> int:
             except OSError:
                 continue
     return removed
+
+
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_SYSTEM_FILES = ("/etc/ld.so.cache",)
+_PREFIX_CACHE: dict[str, list[str]] = {}
+
+
+def interpreter_paths(python: str) -> list[str]:
+    """Directories the interpreter ``python`` needs: its executable's directory and its
+    ``sys.base_prefix`` / ``sys.base_exec_prefix`` (standard library), as real paths."""
+    with _PYTHON_LOCK:
+        if python not in _PREFIX_CACHE:
+            done = subprocess.run([python, "-I", "-S", "-c",
+                                   "import sys; print(sys.base_prefix); "
+                                   "print(sys.base_exec_prefix)"],
+                                  capture_output=True, text=True, timeout=30, cwd="/")
+            found = [os.path.dirname(os.path.realpath(python))]
+            found += [os.path.realpath(p) for p in done.stdout.split("\n") if p.strip()]
+            _PREFIX_CACHE[python] = list(dict.fromkeys(found))
+        return _PREFIX_CACHE[python]
+
+
+def bwrap_binds(python: str) -> list[str]:
+    """bubblewrap arguments that show the sandbox only what Python needs, read-only.
+
+    ``/usr`` and the top-level library/binary directories (symlinks such as ``/lib -> usr/lib``
+    stay symlinks), the dynamic loader's cache and the interpreter's own prefix when it lives
+    outside ``/usr``. Nothing else of the host: no ``/work``, ``/root``, ``/home``, ``/etc``,
+    ``/tmp``, ``/mnt``, ``/opt``, ``/srv``, ``/var`` (see docs/sandbox.md).
+    """
+    args: list[str] = []
+    for path in _SYSTEM_DIRS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for path in _SYSTEM_FILES:
+        if os.path.isfile(path):
+            args += ["--ro-bind", path, path]
+    for path in interpreter_paths(python):
+        if not any(path == d or path.startswith(d + "/") for d in _SYSTEM_DIRS):
+            args += ["--ro-bind", path, path]
+    return args

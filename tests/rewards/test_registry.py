@@ -169,3 +169,6 @@ def test_code_counters_in_metrics() -> None:
     assert result.metrics["code/passed"] == 1.0
     assert result.metrics["code/failed"] == 2.0
     assert result.metrics["code/timeout"] == 0.0
+    assert result.metrics["code/in_process_verdicts"] == 0.0  # `f(1) == 2` is judged outside
+    mixed = scorer.score(completions[:1], [{"tests": ["assert f(1) > 1", "assert f(2) == 3"]}])
+    assert mixed.metrics["code/in_process_verdicts"] == 1.0

@@ -5,6 +5,7 @@ reason; `AS_ROOT` marks the claims that rest on dropping root to a sandbox uid."
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
@@ -295,3 +296,261 @@ def test_no_network(mode: str) -> None:
         listener.setblocking(False)
         with pytest.raises(BlockingIOError):
             listener.accept()  # nobody connected
+
+
+# ---- verdict integrity (issue 9): programs that try to score a pass they did not earn --------
+# Every program below is run against three `expr == literal` tests (judged outside the sandbox)
+# with partial credit on, so a single forged pass would show as a score above 0.
+VALUE_TESTS = ["assert f(1) == 5", "assert f(2) == 7", "assert f(3) == 9"]
+_TABLE = (  # answers from any test text the program can find (frames, gc, argv, /proc)
+    "import ast, gc, os, re, sys\n"
+    "def _texts():\n"
+    "    out = list(sys.argv)\n"
+    "    for obj in gc.get_objects():\n"
+    "        items = obj.values() if type(obj) is dict else obj if type(obj) in (list, tuple) "
+    "else ()\n"
+    "        out += [v for v in items if type(v) in (str, bytes)]\n"
+    "    frame = sys._getframe()\n"
+    "    while frame is not None:\n"
+    "        out += [v for v in frame.f_locals.values() if type(v) in (str, bytes)]\n"
+    "        frame = frame.f_back\n"
+    "    for pid in os.listdir('/proc'):\n"
+    "        try:\n"
+    "            with open(f'/proc/{pid}/cmdline', 'rb') as fh:\n"
+    "                out.append(fh.read())\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "    return [t.decode(errors='replace') if type(t) is bytes else t for t in out]\n"
+    "def f(x):\n"
+    "    for text in _texts():\n"
+    "        for m in re.finditer(r'f\\(' + str(x) + r'\\)\\s*==\\s*([-\\d.]+)', text):\n"
+    "            return ast.literal_eval(m.group(1))\n")
+_FORGE_TOKEN = (  # the pass token: 16 bytes in a frame, written once to every small fd
+    "import os, sys\n"
+    "def f(x):\n"
+    "    frame, tokens, fds = sys._getframe(1), [], set()\n"
+    "    while frame is not None:\n"
+    "        loc = frame.f_locals\n"
+    "        tokens += [v for v in loc.values() if type(v) is bytes and len(v) == 16]\n"
+    "        fds |= {v for v in loc.values() if type(v) is int and 2 < v < 64}\n"
+    "        fds |= {v for d in loc.values() if type(d) is dict for v in d.values()\n"
+    "                if type(v) is int and 2 < v < 64}\n"
+    "        frame = frame.f_back\n"
+    "    for fd in fds:\n"
+    "        try:\n"
+    "            os.write(fd, tokens[0])\n"
+    "        except (OSError, IndexError):\n"
+    "            pass\n"
+    "    os._exit(0)\n")
+_ATTACK_PREFIX = "import ctypes, os, sys\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+VERDICT_ATTACKS = {
+    # 1. objects that lie about equality
+    "eq_always_true": "class A:\n    def __eq__(self, o):\n        return True\n"
+                      "    def __ne__(self, o):\n        return False\n"
+                      "def f(x):\n    return A()\n",
+    "int_subclass_eq": "class I(int):\n    __hash__ = int.__hash__\n"
+                       "    def __eq__(self, o):\n        return True\n"
+                       "def f(x):\n    return I(0)\n",
+    "float_subclass_eq": "class F(float):\n    __hash__ = float.__hash__\n"
+                         "    def __eq__(self, o):\n        return True\n"
+                         "def f(x):\n    return F(0.0)\n",
+    "str_subclass_repr": "class S(str):\n    def __eq__(self, o):\n        return True\n"
+                         "    def __repr__(self):\n        return '5'\n"
+                         "def f(x):\n    return S('')\n",
+    "list_subclass_eq": "class L(list):\n    def __eq__(self, o):\n        return True\n"
+                        "def f(x):\n    return L()\n",
+    "dict_subclass_lies": "class D(dict):\n    def __eq__(self, o):\n        return True\n"
+                          "    def items(self):\n        return iter(())\n"
+                          "def f(x):\n    return D(a=1)\n",
+    "mock_any": "from unittest import mock\ndef f(x):\n    return mock.ANY\n",
+    "eq_returns_truthy": "class T:\n    def __eq__(self, o):\n        return [1]\n"
+                         "def f(x):\n    return T()\n",
+    "patched_builtins": "import builtins\nclass A:\n    def __eq__(self, o):\n        return True\n"
+                        "builtins.type = lambda *a: int\nbuiltins.isinstance = lambda *a: True\n"
+                        "builtins.repr = lambda o: 'A()'\ndef f(x):\n    return A()\n",
+    # 2. reaching the harness from inside the interpreter
+    "frames_token": _FORGE_TOKEN,
+    "gc_token": "import gc, os\ndef f(x):\n"
+                "    tokens = [o for o in gc.get_objects() if type(o) is bytes and len(o) == 16]\n"
+                "    for fd in range(3, 64):\n        for t in tokens:\n            try:\n"
+                "                os.write(fd, t)\n            except OSError:\n"
+                "                pass\n    os._exit(0)\n",
+    "lookup_table_from_memory": _TABLE,
+    "inspect_stack_table": _TABLE.replace("frame = sys._getframe()", "import inspect\n"
+                                          "    frame = inspect.stack()[0].frame"),
+    "traceback_frames": _TABLE.replace("frame = sys._getframe()",
+                                       "try:\n        raise ValueError\n    except ValueError"
+                                       " as e:\n        frame = e.__traceback__.tb_frame"),
+    "frame_trace_skips_eval": "import os, sys\ndef tracer(frame, event, arg):\n"
+                              "    os._exit(0)\n"
+                              "def f(x):\n    caller = sys._getframe(1)\n"
+                              "    caller.f_trace = tracer\n    sys.settrace(tracer)\n"
+                              "    return None\n",
+    "profile_hook_exits": "import os, sys\ndef prof(frame, event, arg):\n"
+                          "    if event in ('c_call', 'return'):\n        os._exit(0)\n"
+                          "def f(x):\n    sys.setprofile(prof)\n    return 0\n",
+    "ctypes_locals_to_fast": _ATTACK_PREFIX +
+        "def f(x):\n    frame = sys._getframe(1)\n"
+        "    while frame is not None and 'kind' not in frame.f_locals:\n"
+        "        frame = frame.f_back\n"
+        "    if frame is not None:\n"
+        "        frame.f_locals.update(kind='assert', check=compile('pass', 't', 'exec'),\n"
+        "                              encode=lambda *a: b'V5')\n"
+        "        ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))\n"
+        "    return None\n",
+    # 3. reaching the supervisor and its report channel
+    "proc_ppid_fd_forged_report": "import json, os, sys\ndef f(x):\n"
+        "    line = json.dumps({'status': 'passed', 'top': True, 'value': None, 'stdout': None,"
+        " 'truncated': False}).encode() + b'\\n'\n"
+        "    for fd in [sys.argv[-1], '0', '1', '2']:\n        try:\n"
+        "            out = os.open(f'/proc/{os.getppid()}/fd/{fd}', os.O_WRONLY)\n"
+        "            os.write(out, line * 3)\n        except OSError:\n            pass\n"
+        "    os._exit(0)\n",
+    "proc_ppid_mem": "import os\ndef f(x):\n    try:\n"
+                     "        with open(f'/proc/{os.getppid()}/mem', 'r+b') as mem:\n"
+                     "            mem.seek(id('passed'))\n            mem.write(b'x')\n"
+                     "    except OSError:\n        pass\n    os._exit(0)\n",
+    "oversized_report": "import os, sys\ndef f(x):\n    for fd in range(3, 64):\n        try:\n"
+                        "            os.write(fd, b'UV' + b'5' * (1 << 21))\n"
+                        "        except OSError:\n            pass\n    os._exit(0)\n",
+    "short_report": "import os\ndef f(x):\n    for fd in range(3, 64):\n        try:\n"
+                    "            os.write(fd, b'U')\n        except OSError:\n            pass\n"
+                    "    os._exit(0)\n",
+    "kill_supervisor_after_forging": _FORGE_TOKEN.replace(
+        "    os._exit(0)\n", "    os.kill(os.getppid(), 9)\n    os._exit(0)\n"),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(VERDICT_ATTACKS))
+def test_value_verdicts_cannot_be_forged(attack: str, mode: str) -> None:
+    score, status = run_case(VERDICT_ATTACKS[attack], VALUE_TESTS, mode, partial=True)
+    assert score == 0.0, status
+
+
+def test_attack_machinery_can_pass() -> None:
+    """The lookup-table attack does pass when the answers are where it looks (so the zero
+    scores above are the sandbox's doing): here the answers sit in the program's own text."""
+    program = "NOTE = 'f(1) == 5, f(2) == 7, f(3) == 9'\n" + _TABLE
+    assert run_case(program, VALUE_TESTS, "limits", partial=True)[0] == 1.0
+
+
+def test_in_process_asserts_remain_forgeable(mode: str) -> None:
+    """Documented limit (docs/sandbox.md): a test that is not `expr == literal` is judged in
+    the program's interpreter, and the token attack forges it. If this starts failing, the
+    harness got stronger: update the docs' verdict-integrity table."""
+    _, result = code_reward_detailed(_FORGE_TOKEN, ["assert f(1) > 4"], LIMITS.timeout_s,
+                                     mode=mode, limits=LIMITS)
+    assert (result.status, result.in_process_verdicts) == ("passed", 1)
+
+
+_REACH = _ATTACK_PREFIX + (  # every way to the supervisor (and its parent) that worked before
+    "class IOV(ctypes.Structure):\n"
+    "    _fields_ = [('base', ctypes.c_void_p), ('len', ctypes.c_size_t)]\n"
+    "reached = []\n"
+    "sup = os.getppid()\n"
+    "with open(f'/proc/{sup}/stat') as fh:\n"
+    "    grand = int(fh.read().rsplit(')', 1)[1].split()[1])\n"
+    "for pid in {sup, grand} - {0}:\n"
+    "    for name, flags in [('mem', os.O_RDWR), ('mem', os.O_RDONLY), ('environ', os.O_RDONLY),\n"
+    "                        (f'fd/{sys.argv[-1]}', os.O_WRONLY), ('fd/0', os.O_WRONLY),\n"
+    "                        ('fd/1', os.O_WRONLY), ('maps', os.O_RDONLY)]:\n"
+    "        try:\n"
+    "            os.close(os.open(f'/proc/{pid}/{name}', flags))\n"
+    "            reached.append(f'{pid}/{name}')\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "    buf = ctypes.create_string_buffer(8)\n"
+    "    local, remote = IOV(ctypes.addressof(buf), 8), IOV(id(sys.argv), 8)\n"
+    "    for number in (310, 311):  # process_vm_readv / process_vm_writev (x86_64)\n"
+    "        if libc.syscall(number, pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)"
+    " >= 0:\n"
+    "            reached.append(f'{pid}/syscall{number}')\n"
+    "    if libc.ptrace(16, pid, 0, 0) == 0:  # PTRACE_ATTACH\n"
+    "        reached.append(f'{pid}/ptrace')\n"
+    "    try:\n"
+    "        pidfd = os.pidfd_open(pid)\n"
+    "        for target in range(0, 8):  # pidfd_getfd\n"
+    "            if libc.syscall(438, pidfd, target, 0) >= 0:\n"
+    "                reached.append(f'{pid}/pidfd_getfd{target}')\n"
+    "    except OSError:\n"
+    "        pass\n")
+
+
+def test_supervisor_and_trainer_are_unreachable(mode: str) -> None:
+    """Measured from inside: no /proc/<supervisor or its parent>/{mem,fd,environ,maps}, no
+    process_vm_readv/writev, ptrace or pidfd_getfd (supervisor non-dumpable; the trainer runs
+    under another uid or outside the PID namespace). As root only (see the docs)."""
+    if not AS_ROOT:
+        pytest.skip("non-root: limits mode shares the trainer's uid (not claimed); bwrap "
+                    "non-root not run here")
+    program = _REACH + "def f(x):\n    return 2 * x + 3\n"
+    _, result = code_reward_detailed(program, ["assert reached == []"] + VALUE_TESTS,
+                                     LIMITS.timeout_s, partial=True, mode=mode, limits=LIMITS)
+    assert result.test_status == ["passed"] * 4, result
+
+
+_WALK = (  # answers from any readable data file: walk the file system, read json/py/txt files
+    "import ast, os, re\n"
+    "def _table():\n"
+    "    found = {}\n"
+    "    for root, dirs, files in os.walk('/'):\n"
+    "        dirs[:] = [d for d in dirs if os.path.join(root, d) not in SKIP]\n"
+    "        for name in files:\n"
+    "            if name.endswith(('.jsonl', '.json', '.py', '.txt', '.yaml')):\n"
+    "                try:\n"
+    "                    with open(os.path.join(root, name), errors='replace') as fh:\n"
+    "                        text = fh.read(1 << 20)\n"
+    "                except OSError:\n"
+    "                    continue\n"
+    "                for m in re.finditer(r'(f\\(-?\\d+\\)) == (-?\\d+)', text):\n"
+    "                    found[m.group(1)] = int(m.group(2))\n"
+    "    return found\n"
+    "TABLE = _table()\n"
+    "def f(x):\n"
+    "    return TABLE.get(f'f({x})')\n")
+
+
+def _data_file(tmp_path: Path, mode: int) -> Path:
+    """A training-data file that holds this test's answers (as the code task writes them)."""
+    rows = [{"prompt": "f(1)=5?", "tests": VALUE_TESTS}]
+    path = tmp_path / "data" / "prompts.jsonl"
+    path.parent.mkdir()
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.chmod(path, mode)
+    return path
+
+
+def test_data_files_are_unreadable(mode: str, tmp_path: Path) -> None:
+    """Measured from inside: the training data file (with its answers), this repository's test
+    files and the host's home directories cannot be read; under bwrap the sandbox's root holds
+    only what Python needs. In limits mode (root) only files closed to other users are safe."""
+    if mode == "limits" and not AS_ROOT:
+        pytest.skip("limits mode under the caller's own uid reads what the caller reads")
+    data = _data_file(tmp_path, 0o600)
+    paths = [str(data), str(Path(__file__).resolve()), "/root/.bashrc", "/etc/passwd"]
+    program = (f"import os\nreadable = []\nfor p in {paths!r}:\n    try:\n"
+               "        open(p, 'rb').close()\n        readable.append(p)\n    except OSError:\n"
+               "        pass\n"
+               "top = sorted(os.listdir('/'))\netc = sorted(os.listdir('/etc'))\n")
+    tests = [f"assert readable == {[] if mode == 'bwrap' else paths[1:2] + paths[3:]!r}"]
+    if mode == "bwrap":
+        allowed = {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "tmp",
+                   "usr", "var"}
+        tests += [f"assert set(top) <= {allowed!r}", "assert etc == ['ld.so.cache']"]
+    _, result = code_reward_detailed(program, tests, LIMITS.timeout_s, partial=True, mode=mode,
+                                     limits=LIMITS)
+    assert result.test_status == ["passed"] * len(tests), result
+
+
+def test_answers_on_disk_are_out_of_reach(mode: str, tmp_path: Path) -> None:
+    """The walking attack finds nothing under bwrap (world-readable data file, host paths
+    skipped only where they are too big to walk in time: /usr, /proc, /sys, /dev)."""
+    if mode == "limits":
+        pytest.skip("limits mode does not hide world-readable files (docs/sandbox.md)")
+    _data_file(tmp_path, 0o644)
+    program = "SKIP = {'/usr', '/proc', '/sys', '/dev'}\n" + _WALK
+    assert run_case(program, VALUE_TESTS, mode, partial=True)[0] == 0.0
+    # control: the same walk does answer from a data file that is in reach (its own /tmp)
+    plant = (f"import json\nwith open('/tmp/planted.jsonl', 'w') as fh:\n"
+             f"    fh.write(json.dumps({{'tests': {VALUE_TESTS!r}}}))\n")
+    assert run_case(plant + program, VALUE_TESTS, mode, partial=True)[0] == 1.0

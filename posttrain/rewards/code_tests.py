@@ -1,0 +1,291 @@
+"""Test formats of the code reward and how each one is judged (docs/sandbox.md).
+
+Three kinds of test, told apart by their shape:
+
+* ``value``: an assert snippet of the shape ``assert <expr> == <literal>`` (optionally after
+  prelude statements that contain no ``assert``). Only ``<expr>`` (and the prelude) enter the
+  sandbox; the program's process sends back the value as plain data (``None``, ``bool``,
+  ``int``, ``float``, ``str`` and ``list``/``tuple``/``dict`` of them, exact types) and it is
+  compared here, outside the sandbox, with the literal: the expected value never exists where
+  the program runs, and an object that lies about equality is not plain data.
+* ``stdio``: ``{"input": str, "output": str}``: the program runs as a script with ``input`` on
+  stdin; its stdout is compared here with ``output`` (never sent to the sandbox).
+* ``assert``: any other snippet (``assert f(1) != 5``, HumanEval's ``check(candidate)``...). It
+  can only be judged inside the program's interpreter, so a program written against the harness
+  can forge its verdict; such verdicts are counted (``code/in_process_verdicts``).
+
+Comparison options (:class:`CompareOptions`, ``code_reward(..., compare={...})``): exact by
+default, stricter than Python's ``==`` in two ways: ``True`` is not ``1`` and ``5.0`` is not
+``5`` (types must match), unless ``bool_int`` / ``int_float`` say so.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+KINDS = ("value", "stdio", "assert")
+STDOUT_MATCH = ("exact", "rstrip", "tokens")
+_SCALARS = (type(None), bool, int, float, str)
+_MAX_DEPTH = 100  # deeper plain data is refused (the literal parser's own limit is ~200)
+
+
+@dataclass(frozen=True)
+class CodeTest:
+    """One test. ``kind``: see the module docstring.
+
+    ``source``: the snippet (``assert``), the prelude (``value``) or the stdin text (``stdio``);
+    ``expr``: the expression whose value is checked (``value``); ``expected``: the literal's
+    value (``value``) or the expected stdout (``stdio``) - it never enters the sandbox.
+    """
+
+    kind: str
+    source: str
+    expr: str = ""
+    expected: Any = None
+
+    def sandbox_message(self) -> dict[str, str]:
+        """What the sandbox receives for this test: never ``expected``."""
+        if self.kind == "value":
+            return {"kind": "value", "prelude": self.source, "expr": self.expr}
+        if self.kind == "stdio":
+            return {"kind": "stdio", "input": self.source}
+        return {"kind": "assert", "source": self.source}
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    """How values and stdout are compared (defaults in brackets; docs/sandbox.md)."""
+
+    float_rel_tol: float = 0.0
+    """Relative tolerance for floats (``math.isclose``) [0: exact]."""
+    float_abs_tol: float = 0.0
+    """Absolute tolerance for floats [0: exact]."""
+    int_float: bool = False
+    """An ``int`` and a ``float`` of equal value match (``5.0`` vs ``5``) [False]."""
+    bool_int: bool = False
+    """A ``bool`` and an ``int`` of equal value match (``True`` vs ``1``) [False]."""
+    stdout: str = "rstrip"
+    """stdin/stdout tests: ``exact``; ``rstrip`` (trailing whitespace of each line and trailing
+    blank lines ignored); ``tokens`` (whitespace-separated tokens equal) [rstrip]."""
+
+    def __post_init__(self) -> None:
+        for name in ("float_rel_tol", "float_abs_tol"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"CompareOptions.{name} must be a number >= 0, got {value!r}")
+        if self.stdout not in STDOUT_MATCH:
+            raise ValueError(f"CompareOptions.stdout must be one of {list(STDOUT_MATCH)}, "
+                             f"got {self.stdout!r}")
+
+    @classmethod
+    def from_any(cls, value: CompareOptions | Mapping[str, Any] | None) -> CompareOptions:
+        """Accept an instance, a dict from a recipe (unknown keys are an error) or None."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"compare must be a dict or CompareOptions, got {type(value)!r}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"unknown compare option(s) {unknown}; valid: {sorted(known)}")
+        return cls(**value)
+
+
+def is_plain(value: Any, depth: int = 0) -> bool:
+    """True for plain data of exact types (no subclasses), nested at most ``_MAX_DEPTH``."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    if depth >= _MAX_DEPTH:
+        return False
+    if kind is list or kind is tuple:
+        return all(is_plain(item, depth + 1) for item in value)
+    if kind is dict:
+        return all(type(k) in _SCALARS or (type(k) is tuple and is_plain(k, depth + 1))
+                   for k in value) and all(is_plain(v, depth + 1) for v in value.values())
+    return False
+
+
+def decode_value(text: str) -> tuple[bool, Any]:
+    """Parse a value sent by the sandbox (``repr`` of plain data); ``(False, None)`` if it is
+    not a literal of plain data. Never executes anything (``ast.literal_eval``)."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False, None
+    return (True, value) if is_plain(value) else (False, None)
+
+
+def _float_equal(got: float, expected: float, options: CompareOptions) -> bool:
+    if options.float_rel_tol or options.float_abs_tol:
+        return math.isclose(got, expected, rel_tol=options.float_rel_tol,
+                            abs_tol=options.float_abs_tol)
+    return got == expected
+
+
+def _scalar_equal(got: Any, expected: Any, options: CompareOptions) -> bool:
+    types = {type(got), type(expected)}
+    if len(types) > 1:
+        numeric = types <= {int, float} and options.int_float
+        boolean = types <= {bool, int} and options.bool_int
+        if not (numeric or boolean):
+            return False
+    if float in types:
+        return _float_equal(float(got), float(expected), options)
+    return bool(got == expected)
+
+
+def values_equal(got: Any, expected: Any, options: CompareOptions | None = None) -> bool:
+    """Type-strict equality of two plain values (see :class:`CompareOptions`)."""
+    options = options or CompareOptions()
+    if type(got) in _SCALARS and type(expected) in _SCALARS:
+        return _scalar_equal(got, expected, options)
+    if type(got) is not type(expected):
+        return False
+    if type(got) in (list, tuple):
+        return len(got) == len(expected) and all(
+            values_equal(g, e, options) for g, e in zip(got, expected, strict=True))
+    if type(got) is dict:
+        if len(got) != len(expected):
+            return False
+        keys = {k: k for k in got}  # the key object of `got` that Python's lookup matches
+        for key, value in expected.items():
+            if key not in keys or type(keys[key]) is not type(key) or keys[key] != key:
+                return False
+            if not values_equal(got[keys[key]], value, options):
+                return False
+        return True
+    return False
+
+
+def stdout_equal(got: str, expected: str, mode: str = "rstrip") -> bool:
+    """Compare a program's stdout with the expected output (``CompareOptions.stdout``)."""
+    if mode == "exact":
+        return got == expected
+    if mode == "tokens":
+        return got.split() == expected.split()
+    return _rstrip_lines(got) == _rstrip_lines(expected)
+
+
+def _rstrip_lines(text: str) -> list[str]:
+    lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def _value_test(snippet: str, module: ast.Module) -> CodeTest | None:
+    """The ``value`` form of an assert snippet, or None when it is not of that shape."""
+    if not module.body or not isinstance(module.body[-1], ast.Assert):
+        return None
+    prelude = module.body[:-1]
+    if any(isinstance(node, ast.Assert) for stmt in prelude for node in ast.walk(stmt)):
+        return None
+    check = module.body[-1].test
+    if not (isinstance(check, ast.Compare) and len(check.ops) == 1
+            and isinstance(check.ops[0], ast.Eq)):
+        return None
+    left, right = check.left, check.comparators[0]
+    for expr, literal in ((left, right), (right, left)):
+        try:
+            expected = ast.literal_eval(literal)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+        if is_plain(expected):
+            prelude_source = ast.unparse(ast.Module(body=prelude, type_ignores=[]))
+            return CodeTest("value", prelude_source, expr=ast.unparse(expr), expected=expected)
+    return None
+
+
+def parse_test(item: Any, index: int = 0) -> CodeTest:
+    """One test of a row (a snippet or a stdin/stdout dict); ValueError on anything else."""
+    if isinstance(item, CodeTest):
+        return item
+    if isinstance(item, dict):
+        problem = stdio_problem(item)
+        if problem:
+            raise ValueError(f"test {index}: {problem}")
+        return CodeTest("stdio", item["input"], expected=item["output"])
+    if not isinstance(item, str):
+        raise ValueError(f"test {index}: expected a string (assert snippet) or an "
+                         f"{{'input': str, 'output': str}} object, got {type(item).__name__}")
+    try:
+        module = ast.parse(item)
+        compile(module, f"<test {index}>", "exec")
+    except (SyntaxError, ValueError) as exc:
+        raise ValueError(f"test {index} does not compile: {exc}: {item[:200]!r}") from exc
+    return _value_test(item, module) or CodeTest("assert", item)
+
+
+def stdio_problem(item: dict) -> str | None:
+    """None if ``item`` is ``{"input": str, "output": str}``, else what is wrong with it."""
+    if set(item) != {"input", "output"}:
+        return (f"a dict test must have exactly the keys ['input', 'output'] (stdin/stdout "
+                f"test), got keys {sorted(map(str, item))}; for APPS-style "
+                "{'inputs': [...], 'outputs': [...]} make one test per pair")
+    for key in ("input", "output"):
+        if not isinstance(item[key], str):
+            return f"'{key}' must be a string, got {type(item[key]).__name__}"
+    return None
+
+
+def tests_problem(value: Any) -> str | None:
+    """None if ``value`` is a valid ``tests`` field (data loading), else what is wrong."""
+    if isinstance(value, str):
+        if not value.strip():
+            return "expected a non-empty test string"
+        try:
+            compile(value, "<tests>", "exec")
+        except (SyntaxError, ValueError) as exc:
+            return f"the tests do not compile: {exc}"
+        return None
+    if not isinstance(value, list) or not value:
+        return ("expected an assert string or a non-empty list of assert strings / "
+                f"{{'input': str, 'output': str}} objects, got {type(value).__name__}")
+    for index, item in enumerate(value):
+        try:
+            parse_test(item, index)
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
+FAILURES = ("failed", "timeout", "memory", "crashed", "sandbox_error")
+_SUCCESS = {"assert": "passed", "value": "returned", "stdio": "exited"}
+
+
+def judge(test: CodeTest, response: Mapping[str, Any], options: CompareOptions) -> str:
+    """Status of one test from the sandbox's answer, decided here (outside the sandbox).
+
+    ``response`` is an answer of the supervisor (``_harness``): a failure status is taken as
+    it is (a program can only lose by lying about failing); for ``value`` and ``stdio`` tests
+    success only means "finished", and the comparison with the expected value or output,
+    which the sandbox never had, decides. A status that the test's kind cannot produce raises
+    :class:`~posttrain.rewards.sandbox_io.ProtocolError` (the run becomes ``sandbox_error``).
+    """
+    from posttrain.rewards.sandbox_io import ProtocolError
+
+    status = response["status"]
+    if status in FAILURES:
+        return status
+    if status != _SUCCESS[test.kind]:
+        raise ProtocolError(f"status {status!r} is not an answer to a {test.kind} test")
+    if test.kind == "assert":
+        return "passed"
+    if test.kind == "value":
+        if not isinstance(response["value"], str):
+            raise ProtocolError("a returned value test carries no value")
+        ok, value = decode_value(response["value"])
+        return "passed" if ok and values_equal(value, test.expected, options) else "failed"
+    if not isinstance(response["stdout"], str):
+        raise ProtocolError("an exited stdin/stdout test carries no stdout")
+    if response["truncated"]:
+        return "failed"
+    return "passed" if stdout_equal(response["stdout"], test.expected, options.stdout) \
+        else "failed"
