@@ -127,3 +127,24 @@ def test_binary_objective_learns(world, tmp_path):
     after = summary["eval_after_detail"]
     assert after["auc"] > 0.8 and after["accuracy"] > 0.7
     assert after["positive_mean"] > after["negative_mean"]
+
+
+def test_cli_and_python_api(world, tmp_path, capsys):
+    from posttrain.cli import main
+    from posttrain.models import load_model_and_tokenizer
+
+    out = tmp_path / "cli"
+    code = main(["rm", f"model={world['model']}", f"train_data={world['train']}",
+                 f"out_dir={out}", "max_steps=2", "batch_size=4", "progress=false",
+                 "max_seq_len=128"])
+    assert code == 0 and (out / "final" / "config.json").is_file()
+    assert main(["rm", f"model={world['model']}", f"train_data={tmp_path / 'none.jsonl'}"]) == 2
+    assert "file not found" in capsys.readouterr().err
+    # Python API: a causal LM object and in-memory rows
+    lm, tok = load_model_and_tokenizer(world["model"])
+    rows = [json.loads(line) for line in Path(world["train"]).read_text().splitlines()]
+    trainer = RewardModelTrainer(model=lm, tokenizer=tok, train_data=rows[:8],
+                                 out_dir=str(tmp_path / "api"), max_steps=1, batch_size=4,
+                                 progress=False, max_seq_len=128)
+    assert type(trainer.model).__name__ == "LlamaForSequenceClassification"
+    trainer.train()
