@@ -299,8 +299,11 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     ap.add_argument("--heldout", type=int, default=300, help="held-out prompts")
     ap.add_argument("--samples", type=int, default=4, help="samples per prompt")
     ap.add_argument("--shepherd", type=int, default=0, help="K rollouts per step (0: skip (b))")
+    ap.add_argument("--shepherd-rows", type=int, default=0,
+                    help="label only the first N train samples with (b) (0: all); also writes "
+                         "exact_train_first{N}.jsonl, the same samples with exact labels")
     ap.add_argument("--only-pairs", action="store_true",
-                    help="rebuild the ORM files from existing exact_*.jsonl (no sampling)")
+                    help="reuse existing exact_*.jsonl instead of sampling again")
     ap.add_argument("--after-first-error", default="negative", choices=AFTER_FIRST_ERROR)
     ap.add_argument("--pairs-per-prompt", type=int, default=4,
                     help="on-policy ORM pairs per problem (correct x incorrect samples)")
@@ -315,8 +318,7 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     from posttrain.models import load_model_and_tokenizer
 
     torch.set_num_threads(args.threads)
-    if not args.only_pairs:
-        model, tok = load_model_and_tokenizer(args.model)
+    model, tok = load_model_and_tokenizer(args.model)
     out, written, kept = Path(args.out), {}, {}
     for split, n in (("train", args.prompts), ("heldout", args.heldout)):
         if args.only_pairs:
@@ -340,10 +342,16 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
               f"{sum(r['correct'] for r in rows) / max(1, len(rows)):.3f}, "
               f"bad steps {bad}/{steps}")
         kept[split] = rows
-    if args.shepherd and not args.only_pairs:
-        auto = math_shepherd_labels(model, tok, kept["train"], args.shepherd, seed=args.seed + 1)
-        written["shepherd_train"] = str(write_jsonl(auto, out / "shepherd_train.jsonl"))
-        print("math-shepherd vs exact:", label_agreement(kept["train"], auto))
+    if args.shepherd:
+        rows, name = kept["train"], "shepherd_train.jsonl"
+        if args.shepherd_rows:
+            n = args.shepherd_rows
+            rows, name = rows[:n], f"shepherd_train_first{n}.jsonl"
+            written["exact_subset"] = str(write_jsonl(
+                rows, out / f"exact_train_first{n}.jsonl"))
+        auto = math_shepherd_labels(model, tok, rows, args.shepherd, seed=args.seed + 1)
+        written["shepherd_train"] = str(write_jsonl(auto, out / name))
+        print("math-shepherd vs exact:", label_agreement(rows, auto))
     for name, path in written.items():
         print(f"wrote {name}: {path}")
     return written
