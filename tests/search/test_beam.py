@@ -9,7 +9,10 @@ import torch
 
 from posttrain.search import Candidate, PolicyProposer, prm_beam_search
 
-STEP_SCORES = {"a": 0.9, "b": 0.8, "c": 0.1, "d": 0.5, "x": 0.2, "y": 0.9, "z": 1.0, "w": 0.1}
+STEP_SCORES = {"a": 0.9, "b": 0.8, "c": 0.1, "d": 0.5, "x": 0.2, "y": 0.9, "z": 1.0, "w": 0.1,
+               # the answer block is the last step of a finished solution
+               "<answer>1</answer>": 1.0, "<answer>2</answer>": 0.5,
+               "<answer>3</answer>": 0.9, "<answer>4</answer>": 1.0}
 
 
 def fake_scorer(prompts, steps):
@@ -48,22 +51,21 @@ def test_beam_keeps_top_k_and_returns_best_finished():
     # round 1: B*M = 4 candidates from the prompt; a (0.9) and b (0.8) are kept, not d/c
     assert propose.calls[0] == ([""], 4)
     assert propose.calls[1] == (["<think>a; ", "<think>b; "], 2)
-    # round 2: a,x = 0.9*0.2 = 0.18; a,y = 0.81; b,z = 0.8*1.0 = 0.8; b,w = 0.08 -> keep y, z
-    assert res.completion == "<think>a; y</think><answer>2</answer>"
-    assert res.score == pytest.approx(0.81)
+    # round 2 (steps, then answer): a,x,1 = 0.9*0.2*1.0 = 0.18; a,y,2 = 0.9*0.9*0.5 = 0.405;
+    # b,z,3 = 0.8*1.0*0.9 = 0.72; b,w,4 = 0.8*0.1*1.0 = 0.08 -> keep z and y, both finished
+    assert res.completion == "<think>b; z</think><answer>3</answer>"
+    assert res.score == pytest.approx(0.72)
     assert res.finished == 2 and res.rounds == 2
     assert res.tokens == 4 * 3 + 2 * 5 + 2 * 7  # every sampled candidate counts
 
 
-def test_beam_min_aggregate_changes_the_choice():
-    [res] = prm_beam_search(["p"], Scripted(TREE), fake_scorer, beam_width=2, expansions=2,
-                            aggregate="min")
-    # min: a,y = min(0.9, 0.9) = 0.9 > b,z = min(0.8, 1.0) = 0.8
-    assert res.completion.endswith("<answer>2</answer>")
+def test_beam_last_aggregate_changes_the_choice():
     [res] = prm_beam_search(["p"], Scripted(TREE), fake_scorer, beam_width=2, expansions=2,
                             aggregate="last")
-    # last: b,z = 1.0 > a,y = 0.9
-    assert res.completion.endswith("<answer>3</answer>")
+    # round 1 is the same (last = the only step); round 2 by the answer step alone:
+    # a,x,1 = 1.0 and b,w,4 = 1.0 beat b,z,3 = 0.9; the first of the tie wins
+    assert res.completion == "<think>a; x</think><answer>1</answer>"
+    assert res.score == 1.0
 
 
 def test_beam_dedupes_identical_candidates():

@@ -18,12 +18,15 @@ from posttrain.search import (
 
 
 def test_split_steps():
-    assert split_steps("<think>12+7=19; 19*3=57</think><answer>57</answer>") == [
-        "12+7=19", "19*3=57"]
+    full = "<think>12+7=19; 19*3=57</think><answer>57</answer>"
+    assert split_steps(full) == ["12+7=19", "19*3=57", "<answer>57</answer>"]
+    assert split_steps(full, answer_step=False) == ["12+7=19", "19*3=57"]
     assert split_steps("<think>12+7=19; ") == ["12+7=19"]  # partial: trailing separator
     assert split_steps("<think>12+7=19; 19*3") == ["12+7=19", "19*3"]
-    assert split_steps("<think></think><answer>1</answer>") == []
-    assert split_steps("<answer>1</answer>") == []
+    assert split_steps("<think> a ;; b</think>") == ["a", "b"]  # stripped, blank skipped
+    assert split_steps("<think></think><answer>1</answer>") == ["<answer>1</answer>"]
+    assert split_steps("<answer>1</answer>") == ["<answer>1</answer>"]
+    assert split_steps("no blocks at all") == []
     assert split_steps("<think>a | b</think>", separator=" | ") == ["a", "b"]
 
 
@@ -88,8 +91,8 @@ def test_prm_outcome_splits_scores_and_aggregates():
         return [[0.9 if "=" in x else 0.2 for x in row] for row in steps]
 
     score = prm_outcome(step_scorer, "prod")
-    got = score(["p1", "p2", "p3"], ["<think>1+1=2; 2*3=6</think><answer>6</answer>",
-                                     "<answer>6</answer>",  # no steps: 0.0, not sent
-                                     "<think>1+1=2; oops</think><answer>6</answer>"])
+    got = score(["p1", "p2", "p3"], ["<think>1+1=2; 2*3=6</think>",
+                                     "6",  # no steps: 0.0, not sent to the scorer
+                                     "<think>1+1=2; oops</think>"])
     assert got == pytest.approx([0.81, 0.0, 0.18])  # 0.9*0.9, -, 0.9*0.2
     assert calls == [(["p1", "p3"], [["1+1=2", "2*3=6"], ["1+1=2", "oops"]])]
