@@ -105,9 +105,11 @@ def build_scorer(base: str | Path | torch.nn.Module, kind: str, tokenizer: Any,
         getattr(model, prefix).load_state_dict(decoder.state_dict())
         model.to(next(base.parameters()).dtype)
     else:
+        from transformers import AutoConfig
+
         try:
-            model = cls.from_pretrained(str(base), num_labels=num_labels,
-                                        dtype=resolve_dtype(dtype), **extra)
+            config = AutoConfig.from_pretrained(str(base), num_labels=num_labels, **extra)
+            model = cls.from_pretrained(str(base), config=config, dtype=resolve_dtype(dtype))
         except (OSError, ValueError) as err:
             raise ModelLoadError(f"could not build a {kind} from {str(base)!r}: {err}") from err
     if not hasattr(model, "score"):
