@@ -176,7 +176,8 @@ def encode_steps(tokenizer: Any, prompt_text: str, steps: list[str],
     separator's) is exact whatever the tokenizer. ``prompt_text`` is already rendered.
     """
     ids = list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
-    chunks = tokenizer([s + separator for s in steps], add_special_tokens=False)["input_ids"]
+    chunks = (tokenizer([s + separator for s in steps], add_special_tokens=False)["input_ids"]
+              if steps else [])
     ends = []
     for chunk in chunks:
         ids += chunk

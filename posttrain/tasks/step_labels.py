@@ -250,6 +250,31 @@ def math_shepherd_labels(model: Any, tokenizer: Any, rows: Sequence[dict[str, An
     return out
 
 
+def outcome_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """ORM rows ``{"prompt", "completion", "label"}`` from labelled samples."""
+    return [{"prompt": r["prompt"], "completion": r["completion"], "label": int(r["correct"]),
+             "answer": r["answer"]} for r in rows]
+
+
+def pair_rows(rows: Sequence[dict[str, Any]], seed: int = 0) -> list[dict[str, Any]]:
+    """ORM preference pairs: per prompt, a correct vs an incorrect sample of the policy.
+
+    Prompts whose samples are all correct or all incorrect give no pair.
+    """
+    rng = random.Random(f"pairs:{seed}")
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r["prompt"], []).append(r)
+    out = []
+    for prompt, group in groups.items():
+        good = sorted({r["completion"] for r in group if r["correct"]})
+        bad = sorted({r["completion"] for r in group if not r["correct"]})
+        if good and bad:
+            out.append({"prompt": prompt, "chosen": rng.choice(good), "rejected": rng.choice(bad),
+                        "answer": group[0]["answer"]})
+    return out
+
+
 def label_agreement(exact: Sequence[dict[str, Any]], auto: Sequence[dict[str, Any]]
                     ) -> dict[str, float]:
     """How often automatic labels equal exact ones (rows aligned; "negative" convention)."""
@@ -282,20 +307,25 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
 
     torch.set_num_threads(args.threads)
     model, tok = load_model_and_tokenizer(args.model)
-    out, written = Path(args.out), {}
+    out, written, kept = Path(args.out), {}, {}
     for split, n in (("train", args.prompts), ("heldout", args.heldout)):
         rows = exact_rows(model, tok, n, args.seed, split=split, samples=args.samples,
                           after_first_error=args.after_first_error)
         written[f"exact_{split}"] = str(write_jsonl(rows, out / f"exact_{split}.jsonl"))
+        written[f"pairs_{split}"] = str(write_jsonl(pair_rows(rows, args.seed),
+                                                    out / f"pairs_{split}.jsonl"))
+        written[f"outcomes_{split}"] = str(write_jsonl(outcome_rows(rows),
+                                                       out / f"outcomes_{split}.jsonl"))
         bad = sum(v == -1 for r in rows for v in r["labels"])
         steps = sum(len(r["labels"]) for r in rows)
         print(f"{split}: {len(rows)} rows, sample accuracy "
               f"{sum(r['correct'] for r in rows) / max(1, len(rows)):.3f}, "
               f"bad steps {bad}/{steps}")
-        if split == "train" and args.shepherd:
-            auto = math_shepherd_labels(model, tok, rows, args.shepherd, seed=args.seed + 1)
-            written["shepherd_train"] = str(write_jsonl(auto, out / "shepherd_train.jsonl"))
-            print("math-shepherd vs exact:", label_agreement(rows, auto))
+        kept[split] = rows
+    if args.shepherd:
+        auto = math_shepherd_labels(model, tok, kept["train"], args.shepherd, seed=args.seed + 1)
+        written["shepherd_train"] = str(write_jsonl(auto, out / "shepherd_train.jsonl"))
+        print("math-shepherd vs exact:", label_agreement(kept["train"], auto))
     for name, path in written.items():
         print(f"wrote {name}: {path}")
     return written

@@ -167,7 +167,7 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True) -> Session
     specs_raw = getattr(cfg, "rewards", None)
     if specs_raw is not None:
         try:
-            specs = [RewardSpec(**s) for s in specs_raw]
+            specs = [RewardSpec.from_dict(s) for s in specs_raw]
         except TypeError as err:
             raise ConfigError(
                 f"config key 'rewards': each entry needs name and weight: {err}") from err
