@@ -104,7 +104,6 @@ def train_verifiers(sft: Path, train: dict[str, Any], s: dict[str, Any], out: Pa
     orm = RewardModelTrainer(orm_cfg).train()
     t1 = time.time()
     prm_cfg = build_config(PRMConfig, overrides={**common, "train_data": train["prm"],
-                                                 "step_separator": "; ",
                                                  "out_dir": str(out / "prm")})
     prm = PRMTrainer(prm_cfg).train()
     return {"orm_dir": str(out / "orm" / "final"), "prm_dir": str(out / "prm" / "final"),
