@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -38,8 +40,8 @@ from typing import Any
 import torch
 
 SETTINGS: dict[str, dict[str, Any]] = {
-    "full": {"sft_steps": 1500, "train_problems": 1500, "train_samples": 8, "heldout": 300,
-             "n_max": 64, "rm_steps": 800, "rm_batch": 64, "rm_lr": 3e-4, "beam_width": 16,
+    "full": {"sft_steps": 1500, "train_problems": 1000, "train_samples": 8, "heldout": 200,
+             "n_max": 64, "rm_steps": 400, "rm_batch": 64, "rm_lr": 3e-4, "beam_width": 16,
              "expansions": 4, "max_new_tokens": 48},
     "quick": {"sft_steps": 500, "train_problems": 300, "train_samples": 8, "heldout": 64,
               "n_max": 64, "rm_steps": 150, "rm_batch": 64, "rm_lr": 3e-4, "beam_width": 16,
@@ -222,6 +224,13 @@ def plot(results: dict[str, Any], details: dict[str, Any], png: Path) -> None:
     plt.close(fig)
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process and its finished children (load-independent)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="output directory")
@@ -259,13 +268,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     timings["evaluate"] = round(time.time() - start - sum(timings.values()), 1)
     details.update(settings=s, quick=args.quick, sft=str(sft), train=train, verifiers=verifiers,
                    stage_seconds=timings, total_seconds=round(time.time() - start, 1),
+                   cpu_seconds=round(_cpu_seconds(), 1), load_average=os.getloadavg(),
                    threads=args.threads, paper=PAPER)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "details.json").write_text(json.dumps(details, indent=2, default=str) + "\n")
     plot(results, details, out / "accuracy_vs_n.png")
     print(json.dumps(results))
     print(f"wrote {out / 'results.json'}, {out / 'details.json'}, {out / 'accuracy_vs_n.png'} "
-          f"in {details['total_seconds']:.0f} s")
+          f"in {details['total_seconds']:.0f} s wall, {details['cpu_seconds']:.0f} s CPU")
     return results
 
 
