@@ -41,10 +41,10 @@ import torch
 
 SETTINGS: dict[str, dict[str, Any]] = {
     "full": {"sft_steps": 1500, "train_problems": 1000, "train_samples": 8, "heldout": 200,
-             "n_max": 64, "rm_steps": 400, "rm_batch": 64, "rm_lr": 3e-4, "beam_width": 16,
+             "n_max": 64, "rm_steps": 400, "rm_batch": 32, "rm_lr": 2e-4, "beam_width": 16,
              "expansions": 4, "max_new_tokens": 48},
     "quick": {"sft_steps": 500, "train_problems": 300, "train_samples": 8, "heldout": 64,
-              "n_max": 64, "rm_steps": 150, "rm_batch": 64, "rm_lr": 3e-4, "beam_width": 16,
+              "n_max": 64, "rm_steps": 150, "rm_batch": 32, "rm_lr": 2e-4, "beam_width": 16,
               "expansions": 4, "max_new_tokens": 48},
 }
 N_VALUES = (1, 4, 16, 64)
@@ -177,7 +177,7 @@ def evaluate(policy: Any, tok: Any, verifiers: dict[str, Any], s: dict[str, Any]
     results = {"orm": acc("best_of_n:orm"), "prm": acc("best_of_n:prm"),
                "majority": acc("majority"), "weighted": acc("weighted:prm"),
                "prm_beam": round(sum(beam_correct) / len(beam_correct), 4),
-               "orm_pair_accuracy": round(pair_accuracy(scores["orm"], samples.correct), 4),
+               "orm_pair_accuracy": _finite(pair_accuracy(scores["orm"], samples.correct)),
                "prm_step_f1": round(f1["f1"], 4)}
     details = {
         "selection": {m: {str(n): v for n, v in by_n.items()} for m, by_n in sel.items()},
@@ -186,7 +186,7 @@ def evaluate(policy: Any, tok: Any, verifiers: dict[str, Any], s: dict[str, Any]
                  "rounds_mean": sum(b.rounds for b in beam) / len(beam),
                  "no_solution": sum(not b.completion for b in beam),
                  "beam_width": s["beam_width"], "expansions": s["expansions"]},
-        "prm_step_metrics": f1, "orm_auc": round(pooled_auc(scores["orm"], samples.correct), 4),
+        "prm_step_metrics": f1, "orm_auc": _finite(pooled_auc(scores["orm"], samples.correct)),
         "heldout_problems": len(rows), "sample_accuracy": sel["majority"][1]["accuracy"],
         "seconds": {"sample": round(t1 - t0, 1), "score": round(t2 - t1, 1),
                     "select_and_beam": round(t3 - t2, 1)},
@@ -224,6 +224,11 @@ def plot(results: dict[str, Any], details: dict[str, Any], png: Path) -> None:
     plt.close(fig)
 
 
+def _finite(x: float) -> float | None:
+    """Rounded, or None for nan (no pair to compare): JSON has no NaN."""
+    return None if x != x else round(x, 4)
+
+
 def _cpu_seconds() -> float:
     """User + system CPU time of this process and its finished children (load-independent)."""
     own = resource.getrusage(resource.RUSAGE_SELF)
@@ -236,6 +241,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--quick", action="store_true", help="small settings (<= 10 min)")
     parser.add_argument("--world", default="", help="reuse DIR/sft/final instead of training")
+    parser.add_argument("--reuse-verifiers", action="store_true",
+                        help="skip stages 2-3 when OUT/orm/final and OUT/prm/final exist")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -256,13 +263,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from posttrain.models.loading import load_model_and_tokenizer
 
     policy, tok = load_model_and_tokenizer(sft)
-    print("[orm_vs_prm] 2/4 sampling verifier training data", flush=True)
-    train = verifier_rows(policy, tok, s, args.seed, out / "data")
-    timings["verifier_data"] = round(time.time() - start - sum(timings.values()), 1)
-    print(f"[orm_vs_prm] 3/4 training ORM and PRM ({train['samples']} samples, "
-          f"{train['correct_rate']:.2f} correct)", flush=True)
-    verifiers = train_verifiers(sft, train, s, out, args.seed, args.threads)
-    timings["verifiers"] = round(time.time() - start - sum(timings.values()), 1)
+    reuse = {"orm_dir": str(out / "orm" / "final"), "prm_dir": str(out / "prm" / "final")}
+    if args.reuse_verifiers and all(Path(p, "config.json").is_file() for p in reuse.values()):
+        print("[orm_vs_prm] 2-3/4 reusing the trained ORM and PRM in", out, flush=True)
+        train, verifiers = {"reused": True}, reuse
+    else:
+        print("[orm_vs_prm] 2/4 sampling verifier training data", flush=True)
+        train = verifier_rows(policy, tok, s, args.seed, out / "data")
+        timings["verifier_data"] = round(time.time() - start - sum(timings.values()), 1)
+        print(f"[orm_vs_prm] 3/4 training ORM and PRM ({train['samples']} samples, "
+              f"{train['correct_rate']:.2f} correct)", flush=True)
+        verifiers = train_verifiers(sft, train, s, out, args.seed, args.threads)
+        timings["verifiers"] = round(time.time() - start - sum(timings.values()), 1)
     print("[orm_vs_prm] 4/4 held-out search", flush=True)
     results, details = evaluate(policy, tok, verifiers, s, args.seed)
     timings["evaluate"] = round(time.time() - start - sum(timings.values()), 1)
