@@ -20,10 +20,15 @@ from posttrain.trainers import TRAINERS, train
 COMMANDS: dict[str, str] = {
     **{name: text for name, (_, text) in TRAINERS.items()},
     "eval": "greedy held-out evaluation of a model with reward functions",
+    "search": "test-time search: best-of-N, (weighted) majority vote, PRM beam search",
 }
 
 
 def _runner(command: str) -> Callable[[Any], dict[str, Any]]:
+    if command == "search":
+        from posttrain.search.run import run_search
+
+        return run_search
     if command == "eval":
         from posttrain.trainers.run import run_eval
 
@@ -32,7 +37,7 @@ def _runner(command: str) -> Callable[[Any], dict[str, Any]]:
 
 
 def _config_command(command: str, argv: list[str]) -> int:
-    cfg_cls = CONFIGS["grpo" if command == "eval" else command]
+    cfg_cls = _config_class(command)
     parser = argparse.ArgumentParser(
         prog=f"posttrain {command}", description=COMMANDS[command],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -55,9 +60,19 @@ def _config_command(command: str, argv: list[str]) -> int:
         return 2
     short = {k: summary.get(k) for k in ("eval_before", "eval_after", "accuracy", "seconds")
              if k in summary}
+    if "methods" in summary:  # search: accuracy and tokens of every method
+        short["methods"] = summary["methods"]
     print(json.dumps(short))
     print(f"wrote {cfg.out_dir}/summary.json")
     return 0
+
+
+def _config_class(command: str) -> Any:
+    if command == "search":
+        from posttrain.search.config import SearchConfig
+
+        return SearchConfig
+    return CONFIGS["grpo" if command == "eval" else command]
 
 
 def _data_error() -> type[Exception]:

@@ -1,0 +1,48 @@
+"""Test-time search with verifiers: best-of-N, (weighted) majority vote, PRM beam search.
+
+See ``docs/search.md``. Scorers are small callables (:mod:`posttrain.search.scorers`), so a
+trained ORM/PRM, a rule or a test fake plug in the same way.
+"""
+
+from posttrain.search.beam import BeamResult, Candidate, PolicyProposer, prm_beam_search
+from posttrain.search.evaluate import (
+    Samples,
+    build_samples,
+    evaluate_selection,
+    sample_solutions,
+    score_samples,
+)
+from posttrain.search.scorers import (
+    OutcomeScorer,
+    StepScorer,
+    aggregate_steps,
+    prm_outcome,
+)
+from posttrain.search.select import (
+    best_of_n,
+    group_answers,
+    majority_vote,
+    split_steps,
+    weighted_vote,
+)
+
+__all__ = [
+    "BeamResult",
+    "Candidate",
+    "OutcomeScorer",
+    "PolicyProposer",
+    "Samples",
+    "StepScorer",
+    "aggregate_steps",
+    "best_of_n",
+    "build_samples",
+    "evaluate_selection",
+    "group_answers",
+    "majority_vote",
+    "prm_beam_search",
+    "prm_outcome",
+    "sample_solutions",
+    "score_samples",
+    "split_steps",
+    "weighted_vote",
+]

@@ -1,0 +1,90 @@
+"""``SearchConfig``: the recipe of ``posttrain search`` (moves to ``posttrain/config/`` with the
+other configs). Every field is documented by the string under it (``posttrain search --help``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from posttrain.config import BaseConfig, ConfigError
+
+METHODS = ("best_of_n", "majority", "weighted", "beam")
+
+
+@dataclass
+class SearchConfig(BaseConfig):
+    eval_data: str = ""
+    """Problems {"prompt", "answer"} (JSONL path or `datasets` name) to search on."""
+    prompt_field: str = "prompt"
+    """Row field holding the prompt (str or list of chat messages)."""
+    answer_field: str = "answer"
+    """Row field holding the gold answer (used only to measure accuracy)."""
+    answer_marker: str = ""
+    """If set, the gold answer is the text after the last occurrence of this marker in the
+    answer field (GSM8K: "####")."""
+    eval_size: int = 200
+    """Number of problems searched (the first rows of eval_data)."""
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    """Methods to run: best_of_n (ranked by each verifier given), majority, weighted (votes
+    weighted by the PRM, else the ORM), beam (PRM beam search; needs `prm`)."""
+    n: list[int] = field(default_factory=lambda: [1, 4, 16])
+    """Solutions per problem for the sampling methods. max(n) are sampled once and every n is
+    measured on disjoint groups of them, so each n must divide max(n)."""
+    orm: str = ""
+    """Outcome reward model directory (written by `posttrain rm`); empty: none."""
+    prm: str = ""
+    """Process reward model directory (written by `posttrain prm`); empty: none."""
+    aggregate: Literal["prod", "min", "last", "mean"] = "prod"
+    """How a PRM's step scores make a solution score (prod: P(every step is correct))."""
+    beam_width: int = 4
+    """PRM beam search: beams kept per round (B)."""
+    expansions: int = 4
+    """PRM beam search: next steps sampled per beam (M); a round samples up to B*M steps."""
+    beam_max_steps: int = 10
+    """PRM beam search: rounds before giving up on unfinished beams."""
+    step_separator: str = "; "
+    """Step boundary inside <think> that beam search stops at (the arithmetic task's "; ")."""
+    max_new_tokens: int = 64
+    """Longest sampled solution (and longest beam-search step)."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling; 1.0 disables."""
+    batch_size: int = 512
+    """Sequences per generation batch and per verifier forward pass."""
+
+
+def validate_search(cfg: SearchConfig) -> None:
+    """Cross-field checks and verifier paths, before any model loads."""
+    from posttrain.models.reward import ScorerError, check_scorer_dir
+
+    if not cfg.eval_data:
+        raise ConfigError("config key 'eval_data': required (problems with gold answers)")
+    unknown = [m for m in cfg.methods if m not in METHODS]
+    if unknown or not cfg.methods:
+        raise ConfigError(f"config key 'methods'={cfg.methods!r}: expected a non-empty list of "
+                          f"{list(METHODS)}")
+    if not cfg.n or min(cfg.n) < 1 or any(max(cfg.n) % k for k in cfg.n):
+        raise ConfigError(f"config key 'n'={cfg.n!r}: expected values >= 1 that divide max(n)")
+    for key in ("beam_width", "expansions", "beam_max_steps", "eval_size", "max_new_tokens",
+                "batch_size"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"config key '{key}'={getattr(cfg, key)}: expected >= 1")
+    if cfg.temperature <= 0:
+        raise ConfigError(f"config key 'temperature'={cfg.temperature}: expected > 0")
+    needs = {"best_of_n": cfg.orm or cfg.prm, "weighted": cfg.orm or cfg.prm, "beam": cfg.prm}
+    for method, ok in needs.items():
+        if method in cfg.methods and not ok:
+            what = "'prm'" if method == "beam" else "'orm' or 'prm'"
+            raise ConfigError(f"config key 'methods' includes {method}, which needs a verifier: "
+                              f"set {what}")
+    for key, kind in (("orm", "orm"), ("prm", "prm")):
+        path = getattr(cfg, key)
+        if path:
+            if not Path(path).exists():
+                raise ConfigError(f"config key '{key}'={path!r}: directory not found")
+            try:
+                check_scorer_dir(path, kind)
+            except ScorerError as err:
+                raise ConfigError(f"config key '{key}': {err}") from err

@@ -1,0 +1,106 @@
+"""``posttrain search --config ...``: test-time search on held-out problems, with its compute.
+
+1. validate the config and the verifier directories (before any model loads);
+2. load the problems, the policy and the verifiers;
+3. sample max(n) solutions per problem once; score each with every verifier;
+4. best-of-n / majority / weighted vote at every n (disjoint groups of the samples);
+5. PRM beam search;
+6. ``out_dir/summary.json``: accuracy AND mean generated tokens per problem for every method.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from posttrain.search.config import SearchConfig, validate_search
+
+
+def _rows(cfg: SearchConfig) -> list[dict[str, Any]]:
+    from posttrain.data.loading import load_rows
+
+    columns = dict(cfg.columns)
+    if cfg.prompt_field != "prompt":
+        columns["prompt"] = cfg.prompt_field
+    if cfg.answer_field != "answer":
+        columns["answer"] = cfg.answer_field
+    rows = load_rows(cfg.eval_data, "prompts", split=cfg.eval_split,
+                     subset=cfg.data_subset or None, columns=columns or None,
+                     limit=cfg.eval_size)
+    for row in rows:
+        answer = str(row.get("answer", ""))
+        if cfg.answer_marker and cfg.answer_marker in answer:
+            answer = answer.rsplit(cfg.answer_marker, 1)[1]
+        row["answer"] = answer.strip()
+    return rows
+
+
+def run_search(cfg: SearchConfig) -> dict[str, Any]:
+    from posttrain.models.loading import load_model_and_tokenizer
+    from posttrain.search import evaluate_selection, prm_outcome, sample_solutions, score_samples
+    from posttrain.search.verifiers import load_orm_scorer, load_prm_scorer
+    from posttrain.trainers.common import set_seed, setup_threads, write_summary
+    from posttrain.trainers.session import resolve_device
+
+    start = time.time()
+    validate_search(cfg)  # 1
+    setup_threads(cfg.threads)
+    set_seed(cfg.seed)
+    rows = _rows(cfg)  # 2
+    device = resolve_device(cfg.device)
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    policy, tok = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype)
+    policy.to(device)
+    outcome, prm_steps = {}, None
+    if cfg.orm:
+        outcome["orm"] = load_orm_scorer(cfg.orm, batch_size=cfg.batch_size, device=device)
+    if cfg.prm:
+        prm_steps = load_prm_scorer(cfg.prm, batch_size=cfg.batch_size, device=device)
+        outcome["prm"] = prm_outcome(prm_steps, cfg.aggregate, cfg.step_separator)
+    summary: dict[str, Any] = {"problems": len(rows), "methods": {}}
+    if any(m != "beam" for m in cfg.methods):
+        samples = sample_solutions(  # 3
+            policy, tok, rows, max(cfg.n), max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature, top_p=cfg.top_p, batch_size=cfg.batch_size,
+            generator=gen, autocast=cfg.autocast_bf16)
+        scores = {name: score_samples(samples, fn, cfg.batch_size) for name, fn in outcome.items()}
+        sel = evaluate_selection(samples, sorted(set(cfg.n)), scores)  # 4
+        weight_by = "prm" if "prm" in scores else "orm"
+        wanted = {"majority": "majority", "oracle": "pass@n"}
+        if "best_of_n" in cfg.methods:
+            wanted.update({f"best_of_n:{name}": f"best_of_n:{name}" for name in scores})
+        if "weighted" in cfg.methods:
+            wanted[f"weighted:{weight_by}"] = f"weighted:{weight_by}"
+        if "majority" not in cfg.methods:
+            wanted.pop("majority")
+        for key, name in wanted.items():
+            summary["methods"][name] = {str(n): v for n, v in sel[key].items()}
+    if "beam" in cfg.methods and prm_steps is not None:
+        summary["methods"]["beam"] = _beam(cfg, rows, policy, tok, prm_steps, gen, device)  # 5
+    summary["seconds"] = round(time.time() - start, 1)
+    write_summary(cfg.out_dir, cfg, **summary)  # 6
+    return summary
+
+
+def _beam(cfg: SearchConfig, rows: list[dict[str, Any]], policy: Any, tok: Any, prm_steps: Any,
+          gen: torch.Generator, device: Any) -> dict[str, Any]:
+    from posttrain.rewards.math import extract_answer
+    from posttrain.search import PolicyProposer, prm_beam_search
+    from posttrain.search.evaluate import is_correct
+
+    propose = PolicyProposer(policy, tok, separator=cfg.step_separator,
+                             max_step_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                             top_p=cfg.top_p, batch_size=cfg.batch_size, generator=gen,
+                             autocast=cfg.autocast_bf16)
+    results = prm_beam_search([r["prompt"] for r in rows], propose, prm_steps,
+                              beam_width=cfg.beam_width, expansions=cfg.expansions,
+                              max_steps=cfg.beam_max_steps, aggregate=cfg.aggregate,
+                              separator=cfg.step_separator)
+    correct = [is_correct(extract_answer(b.completion), r["answer"])
+               for b, r in zip(results, rows, strict=True)]
+    return {"accuracy": sum(correct) / len(correct),
+            "tokens": sum(b.tokens for b in results) / len(results),
+            "beam_width": cfg.beam_width, "expansions": cfg.expansions,
+            "no_solution": sum(not b.completion for b in results)}
