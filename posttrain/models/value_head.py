@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from posttrain.models.loading import ModelLoadError
-from posttrain.rollout.hf import autocast_ctx
+from posttrain.rollout import autocast_ctx
 
 HEAD_FILE = "value_head.safetensors"
 CRITIC_ADAPTER = "critic"
