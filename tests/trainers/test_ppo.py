@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, LlamaForSequenceClassification
 
 from posttrain.config import ConfigError, build_config
 from posttrain.config.ppo import PPOConfig
@@ -181,9 +182,39 @@ def test_lora_shares_one_base_and_learns(toy_world, tmp_path):
                if any(p is q for q in trainer.policy_params))
     n_opt = sum(len(g["params"]) for g in trainer.opt.param_groups)
     assert n_opt == len(trainer.policy_params)
-    out = trainer.train()
-    assert out["eval_after"] is None or out["eval_after"] >= 0
-    assert (tmp_path / "final" / "model.safetensors").is_file()
+    ids = torch.tensor([[5, 6, 7, 8]])
+    trainer.step(1)
+    trainer.step(2)
+    with torch.no_grad():
+        policy_logits = trainer.model(input_ids=ids).logits
+    trainer.save(str(tmp_path / "final"))  # merges the ACTIVE (policy) adapter only
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    assert torch.allclose(reloaded(input_ids=ids).logits, policy_logits, atol=1e-5)
+    assert (tmp_path / "critic" / "value_head.safetensors").is_file()
+
+
+@pytest.mark.parametrize("kind", ["reward_model", "causal_lm"])
+def test_critic_from_a_model_dir(toy_world, tmp_path, kind):
+    """critic_model: a 1-label classifier (its score layer is the value head, so the first
+    values are its scores, not 0) or another causal LM (its body, a zero head)."""
+    tok = build_char_tokenizer()
+    if kind == "reward_model":
+        config = build_tiny_llama(tok, hidden_size=32, num_layers=1, num_heads=2,
+                                  intermediate_size=64, max_position_embeddings=64).config
+        config.num_labels = 1
+        other = LlamaForSequenceClassification(config)
+    else:
+        other = build_tiny_llama(tok, hidden_size=48, num_layers=2, num_heads=2,
+                                 intermediate_size=64, max_position_embeddings=64, seed=5)
+    save_checkpoint(other, tok, tmp_path / "critic_src")
+    trainer = PPOTrainer(_cfg(toy_world, str(tmp_path / "out"), kl_coef=0.0,
+                              critic_model=str(tmp_path / "critic_src")))
+    assert trainer._ref is None  # beta 0: no reference model at all
+    assert trainer.critic.head.in_features == other.config.hidden_size
+    rollout, scores, metrics = trainer.rollout_and_score()
+    trainer.prepare(rollout, scores, metrics)
+    assert (metrics["critic/value_mean"] != 0.0) == (kind == "reward_model")
+    assert trainer.step(1)["ppo/updates"] == 4
 
 
 def test_bad_config_is_a_clear_error(toy_world, tmp_path):
