@@ -148,6 +148,8 @@ def use_adapter(peft_model: Any, name: str | None) -> Iterator[Any]:
 def body_of(model: nn.Module) -> nn.Module:
     """The transformer body of a causal LM (without its LM head)."""
     body = getattr(model, "get_decoder", lambda: None)()
+    if body is None:  # some families return None from get_decoder(): use the base model
+        body = getattr(model, getattr(model, "base_model_prefix", ""), None)
     if body is None:
         raise ValueError(f"{type(model).__name__} has no get_decoder(): cannot find the body "
                          "under its LM head to put a value head on")
