@@ -61,6 +61,8 @@ class RewardSpec:
     """Multiplier in the weighted sum."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for every call (e.g. ``{"partial": True}`` for ``code``)."""
+    fn: RewardFn | None = field(default=None, compare=False)
+    """The callable itself (Python API); None: resolved from ``name``."""
 
 
 @dataclass
@@ -113,7 +115,7 @@ def validate_specs(specs: Sequence[RewardSpec | str]) -> list[tuple[RewardSpec, 
         if spec.name in seen:
             raise ValueError(f"reward spec {index}: {spec.name!r} is listed twice")
         seen.add(spec.name)
-        fn = resolve_reward(spec.name)
+        fn = spec.fn if spec.fn is not None else resolve_reward(spec.name)
         try:
             inspect.signature(fn)
         except (TypeError, ValueError) as exc:
