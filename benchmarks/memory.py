@@ -158,9 +158,10 @@ def main() -> None:
             continue
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(f"done: {name}", file=sys.stderr)
-    print(f"model: hidden {args.hidden}, {args.layers} layers ({rows[0]['params_m'] if rows else 0:.1f}M "
-          f"parameters); {args.prompts} prompts x {args.group} = {args.prompts * args.group} "
-          f"sequences, {args.new_tokens} new tokens, {args.steps} steps, {args.threads} thread(s)")
+    params = rows[0]["params_m"] if rows else 0.0
+    print(f"model: hidden {args.hidden}, {args.layers} layers ({params:.1f}M parameters); "
+          f"{args.prompts} prompts x {args.group} = {args.prompts * args.group} sequences, "
+          f"{args.new_tokens} new tokens, {args.steps} steps, {args.threads} thread(s)")
     print("| arm | trainable (M) | weights MB | grads MB | AdamW MB | state MB | peak RSS MB "
           "| peak - base MB |")
     print("|---|---|---|---|---|---|---|---|")

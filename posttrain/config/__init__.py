@@ -19,6 +19,7 @@ from posttrain.config.base import (
 )
 from posttrain.config.dpo import DPOConfig
 from posttrain.config.grpo import GRPOConfig
+from posttrain.config.ppo import PPOConfig
 from posttrain.config.sft import SFTConfig
 
 # command -> config class; a new trainer adds one line here
@@ -26,6 +27,7 @@ CONFIGS: dict[str, type[BaseConfig]] = {
     "sft": SFTConfig,
     "grpo": GRPOConfig,
     "dpo": DPOConfig,
+    "ppo": PPOConfig,
 }
 
 __all__ = ["CONFIGS", "TRACKERS", "BaseConfig", "ConfigError", "DPOConfig", "GRPOConfig",

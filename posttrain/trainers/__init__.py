@@ -17,6 +17,8 @@ TRAINERS: dict[str, tuple[str, str]] = {
              "GRPO / GSPO / DAPO / Dr. GRPO with reward functions (see recipes/)"),
     "dpo": ("posttrain.trainers.dpo:DPOTrainer",
             "DPO / cDPO / robust DPO / IPO / hinge on preference pairs (no reward model)"),
+    "ppo": ("posttrain.trainers.ppo:PPOTrainer",
+            "PPO with a critic, a frozen reference and rewards or a reward model (RLHF)"),
 }
 
 
