@@ -19,6 +19,7 @@ from posttrain.config.base import (
 )
 from posttrain.config.dpo import DPOConfig
 from posttrain.config.grpo import GRPOConfig
+from posttrain.config.ppo import PPOConfig
 from posttrain.config.rm import PRMConfig, RMConfig
 from posttrain.config.sft import SFTConfig
 
@@ -29,8 +30,9 @@ CONFIGS: dict[str, type[BaseConfig]] = {
     "dpo": DPOConfig,
     "rm": RMConfig,
     "prm": PRMConfig,
+    "ppo": PPOConfig,
 }
 
 __all__ = ["CONFIGS", "TRACKERS", "BaseConfig", "ConfigError", "DPOConfig", "GRPOConfig",
-           "PRMConfig", "RMConfig", "SFTConfig", "build_config", "config_help", "field_docs",
+           "PPOConfig", "PRMConfig", "RMConfig", "SFTConfig", "build_config", "config_help", "field_docs",
            "math_and_format", "parse_overrides", "to_dict", "validate_config"]

@@ -21,6 +21,8 @@ TRAINERS: dict[str, tuple[str, str]] = {
            "outcome reward model: Bradley-Terry on pairs or binary correctness (scalar head)"),
     "prm": ("posttrain.trainers.prm:PRMTrainer",
             "process reward model: per-step good/bad classifier on step-labelled rows"),
+    "ppo": ("posttrain.trainers.ppo:PPOTrainer",
+            "PPO with a critic, a frozen reference and rewards or a reward model (RLHF)"),
 }
 
 

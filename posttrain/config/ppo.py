@@ -1,0 +1,135 @@
+"""PPO config: actor, critic, frozen reference and rewards (RLHF as in Ziegler et al. 2019 and
+InstructGPT, Ouyang et al. 2022); defaults follow those papers' open implementations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from posttrain.config.base import BaseConfig, ConfigError, math_and_format
+
+
+@dataclass
+class PPOConfig(BaseConfig):
+    # --- data and rewards ---
+    train_data: str = ""
+    """RL prompts {"prompt", "answer", ...} (JSONL path or `datasets` name)."""
+    train_split: str = "train"
+    """Split name when `train_data` is a `datasets` name."""
+    prompt_field: str = "prompt"
+    """Row field holding the prompt (str or list of chat messages)."""
+    answer_field: str = "answer"
+    """Row field passed to reward functions as `answer`."""
+    answer_marker: str = ""
+    """If set, the gold answer is the text after the last occurrence of this marker in the
+    answer field (GSM8K solutions end with "#### 72": use "####")."""
+    rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
+    """Scores of whole completions: verifiable rewards and/or a `reward_model` entry, with
+    weights. The weighted sum is the score R put on the last completion token."""
+    reward_on_error: Literal["zero", "raise"] = "zero"
+    """A reward function that raises: score 0 (counted in reward/errors) or stop training."""
+    # --- rollout ---
+    prompts_per_step: int = 64
+    """Prompts per rollout batch."""
+    group_size: int = 1
+    """Completions sampled per prompt (PPO needs no group: 1 is the classic setting)."""
+    max_new_tokens: int = 64
+    """Longest completion sampled; longer ones are truncated and flagged."""
+    temperature: float = 1.0
+    """Sampling temperature (log-probs use the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling; 1.0 disables."""
+    top_k: int = 0
+    """Top-k sampling; 0 disables."""
+    # --- critic ---
+    critic_model: str = ""
+    """Where the critic's body comes from: empty = a copy of the policy (the seed note's
+    choice); a reward-model directory (a 1-label sequence classifier: its score layer becomes
+    the value head); a critic saved by PPO; or any other causal LM (a separate critic). With
+    LoRA (lora_r > 0) it must stay empty: the critic is a second adapter on the policy's base."""
+    critic_lr: float = 1e-4
+    """Critic learning rate (its own AdamW and schedule)."""
+    vf_coef: float = 0.1
+    """c_v: weight of the value loss (L = L_policy + c_v L_V - c_e H)."""
+    value_clip: float | None = 0.2
+    """eps_v of the clipped value loss around the rollout-time values; null: plain MSE."""
+    critic_warmup_steps: int = 0
+    """First steps that train only the critic (the policy stays at its SFT start)."""
+    # --- reward shaping and KL ---
+    kl_coef: float = 0.05
+    """beta: per-token reward -beta * KL(policy || reference). 0 loads no reference model."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    """Per-token KL estimator in the reward (k1 = log ratio, the classic RLHF penalty)."""
+    adaptive_kl: bool = False
+    """Adapt beta toward kl_target (Ziegler et al. 2019, section 2.2); false: beta fixed."""
+    kl_target: float = 6.0
+    """Target per-sequence KL (nats) of the adaptive controller."""
+    kl_horizon: float = 10000.0
+    """Horizon (in samples) of the adaptive controller."""
+    # --- advantages ---
+    gamma: float = 1.0
+    """Discount of GAE."""
+    gae_lambda: float = 0.95
+    """GAE lambda (1 = Monte Carlo returns, 0 = one-step TD)."""
+    whiten_advantages: bool = True
+    """Normalise advantages to zero mean, unit variance over the batch's real tokens."""
+    # --- policy loss ---
+    clip_eps_low: float = 0.2
+    """Lower clip range: ratio >= 1 - clip_eps_low."""
+    clip_eps_high: float = 0.2
+    """Upper clip range: ratio <= 1 + clip_eps_high (DAPO clip-higher: > clip_eps_low)."""
+    dual_clip: float | None = None
+    """Dual-clip constant c (e.g. 3.0) for negative advantages; null disables."""
+    loss_agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = (
+        "token-mean")
+    """Aggregation of the policy loss (PPO averages over all tokens of a mini-batch)."""
+    ent_coef: float = 0.0
+    """c_e: entropy bonus weight."""
+    # --- update ---
+    ppo_epochs: int = 4
+    """Passes over each rollout batch."""
+    mini_batches: int = 4
+    """Optimizer steps per pass (the batch is split into this many shuffled mini-batches)."""
+    micro_batch_size: int = 64
+    """Sequences per forward/backward (gradient accumulation within a mini-batch)."""
+    target_kl: float | None = None
+    """Stop this step's remaining PPO epochs when the approx KL between the rollout policy and
+    the current one, mean(logp_old - logp), exceeds this (the mini-batch that crossed it is not
+    applied); null: never stop early."""
+    eval_max_new_tokens: int = 64
+    """Generation budget for held-out greedy evaluation."""
+    lr: float = 1e-5
+    """Peak policy learning rate (AdamW)."""
+
+    def validate(self) -> None:
+        super().validate()
+        positive = {"prompts_per_step": self.prompts_per_step, "group_size": self.group_size,
+                    "ppo_epochs": self.ppo_epochs, "micro_batch_size": self.micro_batch_size,
+                    "mini_batches": self.mini_batches}
+        for key, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"config key '{key}'={value}: expected >= 1")
+        n = self.prompts_per_step * self.group_size
+        if n < self.mini_batches:
+            raise ConfigError(f"config key 'mini_batches'={self.mini_batches}: more than the {n} "
+                              "sequences of a step (prompts_per_step*group_size)")
+        if self.temperature <= 0:
+            raise ConfigError("config key 'temperature': expected > 0 (sampling is required)")
+        if not self.rewards:
+            raise ConfigError("config key 'rewards': at least one reward function is required")
+        if self.kl_coef < 0:
+            raise ConfigError(f"config key 'kl_coef'={self.kl_coef}: expected >= 0")
+        if self.adaptive_kl and (self.kl_coef == 0 or self.kl_target <= 0
+                                 or self.kl_horizon <= 0):
+            raise ConfigError("config key 'adaptive_kl': needs kl_coef > 0 (the starting beta), "
+                              "kl_target > 0 and kl_horizon > 0")
+        if not (0 <= self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
+            raise ConfigError(f"config keys 'gamma'={self.gamma} / 'gae_lambda'="
+                              f"{self.gae_lambda}: expected in [0, 1]")
+        if self.target_kl is not None and self.target_kl <= 0:
+            raise ConfigError(f"config key 'target_kl'={self.target_kl}: expected > 0 or null")
+        if self.critic_lr <= 0:
+            raise ConfigError(f"config key 'critic_lr'={self.critic_lr}: expected > 0")
+        if self.lora_r > 0 and self.critic_model:
+            raise ConfigError("config key 'critic_model': must be empty with LoRA (lora_r > 0); "
+                              "the critic is then a second adapter on the policy's frozen base")
