@@ -1,0 +1,279 @@
+"""Process reward model (PRM): a per-step classifier on step-labelled rows.
+
+Rows ``{"prompt", "steps", "labels"}`` (labels 1 / 0 / -1, one per step) are written as
+``render(prompt) + s1 + sep + s2 + sep + ...``; the model (``AutoModelForTokenClassification``
+with ``num_classes`` labels on the policy's decoder) predicts each step's class at the last token
+of its separator, and the loss (``posttrain.ops.prm_step_loss``) counts those positions only
+(Lightman et al. 2023, "Let's Verify Step by Step", arXiv:2305.20050). With ``soft_labels: true``
+the targets are a row's ``soft_labels`` (Math-Shepherd's fraction of rollouts that reach the
+answer, Wang et al. 2023, arXiv:2312.08935) and the loss is the cross-entropy against
+``(1 - q, q)`` (2 classes only).
+
+One step: 1 next batch of rows -> 2 class logits at every position -> 3 the loss at step ends,
+normalised by the steps of the whole optimizer step, backward per micro-batch, clip, step.
+
+Held-out metrics (``eval_data``: step rows): ``step_accuracy`` (predicted class == label class),
+``bad_f1`` / ``bad_precision`` / ``bad_recall`` of the "bad step" class (label -1; a step is
+predicted bad when its score P(good) < 0.5), ``first_error_accuracy`` (the first predicted bad
+step, or "none", equals the first labelled -1, or "none"), and ``solution_auc`` of the ``min``
+aggregated score against "every step is good".
+
+The step format (separator, how completions are split into steps, classes) is saved in the
+checkpoint's config.json (``posttrain_prm``) for the scorer (``posttrain.rewards.learned``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from posttrain.config import BaseConfig, ConfigError
+from posttrain.data import DataError, load_rows, render_prompt
+from posttrain.models.loading import load_tokenizer
+from posttrain.models.reward import (
+    PRM_META_KEY,
+    build_scorer,
+    encode_steps,
+    pad_right,
+    token_logits,
+)
+from posttrain.ops import aggregate_step_scores, prm_step_loss, step_scores_from_logits
+from posttrain.rollout import autocast_ctx
+from posttrain.tasks.step_labels import first_error
+from posttrain.trainers.common import (
+    build_optimizer,
+    clip_and_step,
+    save_checkpoint,
+    set_seed,
+    setup_threads,
+)
+from posttrain.trainers.reward_model import roc_auc, train_loop, validate
+from posttrain.trainers.session import resolve_device
+
+
+@dataclass
+class PRMConfig(BaseConfig):
+    train_data: str = ""
+    """Step rows {"prompt", "steps": [str], "labels": [1|0|-1]} (JSONL path or `datasets` name)."""
+    train_split: str = "train"
+    """Split name when `train_data` is a `datasets` name."""
+    eval_data: str = ""
+    """Held-out step rows; empty: no held-out evaluation."""
+    num_classes: Literal[2, 3] = 2
+    """Step classes: 2 (bad / good, a neutral 0 label counts as good) or 3 (bad/neutral/good)."""
+    step_separator: str = "\n"
+    """Text appended after every step; the prediction is read at its last token."""
+    step_split: str = "think"
+    """How the scorer splits a completion into steps: 'think' (the arithmetic format: each
+    ';'-separated part of <think>...</think>, then the <answer> tag) or a literal delimiter."""
+    soft_labels: bool = False
+    """Train on each row's `soft_labels` (fractions in [0, 1], Math-Shepherd soft labels)."""
+    classifier_dropout: float = 0.0
+    """Dropout before the class head (HF's default for token classification is 0.1)."""
+    batch_size: int = 32
+    """Rows per optimizer step."""
+    micro_batch_size: int = 32
+    """Rows per forward/backward (gradient accumulation)."""
+    max_len: int = 256
+    """Longest prompt+steps in tokens; longer rows are an error."""
+    lr: float = 1e-4
+    """Peak learning rate (AdamW)."""
+
+
+def soft_step_loss(logits: Tensor, targets: Tensor, step_mask: Tensor,
+                   total_steps: Tensor | float | None = None) -> Tensor:
+    """Cross-entropy against soft targets q = P(good) at step ends (2 classes).
+
+    Args:
+        logits: [B, T, 2]; targets: [B, T] q in [0, 1] at step ends; step_mask: [B, T].
+    Returns: [] sum over steps of -(q log p_good + (1 - q) log p_bad) / total_steps.
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [B, T, 2]
+    nll = -(targets * logp[..., 1] + (1.0 - targets) * logp[..., 0])  # [B, T]
+    mask = step_mask.bool()
+    count = mask.sum() if total_steps is None else total_steps
+    return torch.where(mask, nll, 0.0).sum() / count  # []
+
+
+def step_metrics(pred_good: list[list[bool]], labels: list[list[int]],
+                 scores: list[float] | None = None) -> dict[str, float]:
+    """Step accuracy, bad-step precision / recall / F1, first-error accuracy (+ solution AUC).
+
+    ``pred_good[i][j]``: step j of row i predicted good; ``labels``: 1 / 0 / -1 (0 = good).
+    """
+    tp = fp = fn = correct = total = first_ok = 0
+    for pred, lab in zip(pred_good, labels, strict=True):
+        for p, y in zip(pred, lab, strict=True):
+            bad_true, bad_pred = y == -1, not p
+            tp += bad_true and bad_pred
+            fp += bad_pred and not bad_true
+            fn += bad_true and not bad_pred
+            correct += bad_true == bad_pred
+            total += 1
+        first_ok += first_error([1 if p else -1 for p in pred]) == first_error(lab)
+    precision = tp / max(1, tp + fp)
+    recall = tp / max(1, tp + fn)
+    out = {"step_accuracy": correct / max(1, total), "bad_precision": precision,
+           "bad_recall": recall,
+           "bad_f1": 2 * precision * recall / (precision + recall) if tp else 0.0,
+           "first_error_accuracy": first_ok / max(1, len(labels)), "steps": float(total)}
+    if scores is not None:
+        all_good = torch.tensor([all(y != -1 for y in lab) for lab in labels])
+        out["solution_auc"] = roc_auc(torch.tensor(scores), all_good)
+    return out
+
+
+class PRMTrainer:
+    """Step-level classification training of a process reward model."""
+
+    name = "prm"
+
+    def __init__(self, cfg: PRMConfig, *, model: Any = None, tokenizer: Any = None) -> None:
+        self.cfg = cfg
+        validate(cfg)
+        if cfg.soft_labels and cfg.num_classes != 2:
+            raise ConfigError("config key 'soft_labels': needs num_classes=2")
+        if not cfg.step_separator:
+            raise ConfigError("config key 'step_separator': expected a non-empty string")
+        setup_threads(cfg.threads)
+        self.gen = set_seed(cfg.seed)
+        # rows are validated before the tokenizer or any model loads
+        self.train_rows = load_rows(cfg.train_data, "steps", split=cfg.train_split,
+                                    subset=cfg.data_subset or None, columns=cfg.columns or None)
+        self.eval_rows = (load_rows(cfg.eval_data, "steps", split=cfg.eval_split,
+                                    limit=cfg.eval_size) if cfg.eval_data else [])
+        if cfg.soft_labels:
+            _check_soft(self.train_rows, cfg.train_data)
+        self.tokenizer = tokenizer or load_tokenizer(cfg.model)
+        self.train_set = self.tokenize(self.train_rows, cfg.train_data)
+        self.eval_set = self.tokenize(self.eval_rows, cfg.eval_data) if self.eval_rows else None
+        self.device = resolve_device(cfg.device)
+        self.model = build_scorer(model if model is not None else cfg.model, "prm",
+                                  self.tokenizer, num_labels=cfg.num_classes, dtype=cfg.dtype,
+                                  dropout=cfg.classifier_dropout).to(self.device)
+        setattr(self.model.config, PRM_META_KEY, {"separator": cfg.step_separator,
+                                                  "split": cfg.step_split})
+        self.opt, self.sched = build_optimizer(self.model, cfg, cfg.max_steps)
+        self._order: list[int] = []
+
+    # ------------------------------------------------------------------------------------------
+    def tokenize(self, rows: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
+        """Per row: ids, step-end positions, labels (and soft targets)."""
+        out = []
+        for i, r in enumerate(rows):
+            prompt = render_prompt(self.tokenizer, r["prompt"])
+            ids, ends = encode_steps(self.tokenizer, prompt, r["steps"], self.cfg.step_separator)
+            if len(ids) > self.cfg.max_len:
+                raise DataError(source, i + 1, "steps", f"prompt + steps is {len(ids)} tokens, "
+                                f"over max_len={self.cfg.max_len} (raise max_len or drop the row)")
+            out.append({"ids": ids, "ends": ends, "labels": list(r["labels"]),
+                        "soft": r.get("soft_labels")})
+        return out
+
+    def forward(self, data: list[dict[str, Any]], idx: list[int]) -> dict[str, Tensor]:
+        """2: logits [n, T, C], labels [n, T], step_mask [n, T] (and soft targets [n, T])."""
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        items = [data[i] for i in idx]
+        ids, mask = pad_right([it["ids"] for it in items], pad)  # [n, T]
+        labels = torch.zeros(ids.shape, dtype=torch.long)  # [n, T]
+        soft = torch.zeros(ids.shape)  # [n, T]
+        step_mask = torch.zeros(ids.shape, dtype=torch.bool)  # [n, T]
+        for i, it in enumerate(items):
+            ends = torch.tensor(it["ends"], dtype=torch.long)
+            labels[i, ends] = torch.tensor(it["labels"], dtype=torch.long)
+            step_mask[i, ends] = True
+            if it["soft"] is not None:
+                soft[i, ends] = torch.tensor(it["soft"], dtype=torch.float)
+        with autocast_ctx(self.cfg.autocast_bf16, self.device):
+            logits = token_logits(self.model, ids.to(self.device), mask.to(self.device))
+        return {"logits": logits, "labels": labels.to(self.device),
+                "step_mask": step_mask.to(self.device), "soft": soft.to(self.device)}
+
+    def loss(self, out: dict[str, Tensor], total_steps: Tensor | float) -> Tensor:
+        """3: step-end loss of one micro-batch, normalised by ``total_steps``."""
+        if self.cfg.soft_labels:
+            return soft_step_loss(out["logits"], out["soft"], out["step_mask"], total_steps)
+        loss, _ = prm_step_loss(out["logits"], out["labels"], out["step_mask"],
+                                num_classes=self.cfg.num_classes, total_steps=total_steps)
+        return loss
+
+    # ------------------------------------------------------------------------------------------
+    def next_indices(self, n: int) -> list[int]:
+        out = []
+        while len(out) < n:
+            if not self._order:
+                self._order = torch.randperm(len(self.train_rows), generator=self.gen).tolist()
+            out.append(self._order.pop())
+        return out
+
+    def step(self, step: int) -> dict[str, float]:
+        """One optimizer step over ``batch_size`` rows, micro-batched."""
+        cfg = self.cfg
+        idx = self.next_indices(cfg.batch_size)  # 1
+        total_steps = sum(len(self.train_set[i]["ends"]) for i in idx)
+        self.model.train()
+        loss_sum, correct = 0.0, 0.0
+        for start in range(0, len(idx), cfg.micro_batch_size):
+            out = self.forward(self.train_set, idx[start:start + cfg.micro_batch_size])  # 2
+            loss = self.loss(out, total_steps)  # 3
+            loss.backward()
+            loss_sum += float(loss.detach())
+            with torch.no_grad():
+                good = step_scores_from_logits(out["logits"]) >= 0.5  # [n, T]
+                hit = good == (out["labels"] != -1)
+                correct += float(hit[out["step_mask"]].sum())
+        return {"loss/prm": loss_sum, "train/step_accuracy": correct / max(1, total_steps),
+                "train/grad_norm": float(clip_and_step(self.model, self.opt, self.sched,
+                                                       cfg.max_grad_norm)),
+                "train/lr": self.sched.get_last_lr()[0], "train/steps": float(total_steps)}
+
+    @torch.no_grad()
+    def predict(self, data: list[dict[str, Any]]) -> list[list[float]]:
+        """Step scores P(good) of every row of ``data``."""
+        self.model.eval()
+        scores: list[list[float]] = []
+        for start in range(0, len(data), self.cfg.micro_batch_size):
+            idx = list(range(start, min(len(data), start + self.cfg.micro_batch_size)))
+            out = self.forward(data, idx)
+            probs = step_scores_from_logits(out["logits"]).cpu()  # [n, T]
+            scores += [probs[k, data[i]["ends"]].tolist() for k, i in enumerate(idx)]
+        return scores
+
+    def evaluate(self, when: str = "after") -> dict[str, float]:
+        """Held-out step accuracy, bad-step F1, first-error accuracy, solution AUC."""
+        if self.eval_set is None:
+            return {}
+        return evaluate_step_scores(self.predict(self.eval_set),
+                                    [it["labels"] for it in self.eval_set])
+
+    def save(self, path: str | Path) -> None:
+        save_checkpoint(self.model, self.tokenizer, path)
+
+    def train(self) -> dict[str, Any]:
+        return train_loop(self, "bad_f1")
+
+
+def evaluate_step_scores(scores: list[list[float]], labels: list[list[int]],
+                         threshold: float = 0.5) -> dict[str, float]:
+    """:func:`step_metrics` of step scores (good when >= threshold), + ``min`` solution AUC."""
+    pred = [[s >= threshold for s in row] for row in scores]
+    S = max(len(r) for r in scores)
+    padded = torch.tensor([r + [1.0] * (S - len(r)) for r in scores])  # [B, S]
+    mask = torch.tensor([[j < len(r) for j in range(S)] for r in scores])  # [B, S]
+    agg = aggregate_step_scores(padded, mask, "min").tolist()  # [B]
+    return {**step_metrics(pred, labels, agg), "n": float(len(labels))}
+
+
+def _check_soft(rows: list[dict[str, Any]], source: str) -> None:
+    for i, r in enumerate(rows):
+        soft = r.get("soft_labels")
+        ok = (isinstance(soft, list) and len(soft) == len(r["steps"])
+              and all(isinstance(q, (int, float)) and not isinstance(q, bool) and 0 <= q <= 1
+                      for q in soft))
+        if not ok:
+            raise DataError(source, i + 1, "soft_labels", "expected one number in [0, 1] per "
+                            f"step ({len(r['steps'])}) with soft_labels: true, got {soft!r}")
