@@ -231,3 +231,12 @@ def test_bad_process_config(world, tmp_path):
     with pytest.raises(ConfigError, match="cannot load"):
         GRPOTrainer(_cfg(world, str(tmp_path), process_reward_model=f"{HERE}:missing"))
     assert not Path(tmp_path / "metrics.jsonl").exists()
+
+
+def test_shipped_process_recipes_load():
+    root = Path(__file__).resolve().parents[2] / "recipes"
+    proc = build_config(GRPOConfig, root / "grpo_process.yaml")
+    both = build_config(GRPOConfig, root / "grpo_prm_rlvr.yaml")
+    assert proc.advantage == both.advantage == "grpo_process"
+    assert all(r["weight"] == 0 for r in proc.rewards) and proc.process_weight == 1.0
+    assert [r["name"] for r in both.rewards][0] == "math" and both.process_weight == 0.5
