@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's posttrain, not an installed one
 ARMS = ("outcome", "process", "prm_rlvr")
 TARGET = 0.9
 
@@ -78,12 +79,12 @@ def train_prm(sft: str, steps_dir: Path, out: Path, max_steps: int) -> dict[str,
 
 
 def arm_overrides(arm: str, sft: str, data: str, prm: str, out: Path, seed: int,
-                  quick: bool) -> dict[str, Any]:
+                  quick: bool, steps: int) -> dict[str, Any]:
     """One arm's config: recipes/grpo_process.yaml's budget, the arm's rewards/advantage."""
     keys: dict[str, Any] = {
         "model": sft, "train_data": f"{data}/prompts.jsonl", "eval_data": f"{data}/heldout.jsonl",
         "out_dir": str(out), "seed": seed, "progress": False, "eval_every": 10,
-        "eval_size": 300 if quick else 1000, "process_reward_model": prm}
+        "eval_size": 300 if quick else 1000, "process_reward_model": prm, "max_steps": steps}
     if arm == "outcome":
         keys.update({"advantage": "grpo", "process_reward_model": "",
                      "rewards": [{"name": "math", "weight": 1.0},
@@ -92,6 +93,9 @@ def arm_overrides(arm: str, sft: str, data: str, prm: str, out: Path, seed: int,
 
 
 def run_arm(arm: str, keys: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)
     from posttrain.config import GRPOConfig, build_config
     from posttrain.trainers.grpo import GRPOTrainer
 
@@ -156,6 +160,22 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def build_prm(sft: str, out: Path, args: argparse.Namespace, setup: dict[str, float]
+              ) -> dict[str, Any]:
+    """Step labels + PRM under `out`; their seconds go into `setup`; returns the PRM's cost."""
+    t = time.time()
+    labels = build_labels(sft, out / "steps", args.label_prompts, 150, 0)
+    setup["labels"] = round(time.time() - t, 1)
+    t = time.time()
+    prm = train_prm(sft, out / "steps", out / "prm", args.prm_steps)
+    setup["prm"] = round(time.time() - t, 1)
+    info = {"seconds": setup["prm"], "label_seconds": setup["labels"], **labels,
+            "peak_rss_mb": prm.get("peak_rss_mb"), "step_accuracy": prm.get("eval_after"),
+            **{k: v for k, v in (prm.get("eval_after_detail") or {}).items()
+               if isinstance(v, (int, float))}}
+    return info
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -165,6 +185,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--prm-steps", type=int, default=200)
     ap.add_argument("--label-prompts", type=int, default=1000)
     ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--steps", type=int, default=60, help="GRPO steps of every arm")
+    ap.add_argument("--prm", default="", help="reuse a PRM dir (skips labels + PRM training)")
+    ap.add_argument("--jobs", type=int, default=1, help="arms run in parallel processes")
     args = ap.parse_args(argv)
     import torch
 
@@ -179,30 +202,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         world = build_sft(out / "demo", 0)
         setup["sft"] = round(time.time() - t, 1)
-    t = time.time()
-    labels = build_labels(world["sft"], out / "steps", args.label_prompts, 150, 0)
-    setup["labels"] = round(time.time() - t, 1)
-    t = time.time()
-    prm = train_prm(world["sft"], out / "steps", out / "prm", args.prm_steps)
-    setup["prm"] = round(time.time() - t, 1)
-    prm_info = {"seconds": setup["prm"], "label_seconds": setup["labels"], **labels,
-                "peak_rss_mb": prm.get("peak_rss_mb"), "step_accuracy": prm.get("eval_after"),
-                **{k: v for k, v in (prm.get("eval_after_detail") or {}).items()
-                   if isinstance(v, (int, float))}}
+    if args.prm:  # reused: its cost was measured where it was built
+        prm_dir, setup["labels"], setup["prm"] = args.prm, 0.0, 0.0
+        prm_info: dict[str, Any] = {"reused": args.prm}
+    else:
+        prm_dir, prm_info = str(out / "prm" / "final"), build_prm(world["sft"], out, args, setup)
     print("[process_rl] PRM:", json.dumps(prm_info), flush=True)
     results: dict[str, Any] = {"prm": prm_info, "setup_seconds": setup, "seeds": seeds,
                                "quick": args.quick}
-    for arm in args.arms.split(","):
-        runs = []
-        for seed in seeds:
-            keys = arm_overrides(arm, world["sft"], world["data"], str(out / "prm" / "final"),
-                                 out / f"{arm}_s{seed}", seed, args.quick)
-            runs.append(run_arm(arm, keys))
-            print(f"[process_rl] {arm} seed {seed}: {runs[-1]['eval_before']:.3f} -> "
-                  f"{runs[-1]['eval_after']:.3f} in {runs[-1]['seconds']}s", flush=True)
+    arms = args.arms.split(",")
+    jobs = [(arm, arm_overrides(arm, world["sft"], world["data"], prm_dir, out / f"{arm}_s{seed}",
+                                seed, args.quick, args.steps)) for arm in arms for seed in seeds]
+    if args.jobs > 1:  # one process per run, one torch thread each
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+            done = list(pool.map(run_arm, *zip(*jobs, strict=True)))
+    else:
+        done = [run_arm(arm, keys) for arm, keys in jobs]
+    for (arm, keys), run in zip(jobs, done, strict=True):
+        print(f"[process_rl] {arm} seed {keys['seed']}: {run['eval_before']:.3f} -> "
+              f"{run['eval_after']:.3f} in {run['seconds']}s", flush=True)
+    for arm in arms:
+        runs = [run for (a, _), run in zip(jobs, done, strict=True) if a == arm]
         extra = 0.0 if arm == "outcome" else setup["labels"] + setup["prm"]
         results[arm] = aggregate(runs, extra)
-        (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "results.json").write_text(json.dumps(results, indent=1))
     if all(a in results for a in ARMS):
         plot(results, out / "process_rl.png")
     print(json.dumps({a: {k: results[a][k] for k in ("before", "after", "seconds",
