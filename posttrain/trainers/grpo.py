@@ -202,7 +202,7 @@ class GRPOTrainer(Trainer):
         if cfg.advantage == "rloo":
             adv = rloo_advantages(scores, cfg.group_size)
         elif cfg.advantage == "grpo_process":
-            adv = self.process_advantages(rollout, scores, metrics)  # [N, T]
+            adv = self.process_step_advantages(rollout, scores, metrics)  # [N, T]
         else:
             adv = group_advantages(scores, cfg.group_size, scale=cfg.scale,
                                    std_ddof=cfg.std_ddof)
@@ -213,7 +213,8 @@ class GRPOTrainer(Trainer):
 
     def score_steps(self, rollout: Rollout) -> None:
         """Step ends and step scores of every completion, stored in the rollout."""
-        assert self.step_scorer is not None
+        if self.step_scorer is None:
+            raise RuntimeError("score_steps needs advantage=grpo_process (no step scorer)")
         t0 = time.time()
         prompts = [r[self.cfg.prompt_field] for r in rollout.rows]
         steps = self.step_scorer(prompts, rollout.completions)
@@ -222,8 +223,8 @@ class GRPOTrainer(Trainer):
         rollout.step_ends, rollout.step_scores = ends, scores  # [N, S]
         self._times["score"] += time.time() - t0
 
-    def process_advantages(self, rollout: Rollout, scores: Tensor,
-                           metrics: dict[str, float]) -> Tensor:
+    def process_step_advantages(self, rollout: Rollout, scores: Tensor,
+                                metrics: dict[str, float]) -> Tensor:
         """[N, T] outcome advantage of `scores` [N] + process_weight * process advantage."""
         cfg = self.cfg
         self.score_steps(rollout)
