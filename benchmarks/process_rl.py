@@ -112,8 +112,9 @@ def curves(metrics: Path) -> dict[str, Any]:
     acc = [(r["step"], r["eval/accuracy"], r["time"] - start) for r in rows
            if "eval/accuracy" in r]
     hit = next(((s, t) for s, a, t in acc if a >= TARGET), (None, None))
-    watch = [(r["step"], r.get("reward/verifier_accuracy"), r.get("process/step_score_mean"))
-             for r in rows if "reward/mean" in r]
+    # the verifier's accuracy on the training samples (outcome arm: its math reward, 0/1)
+    watch = [(r["step"], r.get("reward/verifier_accuracy", r.get("reward/math_mean")),
+              r.get("process/step_score_mean")) for r in rows if "reward/mean" in r]
     return {"curve": [[s, a] for s, a, _ in acc], "steps_to_90": hit[0],
             "seconds_to_90": None if hit[1] is None else round(hit[1], 1), "watch": watch}
 
@@ -144,10 +145,10 @@ def plot(results: dict[str, Any], path: Path) -> None:
         for k, curve in enumerate(results[arm]["curves"]):
             ax.plot([s for s, _ in curve], [a for _, a in curve], label=arm if k == 0 else None,
                     color={"outcome": "C0", "process": "C1", "prm_rlvr": "C2"}[arm], alpha=0.8)
-        watch = results[arm]["watch"][0]
+        watch = [[float("nan") if v is None else v for v in w] for w in results[arm]["watch"][0]]
         bx.plot([w[0] for w in watch], [w[1] for w in watch], label=f"{arm}: verifier acc",
                 color={"outcome": "C0", "process": "C1", "prm_rlvr": "C2"}[arm])
-        if watch and watch[0][2] is not None:
+        if watch and watch[0][2] == watch[0][2]:  # not NaN: the arm has a PRM
             bx.plot([w[0] for w in watch], [w[2] for w in watch], linestyle="--",
                     label=f"{arm}: PRM step score", color={"process": "C1", "prm_rlvr": "C2"}[arm])
     ax.axhline(TARGET, color="grey", linewidth=0.5)
@@ -188,7 +189,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--steps", type=int, default=60, help="GRPO steps of every arm")
     ap.add_argument("--prm", default="", help="reuse a PRM dir (skips labels + PRM training)")
     ap.add_argument("--jobs", type=int, default=1, help="arms run in parallel processes")
+    ap.add_argument("--replot", action="store_true", help="only redraw DIR/process_rl.png")
     args = ap.parse_args(argv)
+    if args.replot:
+        results = json.loads((Path(args.out) / "results.json").read_text())
+        plot(results, Path(args.out) / "process_rl.png")
+        return results
     import torch
 
     torch.set_num_threads(1)
