@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -40,8 +41,16 @@ class GRPOConfig(BaseConfig):
     top_k: int = 0
     """Top-k sampling; 0 disables."""
     # --- advantages ---
-    advantage: Literal["grpo", "rloo"] = "grpo"
-    """Advantage estimator: group-normalised (GRPO) or leave-one-out (RLOO)."""
+    advantage: Literal["grpo", "rloo", "grpo_process"] = "grpo"
+    """Advantage estimator: group-normalised (GRPO), leave-one-out (RLOO), or GRPO with process
+    supervision (per-step scores from `process_reward_model`, DeepSeekMath section 4.1.3):
+    advantage = outcome advantage of `rewards` + process_weight * process advantage."""
+    process_reward_model: str = ""
+    """grpo_process: a PRM directory saved by `posttrain prm` (steps are cut with its own rule),
+    or 'package.module:name' of a step scorer (docs/process_supervision.md)."""
+    process_weight: float = 1.0
+    """grpo_process: w in `A = A_outcome + w * A_process`. `rewards` with weight 0 everywhere
+    gives process-only GRPO; the verifier stays listed so its accuracy is still logged."""
     scale: Literal["group", "batch", "none"] = "group"
     """GRPO std scaling: per group, whole batch, or none (Dr. GRPO)."""
     std_ddof: int = 0
@@ -109,4 +118,16 @@ class GRPOConfig(BaseConfig):
             raise ConfigError("config key 'temperature': expected > 0 (sampling is required)")
         if not self.rewards:
             raise ConfigError("config key 'rewards': at least one reward function is required")
+        if self.advantage == "grpo_process" and not self.process_reward_model:
+            raise ConfigError(
+                "config key 'process_reward_model': required with advantage=grpo_process "
+                "(a directory saved by `posttrain prm`)")
+        if self.process_reward_model and self.advantage != "grpo_process":
+            raise ConfigError(
+                f"config key 'process_reward_model' is set but advantage={self.advantage!r}: "
+                "step scores are only used by advantage=grpo_process (to train on an "
+                "aggregated PRM score, list {name: process_reward_model, path: ...} in rewards)")
+        if not math.isfinite(self.process_weight) or self.process_weight < 0:
+            raise ConfigError(f"config key 'process_weight'={self.process_weight}: expected a "
+                              "finite number >= 0")
 

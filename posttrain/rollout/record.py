@@ -46,6 +46,11 @@ class Rollout:
     """[N, T] log-probs of the policy that generated the batch, for off-policy updates."""
     ref_logprobs: Tensor | None = None
     """[N, T] reference-model log-probs (only when a KL term is used)."""
+    step_ends: Tensor | None = None
+    """[N, S] long: token index in [0, T) where step j of completion i ends, -1 on padding
+    steps (process supervision, `advantage: grpo_process`; None otherwise)."""
+    step_scores: Tensor | None = None
+    """[N, S] fp32: the process reward model's score of each step, 0 on padding steps."""
 
     @property
     def num_sequences(self) -> int:
@@ -78,6 +83,8 @@ class Rollout:
             advantages=take(self.advantages),
             old_logprobs=take(self.old_logprobs),
             ref_logprobs=take(self.ref_logprobs),
+            step_ends=take(self.step_ends),
+            step_scores=take(self.step_scores),
         )
 
 
@@ -95,13 +102,15 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
         filler = torch.full((x.shape[0], extra), value, dtype=x.dtype, device=x.device)
         return torch.cat([filler, x] if left else [x, filler], dim=1)
 
-    def cat_opt(name: str, width: int | None) -> Tensor | None:
+    def cat_opt(name: str, width: int | None, value: float | int = 0) -> Tensor | None:
         vals = [getattr(r, name) for r in parts]
         if any(v is None for v in vals):
             return None
         if width is None or vals[0].dim() == 1:
             return torch.cat(vals)
-        return torch.cat([pad(v, width, False, 0) for v in vals])
+        return torch.cat([pad(v, width, False, value) for v in vals])
+
+    S = max((r.step_ends.shape[1] for r in parts if r.step_ends is not None), default=0)
 
     return Rollout(
         prompt_ids=torch.cat([pad(r.prompt_ids, P, True, pad_token_id) for r in parts]),
@@ -117,4 +126,6 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
         advantages=cat_opt("advantages", T),
         old_logprobs=cat_opt("old_logprobs", T),
         ref_logprobs=cat_opt("ref_logprobs", T),
+        step_ends=cat_opt("step_ends", S, -1),
+        step_scores=cat_opt("step_scores", S, 0.0),
     )

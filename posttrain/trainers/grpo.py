@@ -13,27 +13,47 @@ Deliberate simplifications, as in the papers' common implementations:
   advantage).
 - With one optimizer step per rollout (num_iterations = mini_batches = 1) the old log-probs are
   the detached current ones (ratio = 1, gradient = policy gradient): no extra forward pass.
+
+Process supervision (`advantage: grpo_process`, DeepSeekMath section 4.1.3): after scoring, the
+kept completions are split into steps and scored by `process_reward_model`
+(`posttrain.trainers.process_steps`); the token advantage is the outcome advantage of `rewards`
+plus `process_weight` times `posttrain.ops.process_advantages`. Every run that trains on a
+learned reward logs `reward/verifier_accuracy` (the first `math`/`code` reward, whatever its
+weight), so a reward model being gamed shows up next to the reward it hands out.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from posttrain.config import GRPOConfig
+from posttrain.config import ConfigError, GRPOConfig
 from posttrain.ops import (
     aggregate_loss,
     group_advantages,
     kl_penalty,
     masked_mean,
     policy_loss,
+    process_advantages,
     rloo_advantages,
 )
 from posttrain.rollout import Rollout, SamplingParams, concat_rollouts, generate
 from posttrain.trainers.base import Trainer
 from posttrain.trainers.forward import batched_logprobs, completion_logprobs
+from posttrain.trainers.process_steps import (
+    StepScorer,
+    annotate_dump,
+    build_step_scorer,
+    check_process_reward_model,
+    step_tensors,
+)
+
+LEARNED_REWARDS = ("reward_model", "process_reward_model")
+VERIFIERS = ("math", "code")
 
 
 class GRPOTrainer(Trainer):
@@ -44,6 +64,13 @@ class GRPOTrainer(Trainer):
     progress_keys = ("reward/mean", "reward/accuracy")
     cfg: GRPOConfig
 
+    def validate(self) -> None:
+        if self.cfg.advantage == "grpo_process":  # before any model loads
+            try:
+                check_process_reward_model(self.cfg.process_reward_model)
+            except ValueError as err:
+                raise ConfigError(str(err)) from err
+
     def setup(self) -> None:
         # the reference: none without KL; with LoRA the policy with adapters off; else a copy
         if self.cfg.kl_coef > 0:
@@ -51,6 +78,15 @@ class GRPOTrainer(Trainer):
         cfg = self.cfg
         self.sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
         self._times = {"gen": 0.0, "score": 0.0}
+        self.step_scorer: StepScorer | None = None
+        if cfg.advantage == "grpo_process":
+            self.step_scorer = build_step_scorer(cfg.process_reward_model, device=cfg.device)
+        names = self.s.reward_names
+        learned = self.step_scorer is not None or any(n in LEARNED_REWARDS for n in names)
+        self.verifier = next((n for n in names if n in VERIFIERS), None) if learned else None
+        if learned and self.verifier is None:
+            print("[grpo] warning: training on a learned reward without a verifier in `rewards`"
+                  " (add {name: math, weight: 0}): reward/verifier_accuracy is not logged")
 
     def optimizer_steps(self) -> int:
         return self.cfg.max_steps * self.cfg.num_iterations * self.cfg.mini_batches
@@ -84,7 +120,12 @@ class GRPOTrainer(Trainer):
         self.s.log_reward_errors(result.errors)
         self._times["gen"] += t1 - t0
         self._times["score"] += time.time() - t1
-        return rollout, dict(result.metrics)
+        metrics = dict(result.metrics)
+        if self.verifier is not None:  # the reward-hacking watch: the verifier at any weight
+            verdicts = [v for v in result.per_function[self.verifier] if v == v]
+            metrics["reward/verifier_accuracy"] = (
+                sum(v >= 1.0 for v in verdicts) / len(verdicts) if verdicts else float("nan"))
+        return rollout, metrics
 
     def rollout_step(self) -> tuple[Rollout, dict[str, float]]:
         """1 generate + 2 score, with whole-group filtering (unscorable; DAPO dynamic sampling)."""
@@ -160,6 +201,8 @@ class GRPOTrainer(Trainer):
                 metrics["kl/seq_mean"] = float(seq_kl.mean())
         if cfg.advantage == "rloo":
             adv = rloo_advantages(scores, cfg.group_size)
+        elif cfg.advantage == "grpo_process":
+            adv = self.process_step_advantages(rollout, scores, metrics)  # [N, T]
         else:
             adv = group_advantages(scores, cfg.group_size, scale=cfg.scale,
                                    std_ddof=cfg.std_ddof)
@@ -167,6 +210,51 @@ class GRPOTrainer(Trainer):
         metrics["advantage/abs_mean"] = float(adv.abs().mean())
         if not off_policy:
             rollout.old_logprobs = None  # on-policy: old = detached current, no extra pass
+
+    def score_steps(self, rollout: Rollout) -> None:
+        """Step ends and step scores of every completion, stored in the rollout."""
+        if self.step_scorer is None:
+            raise RuntimeError("score_steps needs advantage=grpo_process (no step scorer)")
+        t0 = time.time()
+        prompts = [r[self.cfg.prompt_field] for r in rollout.rows]
+        steps = self.step_scorer(prompts, rollout.completions)
+        ends, scores = step_tensors(self.tokenizer, rollout.completion_ids.cpu(),
+                                    rollout.response_mask.cpu(), steps)
+        rollout.step_ends, rollout.step_scores = ends, scores  # [N, S]
+        self._times["score"] += time.time() - t0
+
+    def process_step_advantages(self, rollout: Rollout, scores: Tensor,
+                                metrics: dict[str, float]) -> Tensor:
+        """[N, T] outcome advantage of `scores` [N] + process_weight * process advantage."""
+        cfg = self.cfg
+        self.score_steps(rollout)
+        device = rollout.response_mask.device
+        step_mask = (rollout.step_ends >= 0).to(device)  # [N, S]
+        proc = process_advantages(rollout.step_scores.to(device), step_mask,
+                                  rollout.step_ends.to(device), rollout.response_mask,
+                                  cfg.group_size, std_ddof=cfg.std_ddof)  # [N, T]
+        outcome = group_advantages(scores, cfg.group_size, scale=cfg.scale,
+                                   std_ddof=cfg.std_ddof)  # [N]
+        adv = outcome[:, None] * rollout.response_mask + cfg.process_weight * proc  # [N, T]
+        real = rollout.step_scores.to(device)[step_mask]
+        metrics.update({
+            "process/steps_mean": float(step_mask.sum(1).float().mean()),
+            "process/step_score_mean": float(real.mean()),
+            "process/min_step_score_mean": float(
+                rollout.step_scores.masked_fill(rollout.step_ends < 0, 1.0).amin(1).mean()),
+            "process/advantage_abs_mean": float(masked_mean(proc.abs(), rollout.response_mask)),
+        })
+        return adv
+
+    def evaluate(self, when: str) -> dict[str, Any]:
+        """The base evaluation; with a step scorer the dumps also get each sample's steps,
+        step scores and the blamed (lowest-scored) step."""
+        out = super().evaluate(when)
+        dump = Path(self.cfg.out_dir) / f"eval_{when}.jsonl"
+        if self.step_scorer is not None and when != "during" and dump.is_file():
+            rows = self.s.eval_rows[: self.cfg.eval_size]
+            annotate_dump(dump, self.step_scorer, [r[self.cfg.prompt_field] for r in rows])
+        return out
 
     def policy_logprobs(self, rollout: Rollout, model: torch.nn.Module | None = None) -> Tensor:
         """[N, T] no-grad log-probs of the rollout's tokens under `model` (default the policy)."""
