@@ -110,6 +110,17 @@ class DPOTrainer(Trainer):
         out.update({f"pref/{k}": v for k, v in pref.items()})
         return out
 
+    def state_dict(self) -> dict[str, Any]:
+        # the reference tables are not saved: setup() recomputes them (or reads their cache)
+        # from the initial model before the checkpoint's weights are loaded
+        return {**super().state_dict(), "updated": self._updated,
+                "implicit_acc": dict(self._implicit_acc)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._updated = bool(state["updated"])
+        self._implicit_acc = dict(state["implicit_acc"])
+
     def summary_fields(self) -> dict[str, Any]:
         return {"implicit_acc_before": self._implicit_acc.get("before"),
                 "implicit_acc_after": self._implicit_acc.get("after"),

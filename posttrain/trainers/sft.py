@@ -113,16 +113,28 @@ def length_grouped_batches(
     return batches
 
 
-def _batch_stream(lengths: list[int], batch_size: int, seed: int) -> Iterator[list[int]]:
-    rng = random.Random(seed)
-    while True:
-        yield from length_grouped_batches(lengths, batch_size, rng)
+class BatchStream(Iterator[list[int]]):
+    """Endless batches of row indices, one length-grouped epoch after another.
 
+    Its position (the rng and what is left of the current epoch) is part of a checkpoint.
+    """
 
-def _batch_stream(lengths: list[int], batch_size: int, seed: int) -> Iterator[list[int]]:
-    rng = random.Random(seed)
-    while True:
-        yield from length_grouped_batches(lengths, batch_size, rng)
+    def __init__(self, lengths: list[int], batch_size: int, seed: int) -> None:
+        self.lengths, self.batch_size = lengths, batch_size
+        self.rng = random.Random(seed)
+        self.pending: list[list[int]] = []
+
+    def __next__(self) -> list[int]:
+        if not self.pending:
+            self.pending = length_grouped_batches(self.lengths, self.batch_size, self.rng)[::-1]
+        return self.pending.pop()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.getstate(), "pending": [list(b) for b in self.pending]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.setstate(state["rng"])
+        self.pending = [list(b) for b in state["pending"]]
 
 
 class SFTTrainer(Trainer):
@@ -145,8 +157,8 @@ class SFTTrainer(Trainer):
                 f"{i + 1} of {cfg.train_data} has {len(self.examples[i][0])} tokens); raise "
                 "max_len or shorten the data")
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-        self.batches = _batch_stream([len(ids) for ids, _ in self.examples], cfg.batch_size,
-                                     cfg.seed)
+        self.batches = BatchStream([len(ids) for ids, _ in self.examples], cfg.batch_size,
+                                   cfg.seed)
         self.tokens = 0
         self.losses: list[float] = []
 
@@ -166,6 +178,15 @@ class SFTTrainer(Trainer):
         self.losses.append(float(loss))
         return {"loss/sft": float(loss), "train/lr": lr, "train/grad_norm": grad_norm,
                 "perf/tokens": float(self.tokens)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "batches": self.batches.state_dict(),
+                "tokens": self.tokens, "losses": list(self.losses)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.batches.load_state_dict(state["batches"])
+        self.tokens, self.losses = int(state["tokens"]), list(state["losses"])
 
     def summary_fields(self) -> dict[str, Any]:
         """`train`: first loss, mean of the last 10% of step losses, tokens seen."""
