@@ -170,7 +170,12 @@ class Trainer:
         Called on rank 0 only; under FSDP2 `self._full_weights` holds the gathered weights.
         """
         model = merged(self.model) if path.endswith("final") else self.model
-        save_checkpoint(model, self.tokenizer, path, state_dict=self._full_weights)
+        weights = self._full_weights
+        if weights is not None:  # gathered copies: drop the second name of tied weights
+            names = {n for n, _ in model.named_parameters()} | {n for n, _ in
+                                                                model.named_buffers()}
+            weights = {k: v for k, v in weights.items() if k in names}
+        save_checkpoint(model, self.tokenizer, path, state_dict=weights)
 
     def state_dict(self) -> dict[str, Any]:
         """The trainer's own state for an exact resume (extend with super(); default: none).

@@ -115,7 +115,10 @@ class Dist:
         for layer in _decoder_layers(model):
             fully_shard(layer, reshard_after_forward=True)
         fully_shard(model, reshard_after_forward=True)
-        model.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # sum, as data parallel
+        for mod in model.modules():  # sum gradients (as data parallel), with plain SUM comms
+            if hasattr(mod, "set_gradient_divide_factor"):
+                mod.set_gradient_divide_factor(1.0)  # type: ignore[operator]
+                mod.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
         return model
 
     def broadcast_params(self, model: torch.nn.Module) -> None:
