@@ -212,6 +212,15 @@ class Trainer:
             norm = norm.full_tensor()
         return float(norm)
 
+    def idle_passes(self, done: int) -> None:
+        """Under FSDP2 every rank must run as many forward/backward passes as the others: after
+        `done` passes, run zero-gradient ones up to the most any rank ran (no-op otherwise)."""
+        if not self.dist.fsdp:
+            return
+        for _ in range(int(self.dist.max(done)) - done):
+            ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+            (self.model(input_ids=ids).logits.sum() * 0.0).backward()
+
     def gathered(self) -> contextlib.AbstractContextManager:
         """Full policy weights for a stretch of forward passes without collectives: wrap
         generation in it (a no-op unless FSDP2 shards the model)."""

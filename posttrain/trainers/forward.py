@@ -52,7 +52,7 @@ def completion_logits(
     T = c_ids.shape[1]
     body = getattr(model, "get_decoder", lambda: None)()
     head = model.get_output_embeddings()
-    if body is not None and head is not None:
+    if body is not None and head is not None and not _fsdp_root(model):
         with autocast_ctx(autocast, ids.device):
             hidden = body(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state
         hidden = hidden[:, -T - 1 : -1]  # [n, T', H]
@@ -114,3 +114,11 @@ def batched_logprobs(
                                     response_mask[sl], temperature, autocast)
         out.append(lp)
     return torch.cat(out)
+
+
+def _fsdp_root(model: torch.nn.Module) -> bool:
+    """An FSDP2-sharded model must be called as a whole (its root hook gathers the embeddings,
+    final norm and head), not as decoder + head."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)

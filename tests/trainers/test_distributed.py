@@ -1,9 +1,11 @@
-"""torchrun with 2 CPU ranks (gloo) equals one process: SFT, data parallel and FSDP2.
+"""torchrun with 2 CPU ranks (gloo) equals one process: SFT, GRPO, DPO; data parallel, FSDP2.
 
-Tolerance: per-step loss within 1e-5 (absolute) and grad norm within 1e-5 (relative), final
-weights within 1e-5. The two runs compute the same sums in a different order (each rank sums
-half of the batch, then the ranks' sums are added; padding of a micro-batch differs), so they
-agree to float32 rounding (~1e-7 relative per operation), not bit for bit.
+Tolerance: per-step losses within 1e-5 (absolute), grad norms within 1e-5 (relative), GRPO
+rewards equal to 1e-6, final weights within 1e-5. The runs compute the same sums in a
+different order (each rank sums its half of the batch, then the ranks' sums are added; the
+padding of a micro-batch differs), so they agree to float32 rounding (~1e-7 relative per
+operation), not bit for bit. GRPO samples are equal because each sequence draws from its own
+generator seeded by (seed, step, prompt, sample), whatever rank generates it.
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from posttrain.config import SFTConfig, build_config
+from posttrain.config import DPOConfig, GRPOConfig, SFTConfig, build_config
 from posttrain.models import build_char_tokenizer, build_tiny_llama
 from posttrain.tasks.arithmetic import sft_rows, write_jsonl
+from posttrain.tasks.preferences import offline_pairs
 from posttrain.trainers.common import save_checkpoint
+from posttrain.trainers.dpo import DPOTrainer
+from posttrain.trainers.grpo import GRPOTrainer
 from posttrain.trainers.sft import SFTTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +40,11 @@ def world(tmp_path_factory) -> dict[str, str]:
                              intermediate_size=64, max_position_embeddings=128, seed=0)
     save_checkpoint(model, tok, root / "model")
     data = write_jsonl(sft_rows(64, seed=0), root / "sft.jsonl")
-    return {"model": str(root / "model"), "data": str(data)}
+    prompts = write_jsonl([{"prompt": c, "answer": "7"} for c in "abcdefghijklmnop0123456789"],
+                          root / "prompts.jsonl")
+    pairs = write_jsonl(offline_pairs(16, seed=0, kind="flaw"), root / "pairs.jsonl")
+    return {"model": str(root / "model"), "data": str(data), "prompts": str(prompts),
+            "pairs": str(pairs)}
 
 
 def _keys(world: dict[str, str], out: Path, **kw) -> dict:
@@ -56,9 +65,9 @@ def torchrun(command: str, keys: dict, nproc: int = 2) -> str:
     return proc.stdout
 
 
-def _steps(out: Path) -> list[dict]:
+def _steps(out: Path, key: str = "loss/sft") -> list[dict]:
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if "loss/sft" in r]
+    return [r for r in rows if key in r]
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
@@ -102,3 +111,48 @@ def test_fsdp2_resume_under_torchrun(world, tmp_path):
     torchrun("sft", _keys(world, tmp_path / "two", fsdp=True, max_steps=6,
                           resume_from="latest"))
     _assert_close(tmp_path / "one", tmp_path / "two", world["model"])
+
+
+GRPO = {"rewards": [{"name": "tests.trainers.toy_rewards:sevens", "weight": 1.0}],
+        "group_size": 4, "prompts_per_step": 4, "max_new_tokens": 8, "lr": 3e-2,
+        "kl_coef": 0.04, "micro_batch_size": 4, "num_iterations": 2, "temperature": 1.5}
+
+
+@pytest.mark.parametrize("fsdp", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["data_parallel", "fsdp2"])
+def test_grpo_two_ranks_equal_one_process(world, tmp_path, fsdp):
+    """Prompts sharded by rank (all G samples of a prompt on one rank), global normalisers."""
+    keys = {**_keys(world, tmp_path / "one", train_data=world["prompts"], max_steps=3),
+            **GRPO}
+    del keys["batch_size"]
+    GRPOTrainer(build_config(GRPOConfig, overrides=keys)).train()
+    torchrun("grpo", {**keys, "out_dir": str(tmp_path / "two"), "fsdp": fsdp})
+    a, b = _steps(tmp_path / "one", "reward/mean"), _steps(tmp_path / "two", "reward/mean")
+    assert len(a) == len(b) == 3
+    assert sum(r["reward/mean"] for r in a) > 0  # some sample scored: rewards are compared
+    for ra, rb in zip(a, b, strict=True):
+        for k in ("reward/mean", "reward/std", "response/length_mean"):
+            assert rb[k] == pytest.approx(ra[k], abs=1e-6), (ra["step"], k)
+        assert rb["loss/total"] == pytest.approx(ra["loss/total"], abs=1e-5), ra["step"]
+        assert rb["train/grad_norm"] == pytest.approx(ra["train/grad_norm"], rel=1e-5)
+    wa, wb = _weights(tmp_path / "one" / "final"), _weights(tmp_path / "two" / "final")
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("fsdp", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["data_parallel", "fsdp2"])
+def test_dpo_two_ranks_equal_one_process(world, tmp_path, fsdp):
+    keys = {**_keys(world, tmp_path / "one", train_data=world["pairs"], batch_size=8,
+                    micro_batch_size=2), "max_len": 128, "lr": 1e-3}
+    DPOTrainer(build_config(DPOConfig, overrides=keys)).train()
+    torchrun("dpo", {**keys, "out_dir": str(tmp_path / "two"), "fsdp": fsdp})
+    a, b = _steps(tmp_path / "one", "loss/dpo"), _steps(tmp_path / "two", "loss/dpo")
+    assert len(a) == len(b) == 4
+    for ra, rb in zip(a, b, strict=True):
+        for k in ("loss/dpo", "rewards/accuracy", "logps/chosen"):
+            assert rb[k] == pytest.approx(ra[k], abs=1e-5), (ra["step"], k)
+        assert rb["train/grad_norm"] == pytest.approx(ra["train/grad_norm"], rel=1e-5)
+    wa, wb = _weights(tmp_path / "one" / "final"), _weights(tmp_path / "two" / "final")
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=0)
