@@ -100,6 +100,7 @@ class Trainer:
         self.s = session or load_session(cfg, kind=self.data_kind, loader=self.load_model,
                                          **objects)
         self.s.maybe_lora()
+        self.s.dist = self.dist  # held-out evaluation: sharded by rank, gathered
         self.device = resolve_device(cfg.device)
         self._order: list[int] = []
         self._ref: Any = None

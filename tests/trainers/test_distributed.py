@@ -122,8 +122,8 @@ GRPO = {"rewards": [{"name": "tests.trainers.toy_rewards:sevens", "weight": 1.0}
                          ids=["data_parallel", "fsdp2"])
 def test_grpo_two_ranks_equal_one_process(world, tmp_path, fsdp):
     """Prompts sharded by rank (all G samples of a prompt on one rank), global normalisers."""
-    keys = {**_keys(world, tmp_path / "one", train_data=world["prompts"], max_steps=3),
-            **GRPO}
+    keys = {**_keys(world, tmp_path / "one", train_data=world["prompts"], max_steps=3,
+                    eval_data=world["prompts"], eval_max_new_tokens=8), **GRPO}
     del keys["batch_size"]
     GRPOTrainer(build_config(GRPOConfig, overrides=keys)).train()
     torchrun("grpo", {**keys, "out_dir": str(tmp_path / "two"), "fsdp": fsdp})
@@ -138,6 +138,16 @@ def test_grpo_two_ranks_equal_one_process(world, tmp_path, fsdp):
     wa, wb = _weights(tmp_path / "one" / "final"), _weights(tmp_path / "two" / "final")
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=0)
+    # held-out greedy evaluation: each rank decodes half of the prompts; gathered, in order
+    for when in ("before", "after"):
+        one = (tmp_path / "one" / f"eval_{when}.jsonl").read_text().splitlines()
+        two = (tmp_path / "two" / f"eval_{when}.jsonl").read_text().splitlines()
+        assert len(one) == 26 and [json.loads(x)["completion"] for x in one] == [
+            json.loads(x)["completion"] for x in two]
+    sa = json.loads((tmp_path / "one" / "summary.json").read_text())
+    sb = json.loads((tmp_path / "two" / "summary.json").read_text())
+    for k in ("reward_mean", "length_mean", "n"):
+        assert sb["eval_after_detail"][k] == pytest.approx(sa["eval_after_detail"][k], abs=1e-6)
 
 
 @pytest.mark.parametrize("fsdp", [False, pytest.param(True, marks=pytest.mark.slow)],
