@@ -80,7 +80,7 @@ def run_demo(out_dir: str, seed: int = 0, quick: bool = False) -> dict[str, Any]
     sft_keys = {k: v for k, v in s["sft"].items() if k not in ("rows", "flaw_rate")}
     sft_cfg = build_config(SFTConfig, overrides={
         "model": str(out / "init"), "out_dir": str(out / "sft"), "train_data": paths["sft"],
-        "seed": seed, "max_len": 128, "threads": s["threads"],
+        "seed": seed, "max_seq_len": 128, "threads": s["threads"],
         **sft_keys})
     print(f"[demo] 2/4 SFT warm start ({sft_cfg.max_steps} steps on flawed traces)")
     sft = SFTTrainer(sft_cfg).train()

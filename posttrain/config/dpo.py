@@ -19,7 +19,7 @@ class DPOConfig(BaseConfig):
     beta: float = 0.1
     """DPO beta: strength of the implicit KL anchor to the reference."""
     loss_type: Literal["sigmoid", "cdpo", "robust", "ipo", "hinge"] = "sigmoid"
-    """Preference loss (formulas.md section 8); ipo averages log-probs over tokens."""
+    """Preference loss (docs/algorithms.md); ipo averages log-probs over tokens."""
     label_smoothing: float = 0.0
     """Assumed label-noise rate s for cdpo / robust."""
     rpo_alpha: float = 0.0
@@ -28,9 +28,11 @@ class DPOConfig(BaseConfig):
     0 disables."""
     batch_size: int = 32
     """Preference pairs per optimizer step."""
-    micro_batch_size: int = 32
-    """Pairs per forward/backward (gradient accumulation)."""
-    max_len: int = 256
+    micro_batch_size: int = 64
+    """Sequences per forward/backward (gradient accumulation), as in every trainer: a pair is
+    two sequences (chosen and rejected in one forward), so a micro-batch holds half as many
+    pairs."""
+    max_seq_len: int = 256
     """Longest prompt+completion in tokens; longer rows are an error."""
     precompute_ref: bool = True
     """Compute reference log-probs once for the whole dataset (cached next to the data, keyed by
@@ -47,7 +49,8 @@ class DPOConfig(BaseConfig):
         checks = {
             "beta": (self.beta > 0, "expected > 0"),
             "batch_size": (self.batch_size >= 1, "expected >= 1"),
-            "micro_batch_size": (self.micro_batch_size >= 1, "expected >= 1"),
+            "micro_batch_size": (self.micro_batch_size >= 2,
+                                 "expected >= 2 (sequences; one pair is 2 sequences)"),
             "label_smoothing": (0.0 <= self.label_smoothing < 0.5, "expected in [0, 0.5)"),
             "lora_r": (self.lora_r >= 0, "expected >= 0 (0 trains all weights)"),
             "rpo_alpha": (self.rpo_alpha >= 0, "expected >= 0 (0 disables the NLL term)"),

@@ -16,7 +16,7 @@ class SFTConfig(BaseConfig):
     """Split name when `train_data` is a `datasets` name."""
     batch_size: int = 64
     """Sequences per optimizer step."""
-    max_len: int = 256
+    max_seq_len: int = 256
     """Longest prompt+completion kept, in tokens (longer rows are an error, not silently cut)."""
     max_new_tokens: int = 64
     """Generation budget for held-out evaluation."""
@@ -37,7 +37,7 @@ class SFTConfig(BaseConfig):
 
     def validate(self) -> None:
         super().validate()
-        for key in ("batch_size", "max_len"):
+        for key in ("batch_size", "max_seq_len"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"config key '{key}'={getattr(self, key)}: expected >= 1")
         if self.micro_batch_size < 0:

@@ -61,9 +61,9 @@ def tokenize_pairs(tokenizer: Any, rows: list[dict[str, Any]], max_len: int,
             if not comp + eos:
                 raise DataError(source, i + 1, name, "empty, and the tokenizer has no EOS token")
             if len(p) + len(comp) + len(eos) > max_len:
-                raise DataError(source, i + 1, name, f"prompt + {name} is "
-                                f"{len(p) + len(comp) + len(eos)} tokens, over max_len={max_len} "
-                                "(raise max_len or drop the row)")
+                n = len(p) + len(comp) + len(eos)
+                raise DataError(source, i + 1, name, f"prompt + {name} is {n} tokens, over "
+                                f"max_seq_len={max_len} (raise max_seq_len or drop the row)")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     P = max(len(p) for p in p_ids)
     T = max(len(x) + len(eos) for x in c_ids + r_ids)

@@ -264,7 +264,8 @@ class Trainer:
             save_config(cfg.out_dir, cfg)
         if self.start_step == 0:
             eval_before = self._evaluate("before")
-            self.logger.log(0, _eval_metrics(eval_before))
+            if eval_before:
+                self.logger.log(0, _eval_metrics(eval_before))
         else:
             eval_before = self._resumed["eval_before"]
             set_rng_state(self._resumed["rng"][min(self.dist.rank,
@@ -283,7 +284,8 @@ class Trainer:
                 write_summary(cfg.out_dir, cfg, **summary)
             return summary
         eval_after = self._evaluate("after")
-        self.logger.log(cfg.max_steps, _eval_metrics(eval_after))
+        if eval_after:
+            self.logger.log(cfg.max_steps, _eval_metrics(eval_after))
         self.logger.close()
         self._gather_weights()
         if self.dist.is_main:

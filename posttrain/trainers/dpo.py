@@ -85,11 +85,12 @@ class DPOTrainer(Trainer):
 
     def setup(self) -> None:
         cfg, tok = self.cfg, self.tokenizer
-        self.pairs = tokenize_pairs(tok, self.s.train_rows, cfg.max_len, cfg.train_data)
-        self.eval_pairs = (tokenize_pairs(tok, self.eval_rows, cfg.max_len, cfg.eval_pref_data)
+        self.pairs = tokenize_pairs(tok, self.s.train_rows, cfg.max_seq_len, cfg.train_data)
+        self.eval_pairs = (tokenize_pairs(tok, self.eval_rows, cfg.max_seq_len, cfg.eval_pref_data)
                            if self.eval_rows else None)
         if cfg.lora_r == 0 and not cfg.precompute_ref:
             self.load_reference()
+        self.micro_pairs = cfg.micro_batch_size // 2  # a pair is two sequences
         self.ref_tables: dict[str, dict[str, Tensor]] = {}
         self.ref_cache: dict[str, str] = {}
         self._updated = False
@@ -169,7 +170,7 @@ class DPOTrainer(Trainer):
                 return table
         table = {k: [] for k in REF_KEYS}
         with self.reference() as ref:
-            for micro in torch.arange(len(pairs)).split(self.cfg.micro_batch_size):
+            for micro in torch.arange(len(pairs)).split(self.micro_pairs):
                 out = pair_logprobs(ref, pairs.select(micro), self.cfg.autocast_bf16)
                 for k in REF_KEYS:
                     table[k].append(out[k])
@@ -220,9 +221,8 @@ class DPOTrainer(Trainer):
         """
         B = len(idx)
         idx = torch.as_tensor(self.dist.shard(list(idx)), dtype=torch.long)
-        cfg = self.cfg
         acc: dict[str, float] = {}
-        for micro in idx.split(cfg.micro_batch_size):
+        for micro in idx.split(self.micro_pairs):
             loss, metrics = self.pair_loss(self.pairs, micro, "train")
             (loss.sum() / B).backward()  # normalised over the whole step, not the micro-batch
             metrics["loss/dpo"] = loss.detach().mean()
@@ -244,7 +244,7 @@ class DPOTrainer(Trainer):
         was_training = self.model.training
         self.model.eval()
         M, acc = len(self.eval_pairs), {}
-        for micro in torch.arange(M).split(self.cfg.micro_batch_size):
+        for micro in torch.arange(M).split(self.micro_pairs):
             loss, metrics = self.pair_loss(self.eval_pairs, micro, "eval")
             metrics["loss"] = loss.mean()
             for k, v in metrics.items():

@@ -164,13 +164,13 @@ class SFTTrainer(Trainer):
     def setup(self) -> None:
         cfg, tok = self.cfg, self.tokenizer
         self.examples, _ = tokenize_sft_rows(tok, self.s.train_rows, max_len=2**31)  # uncut
-        too_long = [i for i, (ids, _) in enumerate(self.examples) if len(ids) > cfg.max_len]
+        too_long = [i for i, (ids, _) in enumerate(self.examples) if len(ids) > cfg.max_seq_len]
         if too_long:  # an error naming the first such row, never silently cut
             i = too_long[0]
             raise ConfigError(
-                f"config key 'max_len'={cfg.max_len}: {len(too_long)} SFT rows are longer (row "
-                f"{i + 1} of {cfg.train_data} has {len(self.examples[i][0])} tokens); raise "
-                "max_len or shorten the data")
+                f"config key 'max_seq_len'={cfg.max_seq_len}: {len(too_long)} SFT rows are "
+                f"longer (row {i + 1} of {cfg.train_data} has {len(self.examples[i][0])} "
+                "tokens); raise max_seq_len or shorten the data")
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
         self.batches = BatchStream([len(ids) for ids, _ in self.examples], cfg.batch_size,
                                    cfg.seed)

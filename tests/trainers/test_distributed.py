@@ -154,7 +154,7 @@ def test_grpo_two_ranks_equal_one_process(world, tmp_path, fsdp):
                          ids=["data_parallel", "fsdp2"])
 def test_dpo_two_ranks_equal_one_process(world, tmp_path, fsdp):
     keys = {**_keys(world, tmp_path / "one", train_data=world["pairs"], batch_size=8,
-                    micro_batch_size=2), "max_len": 128, "lr": 1e-3}
+                    micro_batch_size=2), "max_seq_len": 128, "lr": 1e-3}
     DPOTrainer(build_config(DPOConfig, overrides=keys)).train()
     torchrun("dpo", {**keys, "out_dir": str(tmp_path / "two"), "fsdp": fsdp})
     a, b = _steps(tmp_path / "one", "loss/dpo"), _steps(tmp_path / "two", "loss/dpo")

@@ -143,7 +143,7 @@ def test_same_process_resume_matches_uninterrupted(world, tmp_path, kind):
     else:
         cls, config = DPOTrainer, DPOConfig
         keys = {"train_data": world["pairs"], "batch_size": 6, "micro_batch_size": 4,
-                "lr": 1e-3, "max_len": 128, "rewards": []}
+                "lr": 1e-3, "max_seq_len": 128, "rewards": []}
     keys.update({"model": world["model"], "max_steps": 8, "save_every": 2, "threads": 1,
                  "progress": False, "report_to": ["tensorboard"], "lr_schedule": "linear",
                  "warmup_steps": 3, "keep_checkpoints": 1})

@@ -41,8 +41,8 @@ def test_sft_run_writes_summary_and_lowers_loss(world, tmp_path):
 def test_sft_rows_longer_than_max_len_are_an_error(world, tmp_path):
     cfg = build_config(SFTConfig, overrides={
         "model": str(world / "model"), "train_data": str(world / "sft.jsonl"),
-        "out_dir": str(tmp_path), "max_len": 20, "progress": False})
-    with pytest.raises(ConfigError, match="max_len"):
+        "out_dir": str(tmp_path), "max_seq_len": 20, "progress": False})
+    with pytest.raises(ConfigError, match="max_seq_len"):
         SFTTrainer(cfg).train()
 
 

@@ -139,7 +139,7 @@ def test_tiny_sft_run_lowers_loss(tokenizer, tmp_path):
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in logged if "loss/sft" in r]
     assert steps == [20, 40, 60]
-    assert logged[0]["step"] == 0  # the before-training evaluation row
+    assert all("eval/accuracy" not in r for r in logged)  # rewards: [] -> no greedy eval
     assert trainer.model is model
 
 
@@ -154,9 +154,9 @@ def test_sft_lr_warmup_and_betas_come_from_the_config(tokenizer, tmp_path):
 
 
 def test_bad_arguments(tokenizer, tmp_path):
-    with pytest.raises(ConfigError, match="max_len"):
+    with pytest.raises(ConfigError, match="max_seq_len"):
         SFTTrainer(model=tiny(tokenizer), tokenizer=tokenizer, out_dir=str(tmp_path),
-                   train_data=[{"prompt": "1+2+3", "completion": "6"}], max_len=3, rewards=[])
+                   train_data=[{"prompt": "1+2+3", "completion": "6"}], max_seq_len=3, rewards=[])
     with pytest.raises(ConfigError, match="batch_size"):
         SFTTrainer(model=tiny(tokenizer), tokenizer=tokenizer, out_dir=str(tmp_path),
                    train_data=sft_rows(4), batch_size=0, rewards=[])
