@@ -58,8 +58,12 @@ def _config_command(command: str, argv: list[str]) -> int:
     except _data_error() as err:
         print(f"posttrain {command}: data error: {err}", file=sys.stderr)
         return 2
-    short = {k: summary.get(k) for k in ("eval_before", "eval_after", "accuracy", "seconds")
-             if k in summary}
+    finally:
+        _close_process_group()
+    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
+        return 0
+    keys = ("eval_before", "eval_after", "accuracy", "seconds", "stopped_at_step")
+    short = {k: summary.get(k) for k in keys if k in summary}
     if "methods" in summary:  # search: accuracy and tokens of every method
         short["methods"] = summary["methods"]
     print(json.dumps(short))
@@ -73,6 +77,12 @@ def _config_class(command: str) -> Any:
 
         return SearchConfig
     return CONFIGS["grpo" if command == "eval" else command]
+def _close_process_group() -> None:
+    """Leave torchrun's process group cleanly (a no-op when it was never started)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _data_error() -> type[Exception]:

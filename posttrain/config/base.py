@@ -83,7 +83,16 @@ class BaseConfig:
     log_every: int = 1
     """Write metrics every this many steps."""
     save_every: int = 0
-    """Save a checkpoint every this many steps (0: only at the end)."""
+    """Write a resumable checkpoint (`out_dir/checkpoints/step-N/`: model, optimizer, schedule,
+    data position, RNG states, trainer state) every this many steps; 0: none besides `final/`."""
+    keep_checkpoints: int = 2
+    """Keep only the newest this many resumable checkpoints (older ones are deleted)."""
+    resume_from: str = ""
+    """Resume a run: `latest` (the newest complete checkpoint in `out_dir/checkpoints`; starts
+    fresh when there is none) or the path of a `checkpoints/step-N` directory; empty: fresh."""
+    fsdp: bool = False
+    """Under torchrun: shard the policy (and any other trained model) with FSDP2
+    (`torch.distributed.fsdp.fully_shard`) instead of replicating it (data parallel)."""
     eval_every: int = 0
     """Held-out evaluation every this many steps (0: only before and after training)."""
     eval_data: str = ""
@@ -254,6 +263,8 @@ def validate_config(cfg: BaseConfig) -> None:
         raise ConfigError(f"config key 'max_steps'={cfg.max_steps}: expected >= 0")
     if cfg.lr <= 0:
         raise ConfigError(f"config key 'lr'={cfg.lr}: expected > 0")
+    if cfg.keep_checkpoints < 1:
+        raise ConfigError(f"config key 'keep_checkpoints'={cfg.keep_checkpoints}: expected >= 1")
     if not 0.0 <= cfg.min_lr_ratio <= 1.0:
         raise ConfigError(f"config key 'min_lr_ratio'={cfg.min_lr_ratio}: expected in [0, 1]")
     unknown = sorted(set(cfg.report_to) - set(TRACKERS))

@@ -100,13 +100,14 @@ def tokenize_prompts(tokenizer: Any, prompts: list[str]) -> tuple[Tensor, Tensor
     return enc["input_ids"], enc["attention_mask"].bool()
 
 
-def _next_token(logits: Tensor, params: SamplingParams,
-                generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+def _next_token(logits: Tensor, params: SamplingParams, generator: torch.Generator | None,
+                uniforms: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Pick the next token from logits [n, V]; return (tokens [n], log-probs [n] fp32).
 
     The log-prob is under the full distribution at the sampling temperature (before top-k /
     top-p truncation), which is what the learner recomputes; greedy decoding reports it at
-    `params.temperature` too (1 when that is not positive).
+    `params.temperature` too (1 when that is not positive). `uniforms` [n] in [0, 1): sample
+    by inverse CDF with these draws instead of `torch.multinomial` (per-sequence seeding).
     """
     logits = logits.float()
     if params.greedy:
@@ -117,8 +118,24 @@ def _next_token(logits: Tensor, params: SamplingParams,
     logits = logits / params.temperature
     logp_full = torch.log_softmax(logits, -1)  # [n, V]
     probs = _filter_logits(logits, params.top_k, params.top_p).softmax(-1)  # [n, V]
-    tok = torch.multinomial(probs, 1, generator=generator)[:, 0]  # [n]
+    if uniforms is None:
+        tok = torch.multinomial(probs, 1, generator=generator)[:, 0]  # [n]
+    else:
+        cdf = probs.cumsum(-1)  # [n, V]; side=right never picks a zero-probability token
+        draw = (uniforms.to(cdf.device) * cdf[:, -1])[:, None]  # [n, 1]
+        tok = torch.searchsorted(cdf, draw, right=True)[:, 0].clamp(max=probs.shape[-1] - 1)
     return tok, logp_full.gather(-1, tok[:, None])[:, 0]
+
+
+def sequence_uniforms(seeds: list[int], steps: int) -> Tensor:
+    """[N, steps] uniform draws, row i from its own generator seeded with `seeds[i]`: the
+    samples of a sequence do not depend on which other sequences share its batch (or rank)."""
+    out = torch.empty((len(seeds), steps))
+    gen = torch.Generator()
+    for i, seed in enumerate(seeds):
+        gen.manual_seed(seed)
+        out[i] = torch.rand(steps, generator=gen)
+    return out
 
 
 @torch.no_grad()
@@ -132,8 +149,12 @@ def sample_tokens(
     autocast: bool = False,
     generator: torch.Generator | None = None,
     group_size: int = 1,
+    uniforms: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Decode up to max_new_tokens for each of the N = B * group_size rows.
+
+    `uniforms` [N, max_new_tokens]: per-row random draws (`sequence_uniforms`) used instead of
+    `generator`.
 
     Two savings over a plain loop: each distinct prompt is prefilled once and its KV cache
     repeated `group_size` times, and rows that have finished are dropped from the batch (the
@@ -164,12 +185,13 @@ def sample_tokens(
     # one region for prefill and every decode step: bf16 weight casts are cached
     with logits_context(model, autocast, device):
         return _decode(model, prompt_ids, attn, params, eos, pad_token_id, generator,
-                       group_size, cache, cache_kw)
+                       group_size, cache, cache_kw, uniforms)
 
 
 def _decode(model: torch.nn.Module, prompt_ids: Tensor, attn: Tensor, params: SamplingParams,
             eos: Tensor, pad_token_id: int, generator: torch.Generator | None, group_size: int,
-            cache: Any, cache_kw: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+            cache: Any, cache_kw: dict[str, Any], uniforms: Tensor | None = None
+            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The prefill + decode loop of `sample_tokens` (runs inside its autocast region)."""
     device = prompt_ids.device
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, P]
@@ -188,7 +210,8 @@ def _decode(model: torch.nn.Module, prompt_ids: Tensor, attn: Tensor, params: Sa
     alive = torch.ones(N, dtype=torch.bool, device=device)  # [n] not finished yet
     pos = pos[:, -1:]  # [n, 1]
     for t in range(T):
-        tok, lp = _next_token(logits, params, generator)  # [n], [n]
+        u = uniforms[rows.cpu(), t] if uniforms is not None else None  # [n]
+        tok, lp = _next_token(logits, params, generator, u)  # [n], [n]
         tokens[rows, t], logprobs[rows, t] = tok, lp
         newly_done = alive & torch.isin(tok, eos)  # [n]
         lengths[rows[newly_done]] = t + 1
@@ -226,6 +249,7 @@ def generate(
     autocast: bool = False,
     generator: torch.Generator | None = None,
     batch_size: int = 0,
+    seeds: list[int] | None = None,
     stop_ids: list[int] | None = None,
 ) -> Rollout:
     """Sample `group_size` completions for each rendered prompt: the rollout entry point.
@@ -234,7 +258,12 @@ def generate(
     `batch_size` > 0 splits the N sequences into generation batches of that many rows.
     A completion ends at the first of `stop_ids` (default `stop_token_ids(model, tokenizer)`).
     `generator` may be a CPU generator while the model is on another device.
+    `seeds` (N, group-contiguous): each sequence samples from its own generator, so its tokens
+    do not depend on the batch or rank it is generated in; else `generator` draws for all.
     """
+    if seeds is not None and len(seeds) != len(prompts) * group_size:
+        raise ValueError(f"generate: {len(seeds)} seeds for {len(prompts) * group_size} "
+                         "sequences")
     params = params or SamplingParams()
     was_training = model.training
     model.eval()
@@ -251,10 +280,14 @@ def generate(
     generator = None if params.greedy else device_generator(generator, device)
     parts = []
     per_batch = max(1, batch_size // group_size) if batch_size > 0 else 0
+    uniforms = (sequence_uniforms(seeds, params.max_new_tokens) if seeds is not None
+                else None)  # [N, T]
     for sl in _batches(prompt_ids.shape[0], per_batch):
         pid, pm = _trim_left(prompt_ids[sl], prompt_mask[sl])
+        u = (uniforms[sl.start * group_size: sl.stop * group_size] if uniforms is not None
+             else None)
         parts.append(sample_tokens(model, pid, pm, params, eos, pad, autocast, generator,
-                                   group_size))
+                                   group_size, u))
     if was_training:
         model.train()
     T = max(p[0].shape[1] for p in parts)

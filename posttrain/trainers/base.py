@@ -15,8 +15,17 @@ around it, once for all trainers:
    `peak_rss_mb`, `history`, + `summary_fields()`).
 
 Hooks a subclass overrides: `step` (required), `validate`, `load_model`, `setup`,
-`optimizer_steps`, `evaluate`, `summary_fields`, `save`. Helpers it uses: `next_rows` /
-`next_indices` (epoch sampler), `optimizer_step`, `autocast`, `reference`.
+`optimizer_steps`, `evaluate`, `summary_fields`, `save`, and `state_dict` / `load_state_dict`
+(the trainer's own state beyond model, optimizer, schedule, data order and RNGs, for exact
+resume: a batch stream, a KL controller...). Helpers it uses: `next_rows` / `next_indices`
+(epoch sampler), `optimizer_step`, `autocast`, `reference`, `gathered` (full weights for
+generation under FSDP2), and `self.dist` (rank, world, `shard`, global `sum`).
+
+Resume and stop (docs/distributed.md): `save_every` writes `checkpoints/step-N/` atomically
+(posttrain.trainers.checkpoint); `resume_from: latest | PATH` restores everything and continues
+at step N + 1 with metrics.jsonl cut back to that step; SIGTERM / SIGINT finish the current
+step, write a checkpoint and return. Under torchrun (posttrain.trainers.distributed) every rank
+runs this loop; only rank 0 writes files.
 
 Python API: every trainer can be built from objects instead of paths, e.g.
 ``GRPOTrainer(model=model, tokenizer=tok, train_data=rows, rewards=[my_fn], lr=1e-5)``, where
@@ -28,6 +37,7 @@ is a config key. The CLI is a thin layer over this.
 from __future__ import annotations
 
 import contextlib
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
@@ -37,6 +47,14 @@ import torch
 from posttrain.config import BaseConfig, ConfigError, build_config, to_dict
 from posttrain.models import adapters_disabled
 from posttrain.rollout.hf import autocast_ctx
+from posttrain.trainers.checkpoint import (
+    find_resume,
+    read_checkpoint,
+    rng_state,
+    set_rng_state,
+    truncate_metrics,
+    write_checkpoint,
+)
 from posttrain.trainers.common import (
     build_optimizer,
     clip_and_step,
@@ -48,8 +66,9 @@ from posttrain.trainers.common import (
     setup_threads,
     write_summary,
 )
+from posttrain.trainers.distributed import Dist, full_state, load_full_state
 from posttrain.trainers.session import Session, load_session, resolve_device
-from posttrain.trainers.tracking import MetricsLogger
+from posttrain.trainers.tracking import MetricsLogger, NullLogger
 
 
 class Trainer:
@@ -71,18 +90,33 @@ class Trainer:
                                        eval_data, rewards, config_keys)
         self.cfg = cfg
         setup_threads(cfg.threads)
+        if cfg.fsdp and cfg.lora_r > 0:
+            raise ConfigError("config keys 'fsdp' and 'lora_r': FSDP2 with LoRA is not "
+                              "supported; use data parallel (fsdp: false) for LoRA runs")
+        self.dist = Dist()  # torchrun's process group (a no-op without torchrun)
         self.gen = set_seed(cfg.seed)  # CPU generator: data order and sampling seeds
         self.validate()
         # Data, rewards and config are validated inside load_session before any model loads.
         self.s = session or load_session(cfg, kind=self.data_kind, loader=self.load_model,
                                          **objects)
         self.s.maybe_lora()
+        self.s.dist = self.dist  # held-out evaluation: sharded by rank, gathered
         self.device = resolve_device(cfg.device)
         self._order: list[int] = []
         self._ref: Any = None
         self.setup()
+        self.model = self.dist.wrap(self.model, cfg.fsdp)
         self.opt, self.sched = build_optimizer(self.model, cfg, self.optimizer_steps())
-        self.logger = MetricsLogger(cfg.out_dir, cfg.report_to, cfg.run_name, to_dict(cfg))
+        self.start_step = 0
+        self._resumed: dict[str, Any] = {}
+        resume = find_resume(cfg.out_dir, cfg.resume_from)
+        if resume is not None:
+            self._load_checkpoint(resume)
+        self.logger: MetricsLogger | NullLogger = (
+            MetricsLogger(cfg.out_dir, cfg.report_to, cfg.run_name, to_dict(cfg),
+                          purge_step=self.start_step + 1 if resume else None)
+            if self.dist.is_main else NullLogger())
+        self._full_weights: dict[str, Any] | None = None
 
     # ---- the model the base trains, saves and evaluates -------------------------------------
     @property
@@ -132,9 +166,28 @@ class Trainer:
         return {}
 
     def save(self, path: str) -> None:
-        """A `from_pretrained`-loadable checkpoint of the trained model (LoRA merged)."""
+        """A `from_pretrained`-loadable checkpoint of the trained model (LoRA merged).
+
+        Called on rank 0 only; under FSDP2 `self._full_weights` holds the gathered weights.
+        """
         model = merged(self.model) if path.endswith("final") else self.model
-        save_checkpoint(model, self.tokenizer, path)
+        weights = self._full_weights
+        if weights is not None:  # gathered copies: drop the second name of tied weights
+            names = {n for n, _ in model.named_parameters()} | {n for n, _ in
+                                                                model.named_buffers()}
+            weights = {k: v for k, v in weights.items() if k in names}
+        save_checkpoint(model, self.tokenizer, path, state_dict=weights)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The trainer's own state for an exact resume (extend with super(); default: none).
+
+        Model, optimizer, schedule, step, data order (`_order`, `gen`) and the global RNGs are
+        saved by the base already.
+        """
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned (called after setup, model and optimizer load)."""
 
     # ---- helpers for subclasses -------------------------------------------------------------
     def next_indices(self, n: int) -> list[int]:
@@ -151,10 +204,28 @@ class Trainer:
         return [self.s.train_rows[i] for i in self.next_indices(n)]
 
     def optimizer_step(self, model: Any = None, opt: Any = None, sched: Any = None) -> float:
-        """Clip gradients, step the optimizer and schedule, zero; returns the pre-clip norm."""
-        norm = clip_and_step(model or self.model, opt or self.opt, sched or self.sched,
-                             self.cfg.max_grad_norm)
+        """Sum gradients over ranks, clip, step the optimizer and schedule, zero; returns the
+        pre-clip norm. Every rank must call it the same number of times."""
+        model = model or self.model
+        self.dist.sync_grads([p for p in model.parameters() if p.requires_grad])
+        norm = clip_and_step(model, opt or self.opt, sched or self.sched, self.cfg.max_grad_norm)
+        if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
+            norm = norm.full_tensor()
         return float(norm)
+
+    def idle_passes(self, done: int) -> None:
+        """Under FSDP2 every rank must run as many forward/backward passes as the others: after
+        `done` passes, run zero-gradient ones up to the most any rank ran (no-op otherwise)."""
+        if not self.dist.fsdp:
+            return
+        for _ in range(int(self.dist.max(done)) - done):
+            ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+            (self.model(input_ids=ids).logits.sum() * 0.0).backward()
+
+    def gathered(self) -> contextlib.AbstractContextManager:
+        """Full policy weights for a stretch of forward passes without collectives: wrap
+        generation in it (a no-op unless FSDP2 shards the model)."""
+        return self.dist.gathered(self.model)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast on this trainer's device type when `autocast_bf16` is set."""
@@ -183,40 +254,148 @@ class Trainer:
 
     # ---- the loop -----------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
-        """Run `max_steps` steps; returns (and writes) the summary."""
+        """Run steps `start_step + 1 .. max_steps`; returns (and writes) the summary.
+
+        After a SIGTERM / SIGINT the current step finishes, a checkpoint is written and the
+        summary (with `stopped_at_step`, no final evaluation or `final/`) is returned.
+        """
         cfg, start = self.cfg, time.time()
-        save_config(cfg.out_dir, cfg)
-        eval_before = self.evaluate("before")
-        if eval_before:
-            self.logger.log(0, _eval_metrics(eval_before))
-        history: list[dict[str, float]] = []
+        if self.dist.is_main:
+            save_config(cfg.out_dir, cfg)
+        if self.start_step == 0:
+            eval_before = self._evaluate("before")
+            if eval_before:
+                self.logger.log(0, _eval_metrics(eval_before))
+        else:
+            eval_before = self._resumed["eval_before"]
+            set_rng_state(self._resumed["rng"][min(self.dist.rank,
+                                                   len(self._resumed["rng"]) - 1)])
+        history: list[dict[str, float]] = list(self._resumed.get("history", []))
+        elapsed = float(self._resumed.get("seconds", 0.0))
         self.model.train()
-        with self.s.progress(cfg.max_steps, self.name) as bar:
-            for step in range(1, cfg.max_steps + 1):
-                t0 = time.time()
-                metrics = self.step(step)
-                metrics["perf/step_seconds"] = time.time() - t0
-                metrics["perf/peak_rss_mb"] = peak_rss_mb()
-                if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
-                    metrics.update(_eval_metrics(self.evaluate("during")))
-                    self.model.train()
-                if step % cfg.log_every == 0 or step == cfg.max_steps:
-                    history.append({"step": step, **self.logger.log(step, metrics)})
-                if cfg.save_every and step % cfg.save_every == 0:
-                    self.save(f"{cfg.out_dir}/checkpoint")
-                bar.update(**{k.split("/")[-1]: metrics.get(k) for k in self.progress_keys})
-        eval_after = self.evaluate("after")
+        with _StopRequest() as stop:
+            last = self._run_steps(history, eval_before, stop, elapsed - start)
+        if last < cfg.max_steps:  # stopped by a signal: checkpoint written, no final phase
+            self.logger.close()
+            summary = {"eval_before": eval_before.get("accuracy"), "stopped_at_step": last,
+                       "seconds": round(elapsed + time.time() - start, 1), "steps": last,
+                       "history": history}
+            if self.dist.is_main:
+                write_summary(cfg.out_dir, cfg, **summary)
+            return summary
+        eval_after = self._evaluate("after")
         if eval_after:
             self.logger.log(cfg.max_steps, _eval_metrics(eval_after))
         self.logger.close()
-        self.save(f"{cfg.out_dir}/final")
+        self._gather_weights()
+        if self.dist.is_main:
+            self.save(f"{cfg.out_dir}/final")
         summary = {"eval_before": eval_before.get("accuracy"),
                    "eval_after": eval_after.get("accuracy"),
                    "eval_before_detail": eval_before, "eval_after_detail": eval_after,
-                   "seconds": round(time.time() - start, 1), "steps": cfg.max_steps,
+                   "seconds": round(elapsed + time.time() - start, 1), "steps": cfg.max_steps,
                    "history": history, **self.summary_fields()}
-        write_summary(cfg.out_dir, cfg, **summary)
+        if self.dist.is_main:
+            write_summary(cfg.out_dir, cfg, **summary)
+        self.dist.barrier()
         return summary
+
+    def _run_steps(self, history: list[dict[str, float]], eval_before: dict[str, Any],
+                   stop: _StopRequest, clock: float) -> int:
+        """The step loop; returns the last step run (< max_steps when a signal stopped it)."""
+        cfg = self.cfg
+        step = self.start_step
+        with self.s.progress(cfg.max_steps, self.name) as bar:
+            for step in range(self.start_step + 1, cfg.max_steps + 1):
+                t0 = time.time()
+                metrics = self.step(step)
+                metrics["perf/step_seconds"] = time.time() - t0
+                metrics = self.dist.mean_metrics(metrics)
+                metrics["perf/peak_rss_mb"] = self.dist.max(peak_rss_mb())
+                if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
+                    metrics.update(_eval_metrics(self._evaluate("during")))
+                    self.model.train()
+                if step % cfg.log_every == 0 or step == cfg.max_steps:
+                    history.append({"step": step, **self.logger.log(step, metrics)})
+                bar.update(**{k.split("/")[-1]: metrics.get(k) for k in self.progress_keys})
+                stopping = self.dist.any(stop.signal is not None) and step < cfg.max_steps
+                if stopping or (cfg.save_every and step % cfg.save_every == 0):
+                    self.save_training_state(step, history, eval_before,
+                                             clock + time.time())
+                if stopping:
+                    return step
+        return step
+
+    def _evaluate(self, when: str) -> dict[str, Any]:
+        with self.gathered():
+            return self.evaluate(when)
+
+    def _gather_weights(self) -> None:
+        """Under FSDP2 every rank gathers the full weights for rank 0 to save."""
+        if self.dist.fsdp:
+            self._full_weights = full_state(self.model, self.opt, True)[0]
+
+    def save_training_state(self, step: int, history: list[dict[str, float]],
+                            eval_before: dict[str, Any], seconds: float) -> None:
+        """A resumable checkpoint at `step` (every rank calls; rank 0 writes)."""
+        model_sd, opt_sd = full_state(self.model, self.opt, self.dist.fsdp)
+        self._full_weights = model_sd if self.dist.fsdp else None
+        rngs = self.dist.all_gather_objects(rng_state())
+        trainer = self.state_dict()
+        if self.dist.is_main:
+            state = {"step": step, "model": model_sd, "optimizer": opt_sd,
+                     "scheduler": self.sched.state_dict(), "order": list(self._order),
+                     "generator": self.gen.get_state(), "rng": rngs, "trainer": trainer,
+                     "history": history, "eval_before": eval_before, "seconds": seconds,
+                     "metrics_bytes": self.logger.tell(), "world_size": self.dist.world}
+            write_checkpoint(self.cfg.out_dir, step, state, self.save,
+                             self.cfg.keep_checkpoints)
+        self._full_weights = None
+        self.dist.barrier()
+
+    def _load_checkpoint(self, path: Any) -> None:
+        state = read_checkpoint(path)
+        load_full_state(self.model, self.opt, state["model"], state["optimizer"],
+                        self.dist.fsdp)
+        self.sched.load_state_dict(state["scheduler"])
+        self._order = list(state["order"])
+        self.gen.set_state(state["generator"])
+        self.load_state_dict(state["trainer"])
+        self.start_step = int(state["step"])
+        self._resumed = state
+        if self.dist.is_main:
+            truncate_metrics(self.cfg.out_dir, state.get("metrics_bytes"), self.start_step)
+        self.dist.barrier()
+
+
+class _StopRequest:
+    """Record SIGTERM / SIGINT instead of dying, so the loop can checkpoint and return.
+
+    A second SIGINT (Ctrl-C twice) interrupts at once. Only installed in the main thread.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def __enter__(self) -> _StopRequest:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def _eval_metrics(result: dict[str, Any]) -> dict[str, float]:

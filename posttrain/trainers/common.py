@@ -36,6 +36,15 @@ def set_seed(seed: int) -> torch.Generator:
     return gen
 
 
+def sequence_seed(*keys: int | str) -> int:
+    """A 63-bit seed from keys such as (seed, step, prompt index, sample index): draws made with
+    it depend on those keys only, not on batch composition, rank count or resume point."""
+    import hashlib
+
+    digest = hashlib.blake2b(":".join(map(str, keys)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
 def setup_threads(threads: int) -> None:
     if threads > 0:
         torch.set_num_threads(threads)
@@ -104,17 +113,20 @@ def merged(model: Any) -> Any:
     return merge() if callable(merge) and hasattr(model, "peft_config") else model
 
 
-def save_checkpoint(model: Any, tokenizer: Any, path: str | Path) -> Path:
+def save_checkpoint(model: Any, tokenizer: Any, path: str | Path,
+                    state_dict: dict[str, Any] | None = None) -> Path:
     """Write a `from_pretrained`-loadable safetensors checkpoint atomically.
 
     The files go to a temporary sibling directory that is renamed into place only when complete,
-    so a crash never leaves a half-written checkpoint under `path`.
+    so a crash never leaves a half-written checkpoint under `path`. `state_dict`: the weights to
+    write instead of the model's own (the gathered full weights of an FSDP2-sharded model).
     """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(tmp, safe_serialization=True)
+    extra = {} if state_dict is None else {"state_dict": state_dict}
+    model.save_pretrained(tmp, safe_serialization=True, **extra)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     old = path.with_name(path.name + ".old")

@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from posttrain.config import DPOConfig
+from posttrain.config import ConfigError, DPOConfig
 from posttrain.data import load_rows
 from posttrain.data.pairs import PairTensors, tokenize_pairs
 from posttrain.ops import dpo_loss, sequence_logprobs
@@ -77,6 +77,9 @@ class DPOTrainer(Trainer):
     def validate(self) -> None:
         # held-out pairs are validated before any model loads, like the training rows
         cfg = self.cfg
+        if cfg.batch_size % self.dist.world:
+            raise ConfigError(f"config key 'batch_size'={cfg.batch_size}: must be a multiple "
+                              f"of the {self.dist.world} torchrun processes")
         self.eval_rows = (load_rows(cfg.eval_pref_data, kind="preferences", split=cfg.eval_split)
                           if cfg.eval_pref_data else [])
 
@@ -110,6 +113,17 @@ class DPOTrainer(Trainer):
         self._implicit_acc[when] = pref.get("accuracy")
         out.update({f"pref/{k}": v for k, v in pref.items()})
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        # the reference tables are not saved: setup() recomputes them (or reads their cache)
+        # from the initial model before the checkpoint's weights are loaded
+        return {**super().state_dict(), "updated": self._updated,
+                "implicit_acc": dict(self._implicit_acc)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._updated = bool(state["updated"])
+        self._implicit_acc = dict(state["implicit_acc"])
 
     def summary_fields(self) -> dict[str, Any]:
         return {"implicit_acc_before": self._implicit_acc.get("before"),
@@ -162,7 +176,7 @@ class DPOTrainer(Trainer):
                     table[k].append(out[k])
         result = {k: torch.cat(v).float().cpu().contiguous() for k, v in table.items()}
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # torchrun ranks write it concurrently
         save_file(result, str(tmp), metadata={"model": self.cfg.model, "data": source,
                                               "pairs": str(len(pairs))})
         os.replace(tmp, path)
@@ -200,9 +214,13 @@ class DPOTrainer(Trainer):
         return loss, metrics
 
     def update(self, idx: Tensor | list[int]) -> dict[str, float]:
-        """One optimizer step over the batch ``idx``, micro-batched; loss = mean over the batch."""
-        idx = torch.as_tensor(idx, dtype=torch.long)
+        """One optimizer step over the batch ``idx``, micro-batched; loss = mean over the batch.
+
+        Under torchrun each rank takes every `world`-th pair of the batch; the mean is over
+        the whole batch (all ranks), and so are the metrics.
+        """
         B = len(idx)
+        idx = torch.as_tensor(self.dist.shard(list(idx)), dtype=torch.long)
         acc: dict[str, float] = {}
         for micro in idx.split(self.micro_pairs):
             loss, metrics = self.pair_loss(self.pairs, micro, "train")
@@ -210,6 +228,9 @@ class DPOTrainer(Trainer):
             metrics["loss/dpo"] = loss.detach().mean()
             for k, v in metrics.items():
                 acc[k] = acc.get(k, 0.0) + float(v) * len(micro) / B
+        if self.dist.enabled:  # each rank holds its share of the batch means: add them up
+            shares = self.dist.all_gather_objects(acc)
+            acc = {k: sum(d.get(k, 0.0) for d in shares) for k in sorted(set().union(*shares))}
         acc["train/grad_norm"] = self.optimizer_step()
         acc["train/lr"] = self.sched.get_last_lr()[0]
         self._updated = True

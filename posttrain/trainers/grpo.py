@@ -20,6 +20,12 @@ kept completions are split into steps and scored by `process_reward_model`
 plus `process_weight` times `posttrain.ops.process_advantages`. Every run that trains on a
 learned reward logs `reward/verifier_accuracy` (the first `math`/`code` reward, whatever its
 weight), so a reward model being gamed shows up next to the reward it hands out.
+Randomness and torchrun (docs/distributed.md): prompts are drawn in the same global order on
+every rank, each rank takes every `world`-th prompt with all its G samples, and sample j of
+the step's i-th prompt draws from its own generator seeded by (seed, step, i, j); mini-batch
+shuffles use a generator seeded by (seed, step). So rollouts and updates do not depend on the
+number of ranks or on where a run was resumed. Loss normalisers are all ranks' token /
+sequence counts.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from posttrain.ops import (
 )
 from posttrain.rollout import Rollout, SamplingParams, concat_rollouts, generate
 from posttrain.trainers.base import Trainer
+from posttrain.trainers.common import sequence_seed
 from posttrain.trainers.forward import batched_logprobs, completion_logprobs
 from posttrain.trainers.process_steps import (
     StepScorer,
@@ -70,6 +77,13 @@ class GRPOTrainer(Trainer):
                 check_process_reward_model(self.cfg.process_reward_model)
             except ValueError as err:
                 raise ConfigError(str(err)) from err
+        world = self.dist.world
+        if self.cfg.prompts_per_step % world:
+            raise ConfigError(f"config key 'prompts_per_step'={self.cfg.prompts_per_step}: must "
+                              f"be a multiple of the {world} torchrun processes")
+        if world > 1 and self.cfg.scale == "batch":
+            raise ConfigError("config key 'scale'='batch': its statistics would cross ranks; "
+                              "use 'group' or 'none' under torchrun")
 
     def setup(self) -> None:
         # the reference: none without KL; with LoRA the policy with adapters off; else a copy
@@ -87,12 +101,14 @@ class GRPOTrainer(Trainer):
         if learned and self.verifier is None:
             print("[grpo] warning: training on a learned reward without a verifier in `rewards`"
                   " (add {name: math, weight: 0}): reward/verifier_accuracy is not logged")
+        self._step, self._drawn = 0, 0
 
     def optimizer_steps(self) -> int:
         return self.cfg.max_steps * self.cfg.num_iterations * self.cfg.mini_batches
 
     def step(self, step: int) -> dict[str, float]:
         self._times = {"gen": 0.0, "score": 0.0}
+        self._step, self._drawn = step, 0  # sampling seeds: (seed, step, prompt, sample)
         rollout, metrics = self.rollout_step()  # 1 generate, 2 score
         self.compute_advantages(rollout, metrics)  # 3 reference log-probs, advantages
         t1 = time.time()
@@ -107,13 +123,20 @@ class GRPOTrainer(Trainer):
 
     # ------------------------------------------------------------------------------------------
     def sample_and_score(self, n_prompts: int) -> tuple[Rollout, dict[str, float]]:
-        cfg = self.cfg
-        rows = self.next_rows(n_prompts)
+        """Draw `n_prompts` prompts (all ranks alike), sample and score this rank's share."""
+        cfg, G = self.cfg, self.cfg.group_size
+        n_prompts = -(-n_prompts // self.dist.world) * self.dist.world  # equal shares
+        drawn = self.next_rows(n_prompts)
+        mine = self.dist.shard(list(range(n_prompts)))
+        rows = [drawn[i] for i in mine]
+        seeds = [sequence_seed(cfg.seed, self._step, self._drawn + i, j)
+                 for i in mine for j in range(G)]
+        self._drawn += n_prompts
         prompts = [self.s.render(r[cfg.prompt_field]) for r in rows]
         t0 = time.time()
-        rollout = generate(self.model, self.tokenizer, prompts, group_size=cfg.group_size,
-                           rows=rows, params=self.sampling, autocast=cfg.autocast_bf16,
-                           generator=self.gen)
+        with self.gathered():
+            rollout = generate(self.model, self.tokenizer, prompts, group_size=G, rows=rows,
+                               params=self.sampling, autocast=cfg.autocast_bf16, seeds=seeds)
         t1 = time.time()
         result = self.s.scorer.score(rollout.completions, rollout.rows)
         rollout.scores = torch.tensor(result.scores, dtype=torch.float32)
@@ -133,7 +156,7 @@ class GRPOTrainer(Trainer):
         rollout, metrics = self.sample_and_score(cfg.prompts_per_step)
         all_scores, gen_tokens = [rollout.scores], float(rollout.response_mask.sum())
         kept = [self._filter_groups(rollout, metrics)]
-        n_groups = kept[0].num_sequences // G
+        n_groups = int(self.dist.sum(kept[0].num_sequences // G))
         rounds = 0
         while (cfg.dynamic_sampling and n_groups < cfg.prompts_per_step
                and rounds < cfg.dynamic_sampling_max_rounds):
@@ -144,8 +167,10 @@ class GRPOTrainer(Trainer):
             for k, v in m.items():
                 metrics[k] = metrics.get(k, 0.0) + v if "errors" in k or "code/" in k else v
             kept.append(self._filter_groups(extra, metrics))
-            n_groups += kept[-1].num_sequences // G
-        scores = torch.cat(all_scores)  # [all sampled]
+            n_groups += int(self.dist.sum(kept[-1].num_sequences // G))
+        # [all sampled on all ranks], group-contiguous: reward metrics over the whole step
+        scores = torch.tensor(sum(self.dist.all_gather_objects(torch.cat(all_scores).tolist()),
+                                  []))
         valid = ~scores.isnan()
         grouped = scores.view(-1, G)
         metrics.update({
@@ -259,9 +284,11 @@ class GRPOTrainer(Trainer):
     def policy_logprobs(self, rollout: Rollout, model: torch.nn.Module | None = None) -> Tensor:
         """[N, T] no-grad log-probs of the rollout's tokens under `model` (default the policy)."""
         cfg = self.cfg
-        return batched_logprobs(model or self.model, rollout.prompt_ids, rollout.prompt_mask,
-                                rollout.completion_ids, rollout.response_mask,
-                                cfg.micro_batch_size, cfg.temperature, cfg.autocast_bf16)
+        with self.gathered():
+            return batched_logprobs(model or self.model, rollout.prompt_ids,
+                                    rollout.prompt_mask, rollout.completion_ids,
+                                    rollout.response_mask, cfg.micro_batch_size,
+                                    cfg.temperature, cfg.autocast_bf16)
 
     def loss_mask(self, rollout: Rollout) -> Tensor:
         """[N, T] tokens that count in the loss."""
@@ -280,28 +307,41 @@ class GRPOTrainer(Trainer):
         cfg = self.cfg
         N = rollout.num_sequences
         acc: dict[str, list[float]] = {}
-        if N == 0:
+        if self.dist.sum(N) == 0:
             return {"train/skipped_empty_batch": 1.0}
         mask_all = self.loss_mask(rollout)  # [N, T]
         lengths = mask_all.sum(-1).cpu()  # [N], on the CPU with the index tensors
+        shuffle = torch.Generator().manual_seed(sequence_seed(cfg.seed, self._step, "update"))
         for _ in range(cfg.num_iterations):
-            perm = torch.randperm(N, generator=self.gen)  # [N]
-            for idx in perm.chunk(cfg.mini_batches):
+            perm = torch.randperm(N, generator=shuffle)  # [N]
+            for idx in torch.tensor_split(perm, cfg.mini_batches):
                 idx = idx[torch.argsort(lengths[idx], stable=True)]  # similar lengths together
-                total_tokens = float(lengths[idx].sum())
-                total_seqs = float((lengths[idx] > 0).sum())
+                total_tokens = self.dist.sum(float(lengths[idx].sum()))  # all ranks' tokens
+                total_seqs = self.dist.sum(float((lengths[idx] > 0).sum()))
                 if total_tokens == 0:
                     continue
-                parts = [self.micro_step(rollout.select(micro), mask_all[micro], total_tokens,
-                                         total_seqs) for micro in idx.split(cfg.micro_batch_size)]
-                for k in parts[0]:  # losses are already step-normalised: sum them
+                micros = list(idx.split(cfg.micro_batch_size))
+                parts = [self.micro_step(rollout.select(m), mask_all[m], total_tokens,
+                                         total_seqs) for m in micros]
+                self.idle_passes(len(micros))
+                for k in parts[0] if parts else ():  # losses are step-normalised: sum them
                     vals = [p[k] for p in parts]
                     acc.setdefault(k, []).append(sum(vals) if k.startswith("loss/")
                                                  else sum(vals) / len(vals))
                 acc.setdefault("train/grad_norm", []).append(self.optimizer_step())
         out = {k: sum(v) / len(v) for k, v in acc.items()}
+        out.update(self._global_losses(out))
         out["train/lr"] = self.sched.get_last_lr()[0]
         return out
+
+    def _global_losses(self, out: dict[str, float]) -> dict[str, float]:
+        """`loss/*` of the whole step: each rank's value is its share of it, so sum them."""
+        if not self.dist.enabled:
+            return {}
+        shares = self.dist.all_gather_objects({k: v for k, v in out.items()
+                                               if k.startswith("loss/")})
+        keys = sorted(set().union(*shares))
+        return {k: sum(d.get(k, 0.0) for d in shares) for k in keys}
 
     def micro_step(self, batch: Rollout, mask: Tensor, total_tokens: float,
                    total_seqs: float) -> dict[str, float]:

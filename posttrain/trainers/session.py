@@ -33,6 +33,8 @@ class Session:
     eval_rows: list[dict[str, Any]]
     scorer: RewardScorer | None = None
     reward_names: list[str] = field(default_factory=list)
+    dist: Any = None
+    """The trainer's `Dist` under torchrun: evaluation is sharded by rank and gathered."""
 
     def render(self, prompt: Any) -> str:
         system = getattr(self.cfg, "system_prompt", "")
@@ -68,34 +70,56 @@ class Session:
         prompt_field = getattr(cfg, "prompt_field", "prompt")
         prompts = [self.render(r[prompt_field]) for r in rows]
         max_new = getattr(cfg, "eval_max_new_tokens", getattr(cfg, "max_new_tokens", 64))
-        rollout = generate(model, self.tokenizer, prompts, rows=rows,
-                           params=SamplingParams(max_new_tokens=max_new, greedy=True),
-                           autocast=cfg.autocast_bf16, batch_size=cfg.eval_batch_size)
-        result = self.scorer.score(rollout.completions, rows)
-        first = result.per_function[self.reward_names[0]]
+        completions, first, scores, fmt, lengths = self._greedy_scored(model, rows, prompts,
+                                                                       max_new)
         valid = [v for v in first if v == v]  # drop NaN (unscorable)
         out: dict[str, Any] = {
             f"{prefix}accuracy": sum(v >= 1.0 for v in valid) / max(1, len(valid)),
-            f"{prefix}reward_mean": sum(s for s in result.scores if s == s) / max(1, len(valid)),
+            f"{prefix}reward_mean": sum(s for s in scores if s == s) / max(1, len(valid)),
             f"{prefix}n": len(valid),
-            f"{prefix}length_mean": float(rollout.response_mask.sum(1).float().mean()),
+            f"{prefix}length_mean": sum(lengths) / max(1, len(lengths)),
         }
-        if "format" in result.per_function:
-            out[f"{prefix}format_rate"] = sum(v > 0 for v in result.per_function["format"]) / len(
-                rows)
+        if fmt is not None:
+            out[f"{prefix}format_rate"] = sum(v > 0 for v in fmt) / len(rows)
         if not prefix:
             out["samples"] = [{"prompt": r[prompt_field], "completion": c}
-                              for r, c in zip(rows[:5], rollout.completions[:5], strict=True)]
-        if dump:
+                              for r, c in zip(rows[:5], completions[:5], strict=True)]
+        if dump and (self.dist is None or self.dist.is_main):
             path = Path(self.cfg.out_dir) / dump
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("w") as fh:
-                for r, c, v, s in zip(rows, rollout.completions, first, result.scores,
-                                      strict=True):
+                for r, c, v, s in zip(rows, completions, first, scores, strict=True):
                     fh.write(json.dumps({"prompt": r[prompt_field], "answer": r.get("answer"),
                                          "completion": c, "correct": v >= 1.0, "score": s},
                                         default=str) + "\n")
         return out
+
+    def _greedy_scored(self, model: Any, rows: list[dict[str, Any]], prompts: list[str],
+                       max_new: int) -> tuple[list[str], list[float], list[float],
+                                              list[float] | None, list[float]]:
+        """Greedy completions of `prompts`, scored: (completions, first reward function,
+        weighted scores, format reward or None, lengths), in row order. Under torchrun each
+        rank decodes and scores every `world`-th row and the results are gathered."""
+        cfg = self.cfg
+        mine = list(range(len(rows))) if self.dist is None else self.dist.shard(
+            list(range(len(rows))))
+        per_row: list[tuple[int, str, float, float, float | None, float]] = []
+        if mine:
+            rollout = generate(model, self.tokenizer, [prompts[i] for i in mine],
+                               rows=[rows[i] for i in mine],
+                               params=SamplingParams(max_new_tokens=max_new, greedy=True),
+                               autocast=cfg.autocast_bf16, batch_size=cfg.eval_batch_size)
+            result = self.scorer.score(rollout.completions, [rows[i] for i in mine])
+            fmt = result.per_function.get("format")
+            lengths = rollout.response_mask.sum(1).tolist()
+            per_row = [(i, rollout.completions[k], result.per_function[self.reward_names[0]][k],
+                        result.scores[k], fmt[k] if fmt is not None else None,
+                        float(lengths[k])) for k, i in enumerate(mine)]
+        if self.dist is not None:
+            per_row = sorted(x for part in self.dist.all_gather_objects(per_row) for x in part)
+        has_format = "format" in self.reward_names
+        return ([x[1] for x in per_row], [x[2] for x in per_row], [x[3] for x in per_row],
+                [x[4] for x in per_row] if has_format else None, [x[5] for x in per_row])
 
     def log_reward_errors(self, errors: list[dict[str, Any]]) -> None:
         """Append reward-function crashes (with the sample) to reward_errors.jsonl."""

@@ -81,21 +81,30 @@ def sft_nll_sum(model: torch.nn.Module, batch: dict[str, Tensor]) -> tuple[Tenso
 
 
 def backward_batch(model: torch.nn.Module, parts: list[dict[str, Tensor]],
-                   autocast: bool = False) -> Tensor:
+                   autocast: bool = False, n_tokens: Tensor | None = None) -> Tensor:
     """Accumulate the gradient of the batch's mean completion-token NLL over its micro-batches.
 
-    Each micro-batch's summed NLL is divided by the completion-token count of the WHOLE batch,
-    so the accumulated gradient equals that of one pass over the full batch. Returns the
-    (detached) mean NLL.
+    Each micro-batch's summed NLL is divided by the completion-token count of the WHOLE batch
+    (`n_tokens`: all ranks' count under torchrun; default: these parts'), so the accumulated
+    gradient equals that of one pass over the full batch. Returns the (detached) summed NLL of
+    `parts` divided by that count: the mean NLL, or this rank's share of it.
     """
-    n_tokens = sum(masked_count(p["response_mask"][:, 1:]) for p in parts).clamp(min=1.0)
-    total = torch.zeros((), device=n_tokens.device)
+    if n_tokens is None:
+        n_tokens = local_tokens(parts)
+    device = parts[0]["input_ids"].device if parts else torch.device("cpu")
+    n_tokens = torch.as_tensor(n_tokens, dtype=torch.float32, device=device).clamp(min=1.0)
+    total = torch.zeros((), device=device)
     for part in parts:
         with autocast_ctx(autocast, n_tokens.device):
             nll, _ = sft_nll_sum(model, part)
         (nll / n_tokens).backward()
         total += nll.detach()
     return total / n_tokens
+
+
+def local_tokens(parts: list[dict[str, Tensor]]) -> Tensor:
+    """Completion tokens that count in the loss (the shifted response mask) of `parts`."""
+    return sum(masked_count(p["response_mask"][:, 1:]) for p in parts)
 
 
 def length_grouped_batches(
@@ -113,16 +122,28 @@ def length_grouped_batches(
     return batches
 
 
-def _batch_stream(lengths: list[int], batch_size: int, seed: int) -> Iterator[list[int]]:
-    rng = random.Random(seed)
-    while True:
-        yield from length_grouped_batches(lengths, batch_size, rng)
+class BatchStream(Iterator[list[int]]):
+    """Endless batches of row indices, one length-grouped epoch after another.
 
+    Its position (the rng and what is left of the current epoch) is part of a checkpoint.
+    """
 
-def _batch_stream(lengths: list[int], batch_size: int, seed: int) -> Iterator[list[int]]:
-    rng = random.Random(seed)
-    while True:
-        yield from length_grouped_batches(lengths, batch_size, rng)
+    def __init__(self, lengths: list[int], batch_size: int, seed: int) -> None:
+        self.lengths, self.batch_size = lengths, batch_size
+        self.rng = random.Random(seed)
+        self.pending: list[list[int]] = []
+
+    def __next__(self) -> list[int]:
+        if not self.pending:
+            self.pending = length_grouped_batches(self.lengths, self.batch_size, self.rng)[::-1]
+        return self.pending.pop()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.getstate(), "pending": [list(b) for b in self.pending]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.setstate(state["rng"])
+        self.pending = [list(b) for b in state["pending"]]
 
 
 class SFTTrainer(Trainer):
@@ -133,6 +154,12 @@ class SFTTrainer(Trainer):
     data_kind = "sft"
     progress_keys = ("loss/sft",)
     cfg: SFTConfig
+
+    def validate(self) -> None:
+        if self.cfg.batch_size % self.dist.world:
+            raise ConfigError(f"config key 'batch_size'={self.cfg.batch_size}: must be a "
+                              f"multiple of the {self.dist.world} torchrun processes (each "
+                              "takes an equal share of every batch)")
 
     def setup(self) -> None:
         cfg, tok = self.cfg, self.tokenizer
@@ -145,27 +172,39 @@ class SFTTrainer(Trainer):
                 f"longer (row {i + 1} of {cfg.train_data} has {len(self.examples[i][0])} "
                 "tokens); raise max_seq_len or shorten the data")
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-        self.batches = _batch_stream([len(ids) for ids, _ in self.examples], cfg.batch_size,
-                                     cfg.seed)
+        self.batches = BatchStream([len(ids) for ids, _ in self.examples], cfg.batch_size,
+                                   cfg.seed)
         self.tokens = 0
         self.losses: list[float] = []
 
     def step(self, step: int) -> dict[str, float]:
         cfg = self.cfg
-        # 1. one batch of similar-length rows, split into micro-batches, on the model's device
-        idx = next(self.batches)
+        # 1. one batch of similar-length rows (this rank's share under torchrun), split into
+        #    micro-batches, on the model's device
+        idx = self.dist.shard(next(self.batches))
         micro = cfg.micro_batch_size or cfg.batch_size
         parts = [collate_sft([self.examples[i] for i in idx[a: a + micro]], self.pad_id,
                              self.device) for a in range(0, len(idx), micro)]
-        # 2. forward/backward, normalised by the batch's completion tokens
-        loss = backward_batch(self.model, parts, cfg.autocast_bf16)
+        # 2. forward/backward, normalised by the whole batch's completion tokens (all ranks)
+        n_tokens = self.dist.sum(local_tokens(parts).float().cpu())
+        loss = self.dist.sum(backward_batch(self.model, parts, cfg.autocast_bf16,
+                                            n_tokens).float().cpu())
         lr = self.sched.get_last_lr()[0]
-        # 3. clip, step, schedule
+        # 3. sum gradients over ranks, clip, step, schedule
         grad_norm = self.optimizer_step()
-        self.tokens += int(sum(p["attention_mask"].sum() for p in parts))
+        self.tokens += int(self.dist.sum(float(sum(p["attention_mask"].sum() for p in parts))))
         self.losses.append(float(loss))
         return {"loss/sft": float(loss), "train/lr": lr, "train/grad_norm": grad_norm,
                 "perf/tokens": float(self.tokens)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "batches": self.batches.state_dict(),
+                "tokens": self.tokens, "losses": list(self.losses)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.batches.load_state_dict(state["batches"])
+        self.tokens, self.losses = int(state["tokens"]), list(state["losses"])
 
     def summary_fields(self) -> dict[str, Any]:
         """`train`: first loss, mean of the last 10% of step losses, tokens seen."""

@@ -30,10 +30,12 @@ class _Tracker(Protocol):
 
 
 class _TensorBoard:
-    def __init__(self, out_dir: Path, run_name: str, config: dict[str, Any]) -> None:
+    def __init__(self, out_dir: Path, run_name: str, config: dict[str, Any],
+                 purge_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(out_dir / "tb"))
+        # purge_step: a resumed run hides the events a crashed one wrote after its checkpoint
+        self.writer = SummaryWriter(str(out_dir / "tb"), purge_step=purge_step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for k, v in metrics.items():
@@ -63,9 +65,10 @@ class _WandbLike:
         self.lib.finish()
 
 
-def _make(kind: str, out_dir: Path, run_name: str, config: dict[str, Any]) -> _Tracker:
+def _make(kind: str, out_dir: Path, run_name: str, config: dict[str, Any],
+          purge_step: int | None = None) -> _Tracker:
     if kind == "tensorboard":
-        return _TensorBoard(out_dir, run_name, config)
+        return _TensorBoard(out_dir, run_name, config, purge_step)
     return _WandbLike(kind, out_dir, run_name, config)
 
 
@@ -73,13 +76,20 @@ class MetricsLogger:
     """Metrics to `metrics.jsonl` (one object per step) and the trackers in `report_to`."""
 
     def __init__(self, out_dir: str | Path, report_to: list[str] | tuple[str, ...] = (
-            "tensorboard",), run_name: str = "", config: dict[str, Any] | None = None) -> None:
+            "tensorboard",), run_name: str = "", config: dict[str, Any] | None = None,
+                 purge_step: int | None = None) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
         self._fh = self.path.open("a")
         name = run_name or self.out_dir.name
-        self._trackers = [_make(k, self.out_dir, name, config or {}) for k in report_to]
+        self._trackers = [_make(k, self.out_dir, name, config or {}, purge_step)
+                          for k in report_to]
+
+    def tell(self) -> int:
+        """Bytes written to metrics.jsonl so far (a checkpoint records it for resume)."""
+        self._fh.flush()
+        return self._fh.tell()
 
     def log(self, step: int, metrics: dict[str, Any]) -> dict[str, float]:
         flat = {k: to_float(v) for k, v in metrics.items()}
@@ -99,3 +109,16 @@ def to_float(v: Any) -> float:
     if isinstance(v, torch.Tensor):
         return float(v.detach().float().mean()) if v.numel() else float("nan")
     return float(v)
+
+
+class NullLogger:
+    """The logger of ranks other than 0: metrics are computed, nothing is written."""
+
+    def log(self, step: int, metrics: dict[str, Any]) -> dict[str, float]:
+        return {k: to_float(v) for k, v in metrics.items()}
+
+    def tell(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass

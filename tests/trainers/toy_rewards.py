@@ -1,8 +1,22 @@
 """Reward functions for the toy GRPO tests (loaded by "module:function", like a user's)."""
 
+import os
+import time
+from pathlib import Path
+
+_CALLS = [0]
+
 
 def sevens(completion: str) -> float:
-    """Fraction of the first 8 characters that are '7': rises as the policy learns."""
+    """Fraction of the first 8 characters that are '7': rises as the policy learns.
+
+    Crash tests: with `TOY_HANG_AT_CALL=n` the n-th call writes the file `TOY_HANG_MARKER` and
+    sleeps, so the test can `kill -9` the run in the middle of a step.
+    """
+    _CALLS[0] += 1
+    if os.environ.get("TOY_HANG_AT_CALL") == str(_CALLS[0]):
+        Path(os.environ["TOY_HANG_MARKER"]).write_text("hanging")
+        time.sleep(600)
     head = completion[:8]
     return sum(ch == "7" for ch in head) / 8.0
 

@@ -1,0 +1,158 @@
+"""Resumable training checkpoints: atomic, complete, the newest `keep_checkpoints` kept.
+
+Layout: ``out_dir/checkpoints/step-00000012/`` holds
+
+- ``model/``: the model as the trainer's `save` hook writes it (`from_pretrained`-loadable);
+- ``trainer_state.pt``: everything an exact resume needs: model and optimizer state dicts,
+  LR schedule, step, data position (the epoch order and the CPU generator), python / torch /
+  CUDA / numpy RNG states, the trainer's own state (`Trainer.state_dict`), the byte length of
+  ``metrics.jsonl`` when it was written, and the history for summary.json.
+
+A checkpoint is written to ``checkpoints/.tmp-step-N`` and renamed into place only when
+complete, so a crash (even ``kill -9``) mid-write never damages the last good one; leftover
+``.tmp-*`` directories are ignored and cleared by the next write. ``trainer_state.pt`` is a
+pickle: load only checkpoints you wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posttrain.config import ConfigError
+
+CHECKPOINTS = "checkpoints"
+STATE_FILE = "trainer_state.pt"
+
+
+def checkpoint_path(out_dir: str | Path, step: int) -> Path:
+    return Path(out_dir) / CHECKPOINTS / f"step-{step:08d}"
+
+
+def list_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under `out_dir/checkpoints`, oldest first, as (step, path)."""
+    root = Path(out_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        name = path.name
+        if name.startswith("step-") and name[5:].isdigit() and (path / STATE_FILE).is_file():
+            found.append((int(name[5:]), path))
+    return sorted(found)
+
+
+def find_resume(out_dir: str | Path, resume_from: str) -> Path | None:
+    """The checkpoint `resume_from` names: "" none, "latest" the newest (None when there is
+    none yet), else a checkpoint directory, which must exist and be complete."""
+    if not resume_from:
+        return None
+    if resume_from == "latest":
+        found = list_checkpoints(out_dir)
+        return found[-1][1] if found else None
+    path = Path(resume_from)
+    if not (path / STATE_FILE).is_file():
+        raise ConfigError(f"config key 'resume_from'={resume_from!r}: not a complete checkpoint "
+                          f"(expected {path / STATE_FILE}); use 'latest' or a "
+                          f"{CHECKPOINTS}/step-N directory")
+    return path
+
+
+def rng_state() -> dict[str, Any]:
+    """python, torch CPU (and CUDA, numpy when present) global RNG states."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:  # pragma: no cover
+        pass
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+
+
+def write_checkpoint(out_dir: str | Path, step: int, state: dict[str, Any],
+                     save_model: Callable[[str], None] | None, keep: int) -> Path:
+    """Write `state` (+ the model through `save_model(dir)`) atomically; keep the newest `keep`.
+
+    Returns the checkpoint directory.
+    """
+    final = checkpoint_path(out_dir, step)
+    tmp = final.with_name(f".tmp-{final.name}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    if save_model is not None:
+        save_model(str(tmp / "model"))
+    state_file = tmp / STATE_FILE
+    with state_file.open("wb") as fh:
+        torch.save(state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    if final.exists():  # the same step written again (a stop right after a periodic save)
+        old = final.with_name(f".old-{final.name}")
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    for _, path in list_checkpoints(out_dir)[:-keep]:
+        shutil.rmtree(path)
+    return final
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The state of a checkpoint written by :func:`write_checkpoint` (on the CPU)."""
+    return torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=False)
+
+
+def truncate_metrics(out_dir: str | Path, size: int | None, step: int) -> None:
+    """Cut ``metrics.jsonl`` back to what it held when the checkpoint was written.
+
+    `size` is its byte length then; if the file is shorter (rotated by hand) the rows logged
+    after `step` are dropped instead. Either way no step is duplicated after a resume.
+    """
+    path = Path(out_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return
+    if size is not None and path.stat().st_size >= size:
+        with path.open("r+b") as fh:
+            fh.truncate(size)
+        return
+    import json
+
+    rows = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [r for r in rows if json.loads(r).get("step", 0) <= step]
+    path.write_text("".join(r + "\n" for r in kept))
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
