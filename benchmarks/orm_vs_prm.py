@@ -56,7 +56,7 @@ def build_world(out: Path, s: dict[str, Any], seed: int, threads: int) -> Path:
     from posttrain.config import SFTConfig, build_config
     from posttrain.demo import _settings
     from posttrain.demo import build_world as demo_world
-    from posttrain.trainers.run import run_sft
+    from posttrain.trainers.sft import SFTTrainer
 
     demo = _settings(False)
     demo["sft"].update(rows=64 * s["sft_steps"], max_steps=s["sft_steps"])
@@ -66,8 +66,8 @@ def build_world(out: Path, s: dict[str, Any], seed: int, threads: int) -> Path:
     cfg = build_config(SFTConfig, overrides={
         "model": str(out / "init"), "out_dir": str(out / "sft"), "train_data": paths["sft"],
         "eval_data": paths["heldout"], "eval_size": 200, "seed": seed, "lr_schedule": "cosine",
-        "max_len": 128, "threads": threads, "progress": False, **sft})
-    run_sft(cfg)
+        "max_seq_len": 128, "threads": threads, "progress": False, **sft})
+    SFTTrainer(cfg).train()
     return out / "sft" / "final"
 
 
@@ -91,14 +91,14 @@ def verifier_rows(policy: Any, tok: Any, s: dict[str, Any], seed: int, data: Pat
 def train_verifiers(sft: Path, train: dict[str, Any], s: dict[str, Any], out: Path, seed: int,
                     threads: int) -> dict[str, Any]:
     """Stage 3: ORM and PRM from the SFT checkpoint, same steps / batch / lr."""
-    from posttrain.config import build_config
-    from posttrain.trainers.prm import PRMConfig, PRMTrainer
-    from posttrain.trainers.reward_model import RewardModelTrainer, RMConfig
+    from posttrain.config import PRMConfig, RMConfig, build_config
+    from posttrain.trainers.prm import PRMTrainer
+    from posttrain.trainers.reward_model import RewardModelTrainer
 
     common = {"model": str(sft), "seed": seed, "threads": threads, "max_steps": s["rm_steps"],
               "batch_size": s["rm_batch"], "micro_batch_size": s["rm_batch"], "lr": s["rm_lr"],
               "lr_schedule": "cosine", "warmup_steps": s["rm_steps"] // 10, "progress": False,
-              "max_len": 128}
+              "max_seq_len": 128}
     t0 = time.time()
     orm_cfg = build_config(RMConfig, overrides={**common, "objective": "binary",
                                                 "train_data": train["orm"],

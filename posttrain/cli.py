@@ -14,12 +14,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from posttrain.config import CONFIGS, ConfigError, build_config, config_help
+from posttrain.config import CONFIGS, ConfigError, SearchConfig, build_config, config_help
+from posttrain.trainers import TRAINERS, train
 
 COMMANDS: dict[str, str] = {
-    "sft": "supervised fine-tuning on {prompt, completion} rows (the warm start)",
-    "grpo": "GRPO / GSPO / DAPO / Dr. GRPO with reward functions (see recipes/)",
-    "dpo": "DPO / cDPO / robust DPO / IPO / hinge on preference pairs (no reward model)",
+    **{name: text for name, (_, text) in TRAINERS.items()},
     "eval": "greedy held-out evaluation of a model with reward functions",
     "search": "test-time search: best-of-N, (weighted) majority vote, PRM beam search",
 }
@@ -30,10 +29,11 @@ def _runner(command: str) -> Callable[[Any], dict[str, Any]]:
         from posttrain.search.run import run_search
 
         return run_search
-    from posttrain.trainers import run
+    if command == "eval":
+        from posttrain.trainers.run import run_eval
 
-    return {"sft": run.run_sft, "grpo": run.run_grpo, "dpo": run.run_dpo,
-            "eval": run.run_eval}[command]
+        return run_eval
+    return lambda cfg: train(command, cfg)
 
 
 def _config_command(command: str, argv: list[str]) -> int:
@@ -69,8 +69,6 @@ def _config_command(command: str, argv: list[str]) -> int:
 
 def _config_class(command: str) -> Any:
     if command == "search":
-        from posttrain.search.config import SearchConfig
-
         return SearchConfig
     return CONFIGS["grpo" if command == "eval" else command]
 

@@ -69,7 +69,8 @@ def build_world(out: Path, seed: int, s: dict[str, Any]) -> dict[str, str]:
 
 
 def run_demo(out_dir: str, seed: int = 0, quick: bool = False) -> dict[str, Any]:
-    from posttrain.trainers.run import run_grpo, run_sft
+    from posttrain.trainers.grpo import GRPOTrainer
+    from posttrain.trainers.sft import SFTTrainer
 
     start = time.time()
     out, s = Path(out_dir), _settings(quick)
@@ -79,17 +80,17 @@ def run_demo(out_dir: str, seed: int = 0, quick: bool = False) -> dict[str, Any]
     sft_keys = {k: v for k, v in s["sft"].items() if k not in ("rows", "flaw_rate")}
     sft_cfg = build_config(SFTConfig, overrides={
         "model": str(out / "init"), "out_dir": str(out / "sft"), "train_data": paths["sft"],
-        "seed": seed, "lr_schedule": "cosine", "max_len": 128, "threads": s["threads"],
+        "seed": seed, "max_seq_len": 128, "threads": s["threads"],
         **sft_keys})
     print(f"[demo] 2/4 SFT warm start ({sft_cfg.max_steps} steps on flawed traces)")
-    sft = run_sft(sft_cfg)
+    sft = SFTTrainer(sft_cfg).train()
     grpo_cfg = build_config(GRPOConfig, overrides={
         "model": str(out / "sft" / "final"), "out_dir": str(out / "grpo"),
         "train_data": paths["prompts"], "eval_data": paths["heldout"],
         "eval_size": s["heldout"], "seed": seed, "threads": s["threads"], **s["grpo"]})
     print(f"[demo] 3/4 GRPO ({grpo_cfg.max_steps} steps, G={grpo_cfg.group_size}) with the "
           "verifiable math reward")
-    grpo = run_grpo(grpo_cfg)
+    grpo = GRPOTrainer(grpo_cfg).train()
     print("[demo] 4/4 results")
     before, after = grpo["eval_before_detail"], grpo["eval_after_detail"]
     for detail, name in ((before, "eval_before.jsonl"), (after, "eval_after.jsonl")):

@@ -66,10 +66,22 @@ def test_recipe_errors_name_the_file(tmp_path):
         build_config(GRPOConfig, tmp_path / "missing.yaml")
 
 
-@pytest.mark.parametrize("name", ["grpo", "gspo", "dapo", "dr_grpo"])
-def test_shipped_grpo_recipes_load(name):
+# what makes each preset the paper's algorithm (the values its header cites)
+PRESET_KEYS = {
+    "grpo": {"advantage": "grpo", "ratio_level": "token", "kl_placement": "loss",
+             "kl_estimator": "k3", "loss_agg": "seq-mean-token-mean"},
+    "gspo": {"ratio_level": "sequence", "sequence_ratio": "geometric", "clip_eps_low": 3e-4,
+             "clip_eps_high": 4e-4},
+    "dapo": {"clip_eps_high": 0.28, "dynamic_sampling": True, "loss_agg": "token-mean",
+             "mask_truncated_completions": True, "kl_coef": 0.0},
+    "dr_grpo": {"scale": "none", "loss_agg": "seq-mean-token-sum-norm"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRESET_KEYS))
+def test_shipped_grpo_recipes_load_as_their_paper_presets(name):
     cfg = build_config(GRPOConfig, RECIPES / f"{name}.yaml")
-    assert cfg.group_size >= 2
+    assert {k: getattr(cfg, k) for k in PRESET_KEYS[name]} == PRESET_KEYS[name]
 
 
 def test_every_field_is_documented():

@@ -1,4 +1,4 @@
-"""Pure tensor math of post-training: every formula of formulas.md as a small function.
+"""Pure tensor math of post-training: every formula of docs/algorithms.md as a small function.
 
 Imports torch only (never transformers/peft/datasets). Notation used across the modules:
 B prompts, G samples per prompt, N = B*G sequences, T response tokens, V vocabulary.

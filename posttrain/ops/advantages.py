@@ -1,4 +1,7 @@
-"""Advantage estimators: GAE, group-relative (GRPO outcome / process), RLOO (formulas.md 3).
+"""Advantage estimators: GAE, group-relative (GRPO outcome / process), RLOO.
+
+Papers: GAE (Schulman et al. 2016), GRPO (Shao et al. 2024, §4.1), RLOO (Ahmadian et al. 2024);
+the paper index is docs/algorithms.md.
 
 Notation: B prompts, G samples per prompt (``group_size``), N = B*G sequences, T response
 tokens, S steps per completion. Per-sequence rewards are laid out group-contiguous: rows

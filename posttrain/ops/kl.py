@@ -1,4 +1,7 @@
-"""Per-token KL estimators and KL-coefficient controllers (formulas.md sections 1-2).
+"""Per-token KL estimators and KL-coefficient controllers.
+
+Papers: Schulman 2020, "Approximating KL divergence" (k1/k2/k3); Ziegler et al. 2019 (adaptive
+coefficient); the paper index is docs/algorithms.md.
 
 Notation: B prompts, G samples per prompt, N = B*G sequences, T response tokens, V vocab.
 

@@ -128,7 +128,7 @@ def token_logprobs(
     Args:
         logits: [B, T, V], any float dtype (bf16 is upcast one chunk at a time).
         tokens: [B, T] integer ids, already aligned with ``logits`` (caller shifts).
-        temperature: the sampling temperature (formulas.md: use the SAME one as sampling).
+        temperature: the sampling temperature (use the SAME one as sampling).
         chunk_size: (b, t) rows processed at once; bounds the extra fp32 memory to about
             ``chunk_size * V`` floats per live temporary, in forward and backward.
 
@@ -152,7 +152,7 @@ def entropy_from_logits(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     temperature: float = 1.0,
 ) -> Tensor:
-    """Entropy of the full next-token distribution (formulas.md section 7).
+    """Entropy of the full next-token distribution (docs/algorithms.md).
 
     Args:
         logits: [B, T, V] any float dtype.
@@ -174,7 +174,7 @@ def sequence_logprobs(logprobs: Tensor, response_mask: Tensor, average: bool = F
     Args:
         logprobs: [B, T] per-token log-probs.
         response_mask: [B, T] True on real completion tokens.
-        average: token-averaged log-prob (what IPO uses, formulas.md section 8).
+        average: token-averaged log-prob (what IPO uses, Azar et al. 2023).
 
     Returns:
         [B]

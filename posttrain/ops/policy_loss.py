@@ -10,7 +10,7 @@ Notation: B prompts, G samples per prompt, N = B*G sequences, T response tokens,
   the geometric mean of token ratios (default). ``sequence_ratio="product"`` is the
   unnormalized ``exp(sum_t ...)`` written in seed note 000.
 - GSPO-token (same paper): ``s[i,t] = sg(s_i) * exp(logp_t - sg(logp_t))``.
-- Aggregation (formulas.md section 6): ``seq-mean-token-mean`` (GRPO), ``token-mean`` (DAPO),
+- Aggregation: ``seq-mean-token-mean`` (GRPO), ``token-mean`` (DAPO, arXiv:2503.14476),
   ``seq-mean-token-sum-norm`` (Dr. GRPO, arXiv:2503.20783).
 
 Deliberate details: the sequence-level loss ``L_i`` is broadcast to the sequence's tokens and
@@ -73,7 +73,7 @@ def aggregate_loss(
     total_tokens: Count = None,
     total_seqs: Count = None,
 ) -> Tensor:
-    """Reduce a per-token loss to a scalar (formulas.md section 6).
+    """Reduce a per-token loss to a scalar (GRPO, DAPO or Dr. GRPO; docs/algorithms.md).
 
     Args:
         per_token: [N, T] loss per token.
@@ -148,7 +148,7 @@ def policy_loss(
     total_tokens: Count = None,
     total_seqs: Count = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped-surrogate policy loss (formulas.md sections 4-6).
+    """Clipped-surrogate policy loss (PPO eq. 7, GSPO arXiv:2507.18071; docs/algorithms.md).
 
     Args:
         logprobs: [N, T] log pi_theta (requires grad).

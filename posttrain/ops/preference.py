@@ -1,4 +1,7 @@
-"""Preference losses: DPO and variants, Bradley-Terry reward model (formulas.md 8-9).
+"""Preference losses: DPO and variants, Bradley-Terry reward model.
+
+Papers: DPO (Rafailov et al. 2023) and variants, Bradley-Terry RM (Ouyang et al. 2022, eq. 1);
+the paper index is docs/algorithms.md.
 
 Notation: B preference pairs (chosen y_w, rejected y_l), T response tokens, V vocab.
 

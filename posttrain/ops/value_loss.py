@@ -1,4 +1,5 @@
-"""PPO critic loss with value clipping, and explained variance (formulas.md section 7).
+"""PPO critic loss with value clipping, and explained variance (Schulman et al.
+2017; paper index: docs/algorithms.md).
 
 Notation: B prompts, G samples per prompt, N = B*G sequences, T response tokens, V vocab.
 

@@ -69,16 +69,19 @@ class RewardSpec:
     """Multiplier in the weighted sum."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for every call (e.g. ``{"partial": True}`` for ``code``)."""
+    fn: RewardFn | None = field(default=None, compare=False)
+    """The callable itself (Python API); None: resolved from ``name``."""
 
     @classmethod
-    def from_dict(cls, entry: dict[str, Any]) -> RewardSpec:
+    def from_dict(cls, entry: dict[str, Any], fn: RewardFn | None = None) -> RewardSpec:
         """A recipe entry: ``name``, ``weight``, ``kwargs`` and any other key (``path: DIR``)
         as a keyword argument, so ``{name: reward_model, path: DIR}`` works."""
         extra = {k: v for k, v in entry.items() if k not in ("name", "weight", "kwargs")}
         if "name" not in entry:
             raise TypeError(f"reward entry {entry!r} has no 'name'")
         return cls(entry["name"], entry.get("weight", 1.0),
-                   {**(entry.get("kwargs") or {}), **extra})
+                   {**(entry.get("kwargs") or {}), **extra}, fn)
+
 
 
 @dataclass
@@ -131,7 +134,7 @@ def validate_specs(specs: Sequence[RewardSpec | str]) -> list[tuple[RewardSpec, 
         if spec.name in seen:
             raise ValueError(f"reward spec {index}: {spec.name!r} is listed twice")
         seen.add(spec.name)
-        fn = resolve_reward(spec.name)
+        fn = spec.fn if spec.fn is not None else resolve_reward(spec.name)
         try:
             inspect.signature(fn)
         except (TypeError, ValueError) as exc:

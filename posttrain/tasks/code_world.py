@@ -6,7 +6,7 @@
 2. ``data/sft.jsonl`` (train-split programs, ``flaw_rate`` of them with the missing-parentheses
    bug of :mod:`posttrain.tasks.functions`), ``data/prompts.jsonl`` (train-split code rows for
    RL) and ``data/heldout.jsonl`` (distinct held-out code rows, tests not shown in the prompt);
-3. ``sft/final``: the SFT warm start (:func:`posttrain.trainers.run.run_sft`), the model that
+3. ``sft/final``: the SFT warm start (:class:`posttrain.trainers.sft.SFTTrainer`), the model that
    ``recipes/grpo_code.yaml`` starts from;
 4. ``summary.json``: held-out pass rates of the SFT model under greedy decoding and at
    temperature 1 (the gap is the headroom RL can use), the fraction of its programs that carry
@@ -107,7 +107,7 @@ def build_code_world(out_dir: str | Path, seed: int = 0, *, quick: bool = False,
     """
     from posttrain.data import load_rows
     from posttrain.models import load_model_and_tokenizer
-    from posttrain.trainers.run import run_sft
+    from posttrain.trainers.sft import SFTTrainer
 
     start, out, s = time.time(), Path(out_dir), world_settings(quick)
     out.mkdir(parents=True, exist_ok=True)
@@ -115,9 +115,9 @@ def build_code_world(out_dir: str | Path, seed: int = 0, *, quick: bool = False,
     sft_keys = {k: v for k, v in s["sft"].items() if k not in ("rows", "flaw_rate")}
     cfg = build_config(SFTConfig, overrides={
         "model": paths["init"], "out_dir": str(out / "sft"), "train_data": paths["sft"],
-        "seed": seed, "lr_schedule": "cosine", "max_len": 96, "threads": threads,
+        "seed": seed, "lr_schedule": "cosine", "max_seq_len": 96, "threads": threads,
         "rewards": CODE_REWARD, "progress": progress, **sft_keys})
-    sft = run_sft(cfg)
+    sft = SFTTrainer(cfg).train()
     model, tok = load_model_and_tokenizer(str(out / "sft" / "final"))
     rows = load_rows(paths["heldout"], kind="code")[: s["measure"]]
     greedy = pass_rates(model, tok, rows, seed=seed)

@@ -1,4 +1,4 @@
-"""Pieces every trainer shares: seeding, optimizer and schedule, metrics, checkpoints, summary."""
+"""Pieces every trainer shares: seeding, optimizer and schedule, checkpoints, summary."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import random
 import resource
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,11 @@ from posttrain.config import BaseConfig, to_dict
 
 
 def set_seed(seed: int) -> torch.Generator:
-    """Seed python, torch (and numpy if present); return a torch.Generator for sampling."""
+    """Seed python, torch (and numpy if present); return a CPU torch.Generator.
+
+    The generator drives data order and, through a seed drawn from it, sampling on any device
+    (the rollout derives a generator on the model's device).
+    """
     random.seed(seed)
     torch.manual_seed(seed)
     try:
@@ -38,26 +41,41 @@ def setup_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
+def lr_factor(step: int, total: int, warmup: int, schedule: str, min_ratio: float = 0.0) -> float:
+    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based).
+
+    Linear warm-up over ``warmup`` steps, then constant, linear or cosine decay to ``min_ratio``.
+    """
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    decays = {
+        "constant": lambda p: 1.0,
+        "linear": lambda p: 1.0 - p,
+        "cosine": lambda p: 0.5 * (1.0 + math.cos(math.pi * p)),
+    }
+    if schedule not in decays:
+        raise ValueError(f"unknown lr schedule {schedule!r}; valid: {sorted(decays)}")
+    if schedule == "constant":
+        return 1.0
+    return min_ratio + (1.0 - min_ratio) * decays[schedule](progress)
+
+
 def build_optimizer(
     model: torch.nn.Module, cfg: BaseConfig, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over trainable parameters plus warm-up then constant/linear/cosine decay."""
+    """AdamW over trainable parameters plus warm-up then constant/linear/cosine decay.
+
+    The one place every trainer gets its optimizer and schedule from (`lr`, `adam_betas`,
+    `weight_decay`, `warmup_steps`, `lr_schedule`, `min_lr_ratio`).
+    """
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.adam_betas),  # type: ignore[arg-type]
                             weight_decay=cfg.weight_decay)
-    warm, total = cfg.warmup_steps, max(1, total_steps)
-
-    def factor(step: int) -> float:
-        if warm > 0 and step < warm:
-            return (step + 1) / warm
-        progress = min(1.0, (step - warm) / max(1, total - warm))
-        if cfg.lr_schedule == "linear":
-            return 1.0 - progress
-        if cfg.lr_schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        return 1.0
-
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    total = max(1, total_steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(
+        step, total, cfg.warmup_steps, cfg.lr_schedule, cfg.min_lr_ratio))
+    return opt, sched
 
 
 def clip_and_step(model: torch.nn.Module, opt: torch.optim.Optimizer,
@@ -108,45 +126,6 @@ def save_checkpoint(model: Any, tokenizer: Any, path: str | Path) -> Path:
     if old.exists():
         shutil.rmtree(old)
     return path
-
-
-class MetricsLogger:
-    """Metrics to `metrics.jsonl` (one object per step) and TensorBoard event files."""
-
-    def __init__(self, out_dir: str | Path, tensorboard: bool = True) -> None:
-        self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.out_dir / "metrics.jsonl"
-        self._fh = self.path.open("a")
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(str(self.out_dir / "tb"))
-            except ImportError:  # pragma: no cover - tensorboard is a dependency
-                self._tb = None
-
-    def log(self, step: int, metrics: dict[str, Any]) -> dict[str, float]:
-        flat = {k: _to_float(v) for k, v in metrics.items()}
-        self._fh.write(json.dumps({"step": step, "time": time.time(), **flat}) + "\n")
-        self._fh.flush()
-        if self._tb is not None:
-            for k, v in flat.items():
-                if math.isfinite(v):
-                    self._tb.add_scalar(k, v, step)
-        return flat
-
-    def close(self) -> None:
-        self._fh.close()
-        if self._tb is not None:
-            self._tb.close()
-
-
-def _to_float(v: Any) -> float:
-    if isinstance(v, torch.Tensor):
-        return float(v.detach().float().mean()) if v.numel() else float("nan")
-    return float(v)
 
 
 def write_summary(out_dir: str | Path, cfg: BaseConfig | None, **fields: Any) -> Path:

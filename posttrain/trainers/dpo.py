@@ -10,12 +10,9 @@ Where the reference comes from:
   the table for the whole dataset is computed with it once and no reference model is loaded.
 - Full fine-tune without ``precompute_ref``: a frozen copy loaded from ``cfg.model``.
 
-Reference cache: ``<data file>.refcache/<key>.safetensors`` (under ``out_dir/refcache`` for a
-``datasets`` name) holding per-pair summed AND token-averaged log-probs of chosen and rejected.
-The key hashes the model (path, config.json, weight files' names/sizes/mtimes), the tokenized
-pairs (so any change of data, tokenizer or chat template invalidates it), dtype and
-autocast. Deliberate difference from keying on the loss type: both sums (DPO) and averages (IPO)
-are stored, so one cache serves every ``loss_type``.
+Reference cache (``posttrain.trainers.ref_cache``): per-pair summed AND token-averaged log-probs
+of chosen and rejected, next to the data. Deliberate difference from keying on the loss type:
+both sums (DPO) and averages (IPO) are stored, so one cache serves every ``loss_type``.
 
 Optional RPO term (``rpo_alpha > 0``, Pang et al. 2024): each pair's loss gets
 ``rpo_alpha * NLL(chosen)`` with the NLL averaged over the chosen tokens, as in SFT.
@@ -29,104 +26,23 @@ baseline.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from posttrain.config import ConfigError, DPOConfig
-from posttrain.data import DataError, load_rows, render_prompt
-from posttrain.models import adapters_disabled
+from posttrain.config import DPOConfig
+from posttrain.data import load_rows
+from posttrain.data.pairs import PairTensors, tokenize_pairs
 from posttrain.ops import dpo_loss, sequence_logprobs
-from posttrain.trainers.common import (
-    MetricsLogger,
-    build_optimizer,
-    clip_and_step,
-    merged,
-    peak_rss_mb,
-    save_checkpoint,
-    save_config,
-    set_seed,
-    setup_threads,
-    write_summary,
-)
+from posttrain.trainers.base import Trainer
 from posttrain.trainers.forward import completion_logprobs
-from posttrain.trainers.session import Session, load_session
+from posttrain.trainers.ref_cache import ref_cache_path
 
 REF_KEYS = ("chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean")
-
-
-@dataclass
-class PairTensors:
-    """M tokenized pairs: prompt [M, P] left padded; chosen / rejected [M, T] right padded."""
-
-    prompt_ids: Tensor
-    prompt_mask: Tensor
-    chosen_ids: Tensor
-    chosen_mask: Tensor
-    rejected_ids: Tensor
-    rejected_mask: Tensor
-
-    def __len__(self) -> int:
-        return self.prompt_ids.shape[0]
-
-    def select(self, idx: Tensor) -> PairTensors:
-        return PairTensors(*(getattr(self, f.name)[idx] for f in fields(self)))
-
-    def to(self, device: torch.device) -> PairTensors:
-        return PairTensors(*(getattr(self, f.name).to(device) for f in fields(self)))
-
-    def digest(self) -> str:
-        h = hashlib.sha256()
-        for f in fields(self):
-            t = getattr(self, f.name)
-            h.update(f"{f.name}{tuple(t.shape)}".encode())
-            h.update(t.to(torch.int64).numpy().tobytes())
-        return h.hexdigest()
-
-
-def tokenize_pairs(tokenizer: Any, rows: list[dict[str, Any]], max_len: int,
-                   source: str) -> PairTensors:
-    """Chat-template the prompts and tokenize ``completion + EOS``; bad rows raise DataError."""
-    prompts = [render_prompt(tokenizer, r["prompt"]) for r in rows]
-    p_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    c_ids = tokenizer([r["chosen"] for r in rows], add_special_tokens=False)["input_ids"]
-    r_ids = tokenizer([r["rejected"] for r in rows], add_special_tokens=False)["input_ids"]
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    for i, (row, p, c, r) in enumerate(zip(rows, p_ids, c_ids, r_ids, strict=True)):
-        if row["chosen"] == row["rejected"]:
-            raise DataError(source, i + 1, "rejected", "identical to 'chosen'; a preference "
-                            "pair needs two different completions")
-        for name, comp in (("chosen", c), ("rejected", r)):
-            if not comp + eos:
-                raise DataError(source, i + 1, name, "empty, and the tokenizer has no EOS token")
-            if len(p) + len(comp) + len(eos) > max_len:
-                raise DataError(source, i + 1, name, f"prompt + {name} is "
-                                f"{len(p) + len(comp) + len(eos)} tokens, over max_len={max_len} "
-                                "(raise max_len or drop the row)")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    P = max(len(p) for p in p_ids)
-    T = max(len(x) + len(eos) for x in c_ids + r_ids)
-    M = len(rows)
-    prompt_ids = torch.full((M, P), pad, dtype=torch.long)  # [M, P]
-    prompt_mask = torch.zeros((M, P), dtype=torch.bool)  # [M, P]
-    comp = {k: torch.full((M, T), pad, dtype=torch.long) for k in ("chosen", "rejected")}
-    mask = {k: torch.zeros((M, T), dtype=torch.bool) for k in ("chosen", "rejected")}
-    for i, p in enumerate(p_ids):
-        prompt_ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
-        prompt_mask[i, P - len(p):] = True
-        for k, ids in (("chosen", c_ids[i] + eos), ("rejected", r_ids[i] + eos)):
-            comp[k][i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            mask[k][i, : len(ids)] = True
-    return PairTensors(prompt_ids, prompt_mask, comp["chosen"], mask["chosen"],
-                       comp["rejected"], mask["rejected"])
 
 
 def pair_logprobs(model: torch.nn.Module, pairs: PairTensors,
@@ -149,132 +65,82 @@ def pair_logprobs(model: torch.nn.Module, pairs: PairTensors,
             "chosen_mean": means[:n], "rejected_mean": means[n:]}
 
 
-def model_fingerprint(model: str) -> str:
-    """Path + config.json + weight files' names/sizes/mtimes (a Hub name: the name itself)."""
-    path = Path(model)
-    if not path.is_dir():
-        return model
-    parts = [str(path.resolve())]
-    if (path / "config.json").is_file():
-        parts.append((path / "config.json").read_text())
-    for f in sorted(path.iterdir()):
-        if f.suffix in (".safetensors", ".bin", ".pt"):
-            st = f.stat()
-            parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
-    return "\n".join(parts)
-
-
-def ref_cache_path(cfg: DPOConfig, source: str, pairs: PairTensors) -> Path:
-    """Where the reference table of ``pairs`` (loaded from ``source``) is cached."""
-    h = hashlib.sha256()
-    for part in (model_fingerprint(cfg.model), cfg.dtype, str(cfg.autocast_bf16), pairs.digest()):
-        h.update(part.encode())
-        h.update(b"\0")
-    src = Path(source)
-    folder = (src.parent / f"{src.name}.refcache" if src.is_file()
-              else Path(cfg.out_dir) / "refcache")
-    return folder / f"{h.hexdigest()[:32]}.safetensors"
-
-
-class DPOTrainer:
+class DPOTrainer(Trainer):
     """Direct preference optimisation on {prompt, chosen, rejected} rows."""
 
-    def __init__(self, cfg: DPOConfig, session: Session | None = None) -> None:
-        self.cfg = cfg
-        _validate(cfg)
-        setup_threads(cfg.threads)
-        self.gen = set_seed(cfg.seed)
-        # Held-out pairs, data and rewards are validated before any model is loaded.
-        eval_rows = (load_rows(cfg.eval_pref_data, kind="preferences", split=cfg.eval_split)
-                     if cfg.eval_pref_data else [])
-        self.s = session or load_session(cfg, kind="preferences")
-        self.tok = self.s.tokenizer
-        self.pairs = tokenize_pairs(self.tok, self.s.train_rows, cfg.max_len, cfg.train_data)
-        self.eval_pairs = (tokenize_pairs(self.tok, eval_rows, cfg.max_len, cfg.eval_pref_data)
-                           if eval_rows else None)
-        self.s.maybe_lora()
-        self.model = self.s.model
-        self.ref = (self.s.load_reference()
-                    if cfg.lora_r == 0 and not cfg.precompute_ref else None)
-        self.opt, self.sched = build_optimizer(self.model, cfg, cfg.max_steps)
-        self.logger = MetricsLogger(cfg.out_dir)
+    name = "dpo"
+    config_class = DPOConfig
+    data_kind = "preferences"
+    progress_keys = ("loss/dpo", "rewards/accuracy")
+    cfg: DPOConfig
+
+    def validate(self) -> None:
+        # held-out pairs are validated before any model loads, like the training rows
+        cfg = self.cfg
+        self.eval_rows = (load_rows(cfg.eval_pref_data, kind="preferences", split=cfg.eval_split)
+                          if cfg.eval_pref_data else [])
+
+    def setup(self) -> None:
+        cfg, tok = self.cfg, self.tokenizer
+        self.pairs = tokenize_pairs(tok, self.s.train_rows, cfg.max_seq_len, cfg.train_data)
+        self.eval_pairs = (tokenize_pairs(tok, self.eval_rows, cfg.max_seq_len, cfg.eval_pref_data)
+                           if self.eval_rows else None)
+        if cfg.lora_r == 0 and not cfg.precompute_ref:
+            self.load_reference()
+        self.micro_pairs = cfg.micro_batch_size // 2  # a pair is two sequences
         self.ref_tables: dict[str, dict[str, Tensor]] = {}
         self.ref_cache: dict[str, str] = {}
-        self._order: list[int] = []
         self._updated = False
-
-    # ------------------------------------------------------------------------------------------
-    def train(self) -> dict[str, Any]:
-        cfg, start = self.cfg, time.time()
-        save_config(cfg.out_dir, cfg)
+        self._implicit_acc: dict[str, float | None] = {}
         # 0. reference log-probs for the whole dataset, once, before any update
         if cfg.precompute_ref:
             self.ref_tables["train"] = self.reference_table(self.pairs, cfg.train_data, "train")
             if self.eval_pairs is not None:
                 self.ref_tables["eval"] = self.reference_table(self.eval_pairs,
                                                                cfg.eval_pref_data, "eval")
-        eval_before, pref_before = self.s.evaluate(self.model), self.evaluate_pairs()
-        self.logger.log(0, _eval_metrics(eval_before, pref_before))
-        history: list[dict[str, float]] = []
-        self.model.train()
-        with self.s.progress(cfg.max_steps, cfg.loss_type) as bar:
-            for step in range(1, cfg.max_steps + 1):
-                t0 = time.time()
-                idx = self.next_indices(cfg.batch_size)  # 1 batch of pairs
-                metrics = self.update(idx)  # 2 policy, 3 reference, 4 loss + step
-                metrics.update({"perf/step_seconds": time.time() - t0,
-                                "perf/peak_rss_mb": peak_rss_mb()})
-                if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
-                    metrics.update(_eval_metrics(self.s.evaluate(self.model),
-                                                 self.evaluate_pairs()))
-                    self.model.train()
-                if step % cfg.log_every == 0 or step == cfg.max_steps:
-                    history.append({"step": step, **self.logger.log(step, metrics)})
-                if cfg.save_every and step % cfg.save_every == 0:
-                    save_checkpoint(self.model, self.tok, f"{cfg.out_dir}/checkpoint")
-                bar.update(loss=metrics.get("loss/dpo"), acc=metrics.get("rewards/accuracy"))
-        eval_after, pref_after = self.s.evaluate(self.model), self.evaluate_pairs()
-        self.logger.log(cfg.max_steps, _eval_metrics(eval_after, pref_after))
-        self.logger.close()
-        save_checkpoint(merged(self.model), self.tok, f"{cfg.out_dir}/final")
-        summary = {
-            "eval_before": eval_before.get("accuracy"), "eval_after": eval_after.get("accuracy"),
-            "implicit_acc_before": pref_before.get("accuracy"),
-            "implicit_acc_after": pref_after.get("accuracy"),
-            "eval_before_detail": eval_before, "eval_after_detail": eval_after,
-            "pref_before_detail": pref_before, "pref_after_detail": pref_after,
-            "ref_cache": self.ref_cache, "seconds": round(time.time() - start, 1),
-            "steps": cfg.max_steps, "history": history}
-        write_summary(cfg.out_dir, cfg, **summary)
-        return summary
 
-    # ------------------------------------------------------------------------------------------
-    def next_indices(self, n: int) -> Tensor:
-        """The next ``n`` pair indices, reshuffling at each epoch boundary."""
-        out = []
+    def step(self, step: int) -> dict[str, float]:
+        idx = self.next_indices(self.cfg.batch_size)  # 1 batch of pairs
+        return self.update(idx)  # 2 policy, 3 reference, 4 loss + optimizer step
+
+    def evaluate(self, when: str) -> dict[str, Any]:
+        """Greedy held-out accuracy (as every trainer) plus held-out implicit-reward metrics."""
+        out = super().evaluate(when)
+        pref = self.evaluate_pairs()
+        self._implicit_acc[when] = pref.get("accuracy")
+        out.update({f"pref/{k}": v for k, v in pref.items()})
+        return out
+
+    def summary_fields(self) -> dict[str, Any]:
+        return {"implicit_acc_before": self._implicit_acc.get("before"),
+                "implicit_acc_after": self._implicit_acc.get("after"),
+                "ref_cache": self.ref_cache}
+
+    def next_indices(self, n: int) -> list[int]:
+        """The next `n` pair indices (pairs, not rows: one per preference pair)."""
+        out: list[int] = []
         while len(out) < n:
             if not self._order:
                 self._order = torch.randperm(len(self.pairs), generator=self.gen).tolist()
             out.append(self._order.pop())
-        return torch.tensor(out, dtype=torch.long)
+        return out
 
+    # ------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def reference(self) -> Iterator[torch.nn.Module]:
-        """The frozen reference policy, in eval mode, for the duration of the block."""
-        if self.ref is not None:
-            yield self.ref
+        """The frozen reference: loaded copy, adapters-off policy, or (before any update, for the
+        precomputed table) the policy itself."""
+        if self._ref is not None or self.cfg.lora_r > 0:
+            with super().reference() as ref:
+                yield ref
             return
-        if self.cfg.lora_r == 0 and self._updated:
+        if self._updated:
             raise RuntimeError("the policy is no longer the reference after an update; set "
                                "precompute_ref: true or keep a reference model")
         was_training = self.model.training
         self.model.eval()
         try:
-            if self.cfg.lora_r > 0:
-                with adapters_disabled(self.model) as base:
-                    yield base
-            else:
-                yield self.model
+            yield self.model
         finally:
             self.model.train(was_training)
 
@@ -290,7 +156,7 @@ class DPOTrainer:
                 return table
         table = {k: [] for k in REF_KEYS}
         with self.reference() as ref:
-            for micro in torch.arange(len(pairs)).split(self.cfg.micro_batch_size):
+            for micro in torch.arange(len(pairs)).split(self.micro_pairs):
                 out = pair_logprobs(ref, pairs.select(micro), self.cfg.autocast_bf16)
                 for k in REF_KEYS:
                     table[k].append(out[k])
@@ -333,18 +199,18 @@ class DPOTrainer:
         metrics["rewards/ref_accuracy"] = (ref_chosen > ref_rejected).float().mean()
         return loss, metrics
 
-    def update(self, idx: Tensor) -> dict[str, float]:
+    def update(self, idx: Tensor | list[int]) -> dict[str, float]:
         """One optimizer step over the batch ``idx``, micro-batched; loss = mean over the batch."""
-        cfg, B = self.cfg, len(idx)
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        B = len(idx)
         acc: dict[str, float] = {}
-        for micro in idx.split(cfg.micro_batch_size):
+        for micro in idx.split(self.micro_pairs):
             loss, metrics = self.pair_loss(self.pairs, micro, "train")
             (loss.sum() / B).backward()  # normalised over the whole step, not the micro-batch
             metrics["loss/dpo"] = loss.detach().mean()
             for k, v in metrics.items():
                 acc[k] = acc.get(k, 0.0) + float(v) * len(micro) / B
-        acc["train/grad_norm"] = float(clip_and_step(self.model, self.opt, self.sched,
-                                                     cfg.max_grad_norm))
+        acc["train/grad_norm"] = self.optimizer_step()
         acc["train/lr"] = self.sched.get_last_lr()[0]
         self._updated = True
         return acc
@@ -357,7 +223,7 @@ class DPOTrainer:
         was_training = self.model.training
         self.model.eval()
         M, acc = len(self.eval_pairs), {}
-        for micro in torch.arange(M).split(self.cfg.micro_batch_size):
+        for micro in torch.arange(M).split(self.micro_pairs):
             loss, metrics = self.pair_loss(self.eval_pairs, micro, "eval")
             metrics["loss"] = loss.mean()
             for k, v in metrics.items():
@@ -365,23 +231,3 @@ class DPOTrainer:
                 acc[key] = acc.get(key, 0.0) + float(v) * len(micro) / M
         self.model.train(was_training)
         return {**acc, "n": M}
-
-
-def _eval_metrics(greedy: dict[str, Any], pref: dict[str, float]) -> dict[str, float]:
-    out = {f"eval/{k}": v for k, v in greedy.items() if isinstance(v, (int, float))}
-    out.update({f"eval_pref/{k}": v for k, v in pref.items()})
-    return out
-
-
-def _validate(cfg: DPOConfig) -> None:
-    checks = {
-        "beta": (cfg.beta > 0, "expected > 0"),
-        "batch_size": (cfg.batch_size >= 1, "expected >= 1"),
-        "micro_batch_size": (cfg.micro_batch_size >= 1, "expected >= 1"),
-        "label_smoothing": (0.0 <= cfg.label_smoothing < 0.5, "expected in [0, 0.5)"),
-        "lora_r": (cfg.lora_r >= 0, "expected >= 0 (0 trains all weights)"),
-        "rpo_alpha": (cfg.rpo_alpha >= 0, "expected >= 0 (0 disables the NLL term)"),
-    }
-    for key, (ok, msg) in checks.items():
-        if not ok:
-            raise ConfigError(f"config key '{key}'={getattr(cfg, key)!r}: {msg}")

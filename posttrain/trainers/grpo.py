@@ -17,16 +17,12 @@ Deliberate simplifications, as in the papers' common implementations:
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from posttrain.config import GRPOConfig
-from posttrain.models import adapters_disabled
 from posttrain.ops import (
     aggregate_loss,
     group_advantages,
@@ -36,105 +32,52 @@ from posttrain.ops import (
     rloo_advantages,
 )
 from posttrain.rollout import Rollout, SamplingParams, concat_rollouts, generate
-from posttrain.trainers.common import (
-    MetricsLogger,
-    build_optimizer,
-    clip_and_step,
-    merged,
-    peak_rss_mb,
-    save_checkpoint,
-    save_config,
-    set_seed,
-    setup_threads,
-    write_summary,
-)
+from posttrain.trainers.base import Trainer
 from posttrain.trainers.forward import batched_logprobs, completion_logprobs
-from posttrain.trainers.session import Session, load_session
 
 
-class GRPOTrainer:
+class GRPOTrainer(Trainer):
     """Group-relative policy optimisation on a prompt dataset with reward functions."""
 
-    def __init__(self, cfg: GRPOConfig, session: Session | None = None) -> None:
-        self.cfg = cfg
-        setup_threads(cfg.threads)
-        self.gen = set_seed(cfg.seed)
-        # Data, rewards and config are validated inside load_session before any model loads.
-        self.s = session or load_session(cfg, kind="prompts")
-        self.s.maybe_lora()
-        self.model, self.tok = self.s.model, self.s.tokenizer
-        # the reference: none without KL; with LoRA the policy with adapters off; else a copy
-        self.ref = self.s.load_reference() if cfg.kl_coef > 0 and cfg.lora_r == 0 else None
-        self.opt, self.sched = build_optimizer(self.model, cfg, self._optimizer_steps())
-        self.logger = MetricsLogger(cfg.out_dir)
-        self._order: list[int] = []
-        self._times = {"gen": 0.0, "score": 0.0}
-        self.sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
+    name = "grpo"
+    config_class = GRPOConfig
+    progress_keys = ("reward/mean", "reward/accuracy")
+    cfg: GRPOConfig
 
-    def _optimizer_steps(self) -> int:
+    def setup(self) -> None:
+        # the reference: none without KL; with LoRA the policy with adapters off; else a copy
+        if self.cfg.kl_coef > 0:
+            self.load_reference()
+        cfg = self.cfg
+        self.sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
+        self._times = {"gen": 0.0, "score": 0.0}
+
+    def optimizer_steps(self) -> int:
         return self.cfg.max_steps * self.cfg.num_iterations * self.cfg.mini_batches
 
-    # ------------------------------------------------------------------------------------------
-    def train(self) -> dict[str, Any]:
-        cfg, start = self.cfg, time.time()
-        save_config(cfg.out_dir, cfg)
-        eval_before = self.s.evaluate(self.model, dump="eval_before.jsonl")
-        self.logger.log(0, {f"eval/{k}": v for k, v in eval_before.items()
-                            if isinstance(v, (int, float))})
-        history: list[dict[str, float]] = []
-        self.model.train()
-        with self.s.progress(cfg.max_steps, "grpo") as bar:
-            for step in range(1, cfg.max_steps + 1):
-                t0, self._times = time.time(), {"gen": 0.0, "score": 0.0}
-                rollout, metrics = self.rollout_step()  # 1 generate, 2 score
-                self.compute_advantages(rollout, metrics)  # 3 advantages (+ ref forward)
-                t1 = time.time()
-                metrics.update(self.update(rollout))  # 4 update
-                t_train, t_gen = time.time() - t1, self._times["gen"]
-                n_tok = float(rollout.response_mask.sum())
-                metrics.update({"perf/step_seconds": time.time() - t0,
-                                "perf/gen_seconds": t_gen, "perf/score_seconds":
-                                self._times["score"], "perf/train_seconds": t_train,
-                                "perf/gen_tokens_per_sec": metrics.pop("_gen_tokens") / t_gen,
-                                "perf/train_tokens_per_sec": n_tok / max(t_train, 1e-9),
-                                "perf/peak_rss_mb": peak_rss_mb()})
-                if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
-                    metrics.update(self.s.evaluate(self.model, prefix="eval/"))
-                if step % cfg.log_every == 0 or step == cfg.max_steps:
-                    history.append({"step": step, **self.logger.log(step, metrics)})
-                if cfg.save_every and step % cfg.save_every == 0:
-                    save_checkpoint(self.model, self.tok, f"{cfg.out_dir}/checkpoint")
-                bar.update(reward=metrics.get("reward/mean"), acc=metrics.get("reward/accuracy"))
-        eval_after = self.s.evaluate(self.model, dump="eval_after.jsonl")
-        self.logger.log(cfg.max_steps, {f"eval/{k}": v for k, v in eval_after.items()
-                                        if isinstance(v, (int, float))})
-        self.logger.close()
-        save_checkpoint(merged(self.model), self.tok, f"{cfg.out_dir}/final")
-        summary = {"eval_before": eval_before.get("accuracy"), "eval_after":
-                   eval_after.get("accuracy"), "eval_before_detail": eval_before,
-                   "eval_after_detail": eval_after, "seconds": round(time.time() - start, 1),
-                   "steps": cfg.max_steps, "history": history}
-        write_summary(cfg.out_dir, cfg, **summary)
-        return summary
+    def step(self, step: int) -> dict[str, float]:
+        self._times = {"gen": 0.0, "score": 0.0}
+        rollout, metrics = self.rollout_step()  # 1 generate, 2 score
+        self.compute_advantages(rollout, metrics)  # 3 reference log-probs, advantages
+        t1 = time.time()
+        metrics.update(self.update(rollout))  # 4 clipped policy-gradient update(s)
+        t_train, t_gen = time.time() - t1, self._times["gen"]
+        metrics.update({"perf/gen_seconds": t_gen, "perf/score_seconds": self._times["score"],
+                        "perf/train_seconds": t_train,
+                        "perf/gen_tokens_per_sec": metrics.pop("_gen_tokens") / max(t_gen, 1e-9),
+                        "perf/train_tokens_per_sec":
+                        float(rollout.response_mask.sum()) / max(t_train, 1e-9)})
+        return metrics
 
     # ------------------------------------------------------------------------------------------
-    def next_rows(self, n: int) -> list[dict[str, Any]]:
-        """The next `n` training rows, reshuffling at each epoch boundary."""
-        rows = []
-        while len(rows) < n:
-            if not self._order:
-                perm = torch.randperm(len(self.s.train_rows), generator=self.gen)
-                self._order = perm.tolist()
-            rows.append(self.s.train_rows[self._order.pop()])
-        return rows
-
     def sample_and_score(self, n_prompts: int) -> tuple[Rollout, dict[str, float]]:
         cfg = self.cfg
         rows = self.next_rows(n_prompts)
         prompts = [self.s.render(r[cfg.prompt_field]) for r in rows]
         t0 = time.time()
-        rollout = generate(self.model, self.tok, prompts, group_size=cfg.group_size, rows=rows,
-                           params=self.sampling, autocast=cfg.autocast_bf16, generator=self.gen)
+        rollout = generate(self.model, self.tokenizer, prompts, group_size=cfg.group_size,
+                           rows=rows, params=self.sampling, autocast=cfg.autocast_bf16,
+                           generator=self.gen)
         t1 = time.time()
         result = self.s.scorer.score(rollout.completions, rollout.rows)
         rollout.scores = torch.tensor(result.scores, dtype=torch.float32)
@@ -175,7 +118,7 @@ class GRPOTrainer:
             "response/truncated_frac": float(rollout.truncated.float().mean()),
             "rollout/dynamic_sampling_rounds": float(rounds),
         })
-        out = concat_rollouts(kept, self.tok.pad_token_id)
+        out = concat_rollouts(kept, self.tokenizer.pad_token_id)
         metrics["rollout/groups_used"] = float(out.num_sequences // G)
         return out, metrics
 
@@ -199,14 +142,19 @@ class GRPOTrainer:
             rollout.advantages = torch.zeros(0)
             return
         scores = rollout.scores.to(rollout.logprobs.device)  # [N]
+        off_policy = not (cfg.num_iterations == 1 and cfg.mini_batches == 1)
+        kl_in_reward = cfg.kl_coef > 0 and cfg.kl_placement == "reward"
+        if off_policy or kl_in_reward:
+            # old log-probs: the sampler's where they equal the learner's forward (fp32), else
+            # one learner forward, so a ratio or a KL starts at exactly 0 in every precision
+            reuse = cfg.old_logprobs == "rollout" and not cfg.autocast_bf16
+            rollout.old_logprobs = rollout.logprobs if reuse else self.policy_logprobs(rollout)
         if cfg.kl_coef > 0:
             with self.reference() as ref:
-                rollout.ref_logprobs = batched_logprobs(
-                    ref, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
-                    rollout.response_mask, cfg.micro_batch_size, cfg.temperature,
-                    cfg.autocast_bf16)
-            if cfg.kl_placement == "reward":
-                kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, kind=cfg.kl_estimator)
+                rollout.ref_logprobs = self.policy_logprobs(rollout, ref)
+            if kl_in_reward:
+                kl = kl_penalty(rollout.old_logprobs, rollout.ref_logprobs,
+                                kind=cfg.kl_estimator)  # [N, T]
                 seq_kl = (kl * rollout.response_mask).sum(-1)  # [N]
                 scores = scores - cfg.kl_coef * seq_kl
                 metrics["kl/seq_mean"] = float(seq_kl.mean())
@@ -217,21 +165,15 @@ class GRPOTrainer:
                                    std_ddof=cfg.std_ddof)
         rollout.advantages = adv  # [N]
         metrics["advantage/abs_mean"] = float(adv.abs().mean())
-        if not (cfg.num_iterations == 1 and cfg.mini_batches == 1):
-            reuse = cfg.old_logprobs == "rollout" and not cfg.autocast_bf16
-            rollout.old_logprobs = rollout.logprobs if reuse else (
-                batched_logprobs(self.model, rollout.prompt_ids, rollout.prompt_mask,
-                                 rollout.completion_ids, rollout.response_mask,
-                                 cfg.micro_batch_size, cfg.temperature, cfg.autocast_bf16))
+        if not off_policy:
+            rollout.old_logprobs = None  # on-policy: old = detached current, no extra pass
 
-    @contextlib.contextmanager
-    def reference(self) -> Iterator[torch.nn.Module]:
-        """The frozen reference policy: the loaded copy, or the policy with adapters off."""
-        if self.ref is not None:
-            yield self.ref
-            return
-        with adapters_disabled(self.model) as base:
-            yield base
+    def policy_logprobs(self, rollout: Rollout, model: torch.nn.Module | None = None) -> Tensor:
+        """[N, T] no-grad log-probs of the rollout's tokens under `model` (default the policy)."""
+        cfg = self.cfg
+        return batched_logprobs(model or self.model, rollout.prompt_ids, rollout.prompt_mask,
+                                rollout.completion_ids, rollout.response_mask,
+                                cfg.micro_batch_size, cfg.temperature, cfg.autocast_bf16)
 
     def loss_mask(self, rollout: Rollout) -> Tensor:
         """[N, T] tokens that count in the loss."""
@@ -241,55 +183,62 @@ class GRPOTrainer:
         return mask
 
     def update(self, rollout: Rollout) -> dict[str, float]:
-        """4: num_iterations passes x mini_batches optimizer steps, micro-batched."""
+        """4: num_iterations passes x mini_batches optimizer steps, micro-batched.
+
+        Loss normalisers cover the whole optimizer step (all its micro-batches): the tokens
+        and the sequences that count, so a row fully masked (a truncated completion under
+        `mask_truncated_completions`) adds to neither.
+        """
         cfg = self.cfg
         N = rollout.num_sequences
         acc: dict[str, list[float]] = {}
         if N == 0:
             return {"train/skipped_empty_batch": 1.0}
-        mask_all = self.loss_mask(rollout)
-        lengths = mask_all.sum(-1)
+        mask_all = self.loss_mask(rollout)  # [N, T]
+        lengths = mask_all.sum(-1).cpu()  # [N], on the CPU with the index tensors
         for _ in range(cfg.num_iterations):
-            perm = torch.randperm(N, generator=self.gen)
-            for mb in perm.chunk(cfg.mini_batches):
-                mb = mb[torch.argsort(lengths[mb], stable=True)]  # similar lengths together
-                total_tokens = float(mask_all[mb].sum())
+            perm = torch.randperm(N, generator=self.gen)  # [N]
+            for idx in perm.chunk(cfg.mini_batches):
+                idx = idx[torch.argsort(lengths[idx], stable=True)]  # similar lengths together
+                total_tokens = float(lengths[idx].sum())
+                total_seqs = float((lengths[idx] > 0).sum())
                 if total_tokens == 0:
                     continue
-                parts = [self.micro_step(rollout.select(mi), mask_all[mi], total_tokens,
-                                         float(len(mb))) for mi in mb.split(cfg.micro_batch_size)]
+                parts = [self.micro_step(rollout.select(micro), mask_all[micro], total_tokens,
+                                         total_seqs) for micro in idx.split(cfg.micro_batch_size)]
                 for k in parts[0]:  # losses are already step-normalised: sum them
                     vals = [p[k] for p in parts]
                     acc.setdefault(k, []).append(sum(vals) if k.startswith("loss/")
                                                  else sum(vals) / len(vals))
-                norm = clip_and_step(self.model, self.opt, self.sched, cfg.max_grad_norm)
-                acc.setdefault("train/grad_norm", []).append(float(norm))
+                acc.setdefault("train/grad_norm", []).append(self.optimizer_step())
         out = {k: sum(v) / len(v) for k, v in acc.items()}
         out["train/lr"] = self.sched.get_last_lr()[0]
         return out
 
-    def micro_step(self, mb: Rollout, mask: Tensor, total_tokens: float,
+    def micro_step(self, batch: Rollout, mask: Tensor, total_tokens: float,
                    total_seqs: float) -> dict[str, float]:
         """Forward + backward of one micro-batch; the loss is normalised over the whole step."""
         cfg = self.cfg
         logprobs, entropy = completion_logprobs(
-            self.model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.response_mask,
-            cfg.temperature, cfg.autocast_bf16, with_entropy=True)  # [n, T]
-        old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+            self.model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+            batch.response_mask, cfg.temperature, cfg.autocast_bf16, with_entropy=True)  # [n, T]
+        old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
         loss, metrics = policy_loss(
-            logprobs, old, mb.advantages, mask, ratio_level=cfg.ratio_level,
+            logprobs, old, batch.advantages, mask, ratio_level=cfg.ratio_level,
             eps_low=cfg.clip_eps_low, eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg,
             max_len=cfg.max_new_tokens, sequence_ratio=cfg.sequence_ratio,
             dual_clip=cfg.dual_clip, total_tokens=total_tokens, total_seqs=total_seqs)
         out = {k: float(v) for k, v in metrics.items()}
+        out["loss/policy"] = float(loss.detach())
         if cfg.kl_coef > 0 and cfg.kl_placement == "loss":
-            kl = kl_penalty(logprobs, mb.ref_logprobs, kind=cfg.kl_estimator)  # [n, T]
+            kl = kl_penalty(logprobs, batch.ref_logprobs, kind=cfg.kl_estimator)  # [n, T]
             kl_loss = aggregate_loss(kl, mask, cfg.loss_agg, max_len=cfg.max_new_tokens,
                                      total_tokens=total_tokens, total_seqs=total_seqs)
             loss = loss + cfg.kl_coef * kl_loss
+            out["loss/kl"] = float(cfg.kl_coef * kl_loss.detach())
             out["kl/token_mean"] = float(masked_mean(kl.detach(), mask))
         loss.backward()
-        out["loss/policy"] = float(loss.detach())
+        out["loss/total"] = float(loss.detach())
         if entropy is not None:
             out["policy/entropy"] = float(masked_mean(entropy, mask))
         return out

@@ -7,9 +7,10 @@ loaded, so bad input fails in a second with the file, line and field named.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 
 from posttrain.config import BaseConfig, ConfigError
-from posttrain.data import as_messages, load_rows, render_prompt
+from posttrain.data import as_messages, load_rows, render_prompt, validate_rows
 from posttrain.models import apply_lora, load_model_and_tokenizer
 from posttrain.rewards.registry import RewardScorer, RewardSpec, validate_specs
 from posttrain.rollout import SamplingParams, generate
@@ -46,10 +47,10 @@ class Session:
                                     target_modules=self.cfg.lora_target_modules)
 
     def load_reference(self) -> Any:
-        """A frozen copy of the starting policy, in eval mode with gradients off."""
-        ref, _ = load_model_and_tokenizer(self.cfg.model, dtype=self.cfg.dtype)
-        ref.to(resolve_device(self.cfg.device)).eval().requires_grad_(False)
-        return ref
+        """A frozen copy of the policy as it is now (call before the first update), in eval mode
+        with gradients off. Copied in memory: no second load, and right for a model object."""
+        ref = copy.deepcopy(self.model)
+        return ref.eval().requires_grad_(False)
 
     @torch.no_grad()
     def evaluate(self, model: Any, prefix: str = "", dump: str | None = None) -> dict[str, Any]:
@@ -161,33 +162,68 @@ def _normalise_rows(rows: list[dict[str, Any]], answer_field: str,
     return out
 
 
-def load_session(cfg: BaseConfig, kind: str, with_train: bool = True) -> Session:
-    """Validate rewards and data (cheap, first), then load the model and tokenizer."""
-    scorer, names = None, []
+def _rows(cfg: BaseConfig, source: Any, kind: str, split: str,
+          limit: int | None = None) -> list[dict[str, Any]]:
+    """Validated rows of a path / `datasets` name, or of an in-memory list or Dataset."""
+    opts = {"columns": cfg.columns or None}
+    if isinstance(source, str):
+        return load_rows(source, kind=kind, split=split, subset=cfg.data_subset or None,
+                         limit=limit, **opts)
+    rows = list(source)[:limit] if limit is not None else list(source)
+    return validate_rows(enumerate(rows, 1), kind, f"<in-memory {kind} data>", **opts)
+
+
+def _scorer(cfg: BaseConfig, reward_fns: dict[str, Any] | None
+            ) -> tuple[RewardScorer | None, list[str]]:
     specs_raw = getattr(cfg, "rewards", None)
-    if specs_raw is not None:
-        try:
-            specs = [RewardSpec.from_dict(s) for s in specs_raw]
-        except TypeError as err:
-            raise ConfigError(
-                f"config key 'rewards': each entry needs name and weight: {err}") from err
+    if not specs_raw:  # SFT / DPO with `rewards: []`: no greedy held-out scoring
+        return None, []
+    fns = reward_fns or {}
+    try:
+        specs = [RewardSpec.from_dict(s, fn=fns.get(s.get("name"))) for s in specs_raw]
+    except TypeError as err:
+        raise ConfigError(
+            f"config key 'rewards': each entry needs name and weight: {err}") from err
+    try:
         validate_specs(specs)
-        names = [s.name for s in specs]
-        scorer = RewardScorer(specs, on_error=getattr(cfg, "reward_on_error", "zero"))
+    except ValueError as err:
+        raise ConfigError(f"config key 'rewards': {err}") from err
+    return (RewardScorer(specs, on_error=getattr(cfg, "reward_on_error", "zero")),
+            [s.name for s in specs])
+
+
+def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
+                 loader: Callable[[], tuple[Any, Any]] | None = None, model: Any = None,
+                 tokenizer: Any = None, train_data: Any = None, eval_data: Any = None,
+                 reward_fns: dict[str, Any] | None = None) -> Session:
+    """Validate rewards and data (cheap, first), then load the model and tokenizer.
+
+    `model`, `tokenizer`, `train_data`, `eval_data` and `reward_fns` are in-memory objects from
+    the Python API; what is not given is loaded from the config (`loader` loads the model).
+    """
+    scorer, names = _scorer(cfg, reward_fns)
     if kind == "prompts" and "code" in names:
         kind = "code"  # code rows carry `tests`: validate them before any training starts
     train_split = getattr(cfg, "train_split", "train")
-    opts = {"subset": cfg.data_subset or None, "columns": cfg.columns or None}
-    train_rows = (load_rows(cfg.train_data, kind=kind, split=train_split, **opts)
-                  if with_train else [])
-    eval_rows = (load_rows(cfg.eval_data, kind=kind if kind == "code" else "prompts",
-                           split=cfg.eval_split,
-                           limit=cfg.eval_size, **opts) if cfg.eval_data else [])
+    train_rows = (_rows(cfg, train_data if train_data is not None else cfg.train_data, kind,
+                        train_split) if with_train else [])
+    eval_source = eval_data if eval_data is not None else cfg.eval_data
+    eval_kind = kind if kind == "code" else "prompts"
+    eval_rows = (_rows(cfg, eval_source, eval_kind, cfg.eval_split, cfg.eval_size)
+                 if eval_source else [])
     answer_field = getattr(cfg, "answer_field", "answer")
     marker = getattr(cfg, "answer_marker", "")
     if kind == "prompts":
         train_rows = _normalise_rows(train_rows, answer_field, marker)
     eval_rows = _normalise_rows(eval_rows, answer_field, marker)
-    model, tokenizer = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype)
+    if model is None or isinstance(model, str):
+        model, loaded_tok = (loader or _causal_lm(cfg))()
+        tokenizer = tokenizer or loaded_tok
+    elif tokenizer is None:
+        raise ConfigError("a model object needs its tokenizer: pass tokenizer=...")
     model.to(resolve_device(cfg.device))
     return Session(cfg, model, tokenizer, train_rows, eval_rows, scorer, names)
+
+
+def _causal_lm(cfg: BaseConfig) -> Callable[[], tuple[Any, Any]]:
+    return lambda: load_model_and_tokenizer(cfg.model, dtype=cfg.dtype)

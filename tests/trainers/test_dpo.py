@@ -27,8 +27,8 @@ def world(tmp_path_factory) -> dict[str, str]:
 
 def _cfg(world: dict[str, str], out: Path, **kw) -> DPOConfig:
     base = {"model": world["model"], "train_data": world["pairs"], "out_dir": str(out),
-            "max_steps": 1, "batch_size": 8, "micro_batch_size": 8, "progress": False,
-            "lr": 1e-3, "max_len": 128}
+            "max_steps": 1, "batch_size": 8, "micro_batch_size": 16, "progress": False,
+            "lr": 1e-3, "max_seq_len": 128}
     return build_config(DPOConfig, overrides={**base, **kw})
 
 
@@ -61,7 +61,7 @@ def test_bad_pairs_name_the_row_and_field():
     with pytest.raises(DataError, match=r"p\.jsonl:2: field 'rejected': identical"):
         tokenize_pairs(tok, same, max_len=64, source="p.jsonl")
     long = [{"prompt": "1+1", "chosen": "2", "rejected": "x" * 80}]
-    with pytest.raises(DataError, match=r"p\.jsonl:1: field 'rejected'.*over max_len=64"):
+    with pytest.raises(DataError, match=r"p\.jsonl:1: field 'rejected'.*over max_seq_len=64"):
         tokenize_pairs(tok, long, max_len=64, source="p.jsonl")
 
 
@@ -89,7 +89,7 @@ def test_config_errors(world, tmp_path):
 def test_dpo_learns_the_train_pairs(world, tmp_path):
     """Implicit-reward accuracy on the train pairs goes from 0 (policy == reference) to > 0.9."""
     torch.manual_seed(0)
-    cfg = _cfg(world, tmp_path / "run", max_steps=25, batch_size=16, micro_batch_size=16,
+    cfg = _cfg(world, tmp_path / "run", max_steps=25, batch_size=16, micro_batch_size=32,
                eval_pref_data=world["pairs"], beta=0.5, lr=3e-3, seed=0)
     summary = DPOTrainer(cfg).train()
     assert summary["implicit_acc_before"] == 0.0  # all margins are exactly 0 at the start
@@ -145,7 +145,7 @@ def test_precomputed_and_on_the_fly_reference_agree(world, tmp_path):
 
 def test_gradient_accumulation_matches_one_big_batch(world, tmp_path):
     params = []
-    for micro in (16, 4):
+    for micro in (32, 8):
         torch.manual_seed(0)
         trainer = DPOTrainer(_cfg(world, tmp_path / str(micro), batch_size=16,
                                   micro_batch_size=micro, max_grad_norm=0.0, seed=1))

@@ -10,7 +10,8 @@ from posttrain.config import ConfigError, GRPOConfig, SFTConfig, build_config
 from posttrain.models import build_char_tokenizer, build_tiny_llama
 from posttrain.tasks.arithmetic import heldout_rows, sft_rows, write_jsonl
 from posttrain.trainers.common import save_checkpoint
-from posttrain.trainers.run import run_eval, run_sft
+from posttrain.trainers.run import run_eval
+from posttrain.trainers.sft import SFTTrainer
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def test_sft_run_writes_summary_and_lowers_loss(world, tmp_path):
         "model": str(world / "model"), "train_data": str(world / "sft.jsonl"),
         "eval_data": str(world / "heldout.jsonl"), "eval_size": 16, "out_dir": str(tmp_path),
         "max_steps": 20, "batch_size": 16, "lr": 3e-3, "progress": False, "threads": 1})
-    summary = run_sft(cfg)
+    summary = SFTTrainer(cfg).train()
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved["train"]["loss_last"] < saved["train"]["loss_first"]
     assert {"eval_before", "eval_after", "seconds", "peak_rss_mb"} <= set(saved)
@@ -40,9 +41,9 @@ def test_sft_run_writes_summary_and_lowers_loss(world, tmp_path):
 def test_sft_rows_longer_than_max_len_are_an_error(world, tmp_path):
     cfg = build_config(SFTConfig, overrides={
         "model": str(world / "model"), "train_data": str(world / "sft.jsonl"),
-        "out_dir": str(tmp_path), "max_len": 20, "progress": False})
-    with pytest.raises(ConfigError, match="max_len"):
-        run_sft(cfg)
+        "out_dir": str(tmp_path), "max_seq_len": 20, "progress": False})
+    with pytest.raises(ConfigError, match="max_seq_len"):
+        SFTTrainer(cfg).train()
 
 
 def test_eval_command(world, tmp_path):

@@ -1,3 +1,4 @@
+import json
 import math
 import random
 from types import SimpleNamespace
@@ -5,16 +6,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from posttrain.config import ConfigError
 from posttrain.models import build_char_tokenizer, build_tiny_llama
 from posttrain.tasks.arithmetic import sft_rows
+from posttrain.trainers.common import lr_factor
 from posttrain.trainers.sft import (
+    SFTTrainer,
     backward_batch,
     collate_sft,
     length_grouped_batches,
-    lr_factor,
     sft_nll_sum,
     tokenize_sft_rows,
-    train_sft,
 )
 
 
@@ -104,7 +106,8 @@ def test_lr_factor_golden():
     assert lr_factor(0, 110, 10, "cosine") == pytest.approx(0.1)
     assert lr_factor(9, 110, 10, "cosine") == pytest.approx(1.0)
     # cosine halfway (step 60 of 10..110): 0.1 + 0.9 * 0.5 * (1 + cos(pi/2)) = 0.55
-    assert lr_factor(60, 110, 10, "cosine") == pytest.approx(0.55)
+    assert lr_factor(60, 110, 10, "cosine", min_ratio=0.1) == pytest.approx(0.55)
+    assert lr_factor(60, 110, 10, "cosine") == pytest.approx(0.5)  # floor 0: 0.5 * (1 + 0)
     assert lr_factor(110, 110, 10, "linear", min_ratio=0.0) == pytest.approx(0.0)
     assert lr_factor(50, 110, 10, "constant") == 1.0
     with pytest.raises(ValueError, match="valid"):
@@ -124,22 +127,36 @@ def test_micro_batches_give_the_same_gradient(tokenizer):
         torch.testing.assert_close(g, h, atol=1e-6, rtol=1e-4)
 
 
-def test_tiny_sft_run_lowers_loss(tokenizer):
-    torch.manual_seed(0)
+def test_tiny_sft_run_lowers_loss(tokenizer, tmp_path):
+    """The Python API: model and tokenizer objects, rows as a list, config keys as keywords."""
     model = tiny(tokenizer)
-    logged = []
-    result = train_sft(model, tokenizer, sft_rows(512, seed=0), steps=60, batch_size=16,
-                       lr=3e-3, warmup=5, log_every=20,
-                       log_fn=lambda s, m: logged.append((s, m["lr"])))
-    assert result["loss_last"] < 0.6 * result["loss_first"]
-    assert [s for s, _ in logged] == [0, 20, 40, 59]
-    assert logged[0][1] == pytest.approx(3e-3 / 5)  # warmup step 0 of 5: lr * 1/5
-    assert not model.training
+    trainer = SFTTrainer(model=model, tokenizer=tokenizer, train_data=sft_rows(512, seed=0),
+                         out_dir=str(tmp_path), max_steps=60, batch_size=16, lr=3e-3,
+                         warmup_steps=5, log_every=20, rewards=[], progress=False, threads=1,
+                         report_to=[])
+    result = trainer.train()
+    assert result["train"]["loss_last"] < 0.6 * result["train"]["loss_first"]
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in logged if "loss/sft" in r]
+    assert steps == [20, 40, 60]
+    assert all("eval/accuracy" not in r for r in logged)  # rewards: [] -> no greedy eval
+    assert trainer.model is model
 
 
-def test_bad_arguments(tokenizer):
-    with pytest.raises(ValueError, match="steps"):
-        train_sft(tiny(tokenizer), tokenizer, sft_rows(4), steps=0)
-    with pytest.raises(ValueError, match="max_len"):
-        train_sft(tiny(tokenizer), tokenizer, [{"prompt": "1+2+3", "completion": "6"}],
-                  steps=1, max_len=3)
+def test_sft_lr_warmup_and_betas_come_from_the_config(tokenizer, tmp_path):
+    trainer = SFTTrainer(model=tiny(tokenizer), tokenizer=tokenizer, train_data=sft_rows(64),
+                         out_dir=str(tmp_path), max_steps=3, batch_size=8, lr=3e-3,
+                         warmup_steps=5, adam_betas=[0.8, 0.9], rewards=[], progress=False,
+                         report_to=[])
+    assert trainer.opt.param_groups[0]["betas"] == (0.8, 0.9)
+    metrics = trainer.step(1)
+    assert metrics["train/lr"] == pytest.approx(3e-3 / 5)  # warm-up step 0 of 5: lr * 1/5
+
+
+def test_bad_arguments(tokenizer, tmp_path):
+    with pytest.raises(ConfigError, match="max_seq_len"):
+        SFTTrainer(model=tiny(tokenizer), tokenizer=tokenizer, out_dir=str(tmp_path),
+                   train_data=[{"prompt": "1+2+3", "completion": "6"}], max_seq_len=3, rewards=[])
+    with pytest.raises(ConfigError, match="batch_size"):
+        SFTTrainer(model=tiny(tokenizer), tokenizer=tokenizer, out_dir=str(tmp_path),
+                   train_data=sft_rows(4), batch_size=0, rewards=[])

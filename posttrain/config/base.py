@@ -1,4 +1,7 @@
-"""Trainer configs: one dataclass per trainer, every field documented by the string under it.
+"""Config machinery and the fields every trainer shares.
+
+One dataclass per trainer (``posttrain/config/<trainer>.py``), every field documented by the
+string under it.
 
 The string literal placed directly under a field is that field's documentation and the single
 source of truth: ``posttrain <command> --help`` prints it. Configs load from a YAML recipe plus
@@ -22,12 +25,14 @@ from typing import Any, Literal
 
 import yaml
 
+TRACKERS = ("tensorboard", "trackio", "wandb")
+
 
 class ConfigError(ValueError):
     """A recipe or override that does not fit the config: names the key and what was expected."""
 
 
-def _math_and_format() -> list[dict[str, Any]]:
+def math_and_format() -> list[dict[str, Any]]:
     """The default rewards: verifiable correctness (1.0) plus the <think> format bonus (0.1)."""
     return [{"name": "math", "weight": 1.0}, {"name": "format", "weight": 1.0}]
 
@@ -69,6 +74,8 @@ class BaseConfig:
     """AdamW weight decay."""
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     """AdamW betas."""
+    min_lr_ratio: float = 0.0
+    """Floor of the decayed learning rate, as a fraction of `lr` (linear and cosine schedules)."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this value; 0 disables clipping."""
     max_steps: int = 100
@@ -95,145 +102,16 @@ class BaseConfig:
     """A system message put before each prompt by the chat template; empty: none."""
     progress: bool = True
     """Show a progress bar."""
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Experiment trackers besides `metrics.jsonl` (always written): any of tensorboard,
+    trackio (local-first, works offline; `pip install trackio`), wandb; [] for none."""
+    run_name: str = ""
+    """Run name shown by the trackers; empty: the last part of `out_dir`."""
 
-
-@dataclass
-class SFTConfig(BaseConfig):
-    train_data: str = ""
-    """SFT rows {"prompt", "completion"} (JSONL path or `datasets` name)."""
-    train_split: str = "train"
-    """Split name when `train_data` is a `datasets` name."""
-    batch_size: int = 64
-    """Sequences per optimizer step."""
-    max_len: int = 256
-    """Longest prompt+completion kept, in tokens (longer rows are an error, not silently cut)."""
-    max_new_tokens: int = 64
-    """Generation budget for held-out evaluation."""
-    rewards: list[dict[str, Any]] = field(default_factory=_math_and_format)
-    """Reward functions used to score held-out greedy samples (evaluation only)."""
-    lr: float = 1e-3
-    """Peak learning rate (AdamW)."""
-
-
-@dataclass
-class GRPOConfig(BaseConfig):
-    # --- data and rewards ---
-    train_data: str = ""
-    """RL prompts {"prompt", "answer", ...} (JSONL path or `datasets` name)."""
-    train_split: str = "train"
-    """Split name when `train_data` is a `datasets` name."""
-    prompt_field: str = "prompt"
-    """Row field holding the prompt (str or list of chat messages)."""
-    answer_field: str = "answer"
-    """Row field passed to reward functions as `answer`."""
-    answer_marker: str = ""
-    """If set, the gold answer is the text after the last occurrence of this marker in the
-    answer field (GSM8K solutions end with "#### 72": use "####")."""
-    rewards: list[dict[str, Any]] = field(default_factory=_math_and_format)
-    """Reward functions and weights: [{name: math|format|code|pkg.module:function, weight: w}]."""
-    reward_on_error: Literal["zero", "raise"] = "zero"
-    """A reward function that raises: score 0 (counted in reward/errors) or stop training."""
-    # --- rollout ---
-    group_size: int = 8
-    """G: completions sampled per prompt (>= 2)."""
-    prompts_per_step: int = 8
-    """B: prompts per rollout batch; N = B*G sequences per step."""
-    max_new_tokens: int = 64
-    """Longest completion sampled; longer ones are truncated and flagged."""
-    temperature: float = 1.0
-    """Sampling temperature (log-probs use the same temperature)."""
-    top_p: float = 1.0
-    """Nucleus sampling; 1.0 disables."""
-    top_k: int = 0
-    """Top-k sampling; 0 disables."""
-    # --- advantages ---
-    advantage: Literal["grpo", "rloo"] = "grpo"
-    """Advantage estimator: group-normalised (GRPO) or leave-one-out (RLOO)."""
-    scale: Literal["group", "batch", "none"] = "group"
-    """GRPO std scaling: per group, whole batch, or none (Dr. GRPO)."""
-    std_ddof: int = 0
-    """0: population std as in the GRPO paper; 1: sample std as TRL/verl."""
-    # --- policy loss ---
-    ratio_level: Literal["token", "sequence", "sequence_token"] = "token"
-    """Importance ratio per token (PPO/GRPO), per sequence (GSPO) or GSPO-token."""
-    sequence_ratio: Literal["geometric", "product"] = "geometric"
-    """GSPO sequence ratio: length-normalised (paper) or the plain product (seed note form)."""
-    clip_eps_low: float = 0.2
-    """Lower clip range: ratio >= 1 - clip_eps_low."""
-    clip_eps_high: float = 0.2
-    """Upper clip range: ratio <= 1 + clip_eps_high (DAPO clip-higher: > clip_eps_low)."""
-    dual_clip: float | None = None
-    """Dual-clip constant c (e.g. 3.0) for negative advantages; null disables."""
-    loss_agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = (
-        "seq-mean-token-mean"
-    )
-    """Loss aggregation: GRPO paper, DAPO token-mean, or Dr. GRPO sum / (N * max_new_tokens)."""
-    # --- KL to the reference model ---
-    kl_coef: float = 0.0
-    """beta. 0 loads no reference model and runs no reference forward pass."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """Per-token KL estimator (k3 = DeepSeekMath)."""
-    kl_placement: Literal["loss", "reward"] = "loss"
-    """KL added to the loss (GRPO) or subtracted from each sequence's score before advantages."""
-    # --- update ---
-    num_iterations: int = 1
-    """Passes over each rollout batch (GRPO's mu)."""
-    mini_batches: int = 1
-    """Optimizer steps per pass over a rollout batch."""
-    micro_batch_size: int = 64
-    """Sequences per forward/backward (gradient accumulation within a mini-batch)."""
-    old_logprobs: Literal["rollout", "recompute"] = "rollout"
-    """Off-policy updates: reuse the sampler's log-probs or run one more forward pass. Under
-    autocast_bf16 the sampler's log-probs come from a bf16 decode, so `recompute` is used (a
-    ratio must start at exactly 1 for tight clip ranges such as GSPO's)."""
-    mask_truncated_completions: bool = False
-    """Exclude completions that hit max_new_tokens from the loss (DAPO)."""
-    dynamic_sampling: bool = False
-    """Drop groups whose rewards are all equal (DAPO) and refill with new prompts."""
-    dynamic_sampling_max_rounds: int = 3
-    """Extra generation rounds to refill dropped groups; after that train on what is left."""
-    eval_max_new_tokens: int = 64
-    """Generation budget for held-out greedy evaluation."""
-    lr: float = 3e-5
-    """Peak learning rate (AdamW)."""
-
-
-@dataclass
-class DPOConfig(BaseConfig):
-    train_data: str = ""
-    """Preference rows {"prompt", "chosen", "rejected"} (JSONL path or `datasets` name)."""
-    train_split: str = "train"
-    """Split name when `train_data` is a `datasets` name."""
-    eval_pref_data: str = ""
-    """Held-out preference rows for implicit-reward accuracy; empty: none."""
-    beta: float = 0.1
-    """DPO beta: strength of the implicit KL anchor to the reference."""
-    loss_type: Literal["sigmoid", "cdpo", "robust", "ipo", "hinge"] = "sigmoid"
-    """Preference loss (formulas.md section 8); ipo averages log-probs over tokens."""
-    label_smoothing: float = 0.0
-    """Assumed label-noise rate s for cdpo / robust."""
-    rpo_alpha: float = 0.0
-    """Weight of the chosen completion's NLL (mean over its tokens) added to each pair's loss:
-    RPO, Pang et al. 2024 (arXiv:2404.19733) eq. 1. Keeps the chosen log-probs from falling;
-    0 disables."""
-    batch_size: int = 32
-    """Preference pairs per optimizer step."""
-    micro_batch_size: int = 32
-    """Pairs per forward/backward (gradient accumulation)."""
-    max_len: int = 256
-    """Longest prompt+completion in tokens; longer rows are an error."""
-    precompute_ref: bool = True
-    """Compute reference log-probs once for the whole dataset (cached next to the data, keyed by
-    model and data hash) instead of a reference forward pass every step."""
-    max_new_tokens: int = 64
-    """Generation budget for held-out greedy evaluation."""
-    rewards: list[dict[str, Any]] = field(default_factory=_math_and_format)
-    """Reward functions used to score held-out greedy samples (evaluation only)."""
-    lr: float = 5e-6
-    """Peak learning rate (AdamW)."""
-
-
-CONFIGS: dict[str, type[BaseConfig]] = {"sft": SFTConfig, "grpo": GRPOConfig, "dpo": DPOConfig}
+    def validate(self) -> None:
+        """Cross-field checks of one trainer's config (types are checked already)."""
+        if not getattr(self, "train_data", "x"):
+            raise ConfigError("config key 'train_data': required")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -376,28 +254,13 @@ def validate_config(cfg: BaseConfig) -> None:
         raise ConfigError(f"config key 'max_steps'={cfg.max_steps}: expected >= 0")
     if cfg.lr <= 0:
         raise ConfigError(f"config key 'lr'={cfg.lr}: expected > 0")
-    if isinstance(cfg, GRPOConfig):
-        if cfg.group_size < 2:
-            raise ConfigError(
-                f"config key 'group_size'={cfg.group_size}: GRPO needs at least 2 samples per "
-                "prompt to form a group baseline"
-            )
-        if cfg.prompts_per_step < 1:
-            raise ConfigError("config key 'prompts_per_step': expected >= 1")
-        n = cfg.group_size * cfg.prompts_per_step
-        if cfg.mini_batches < 1 or n % cfg.mini_batches:
-            raise ConfigError(
-                f"config key 'mini_batches'={cfg.mini_batches}: must divide the "
-                f"{n} sequences of a step (prompts_per_step*group_size)"
-            )
-        if cfg.temperature <= 0:
-            raise ConfigError("config key 'temperature': expected > 0 (sampling is required)")
-        if not cfg.train_data:
-            raise ConfigError("config key 'train_data': required")
-        if not cfg.rewards:
-            raise ConfigError("config key 'rewards': at least one reward function is required")
-    if isinstance(cfg, (SFTConfig, DPOConfig)) and not cfg.train_data:
-        raise ConfigError("config key 'train_data': required")
+    if not 0.0 <= cfg.min_lr_ratio <= 1.0:
+        raise ConfigError(f"config key 'min_lr_ratio'={cfg.min_lr_ratio}: expected in [0, 1]")
+    unknown = sorted(set(cfg.report_to) - set(TRACKERS))
+    if unknown:
+        raise ConfigError(f"config key 'report_to': unknown tracker(s) {unknown}; valid: "
+                          f"{list(TRACKERS)}")
+    cfg.validate()
 
 
 def config_help(cls: type[BaseConfig]) -> str:

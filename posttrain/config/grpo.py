@@ -1,0 +1,112 @@
+"""GRPO config: the axes of the GRPO family (GSPO, DAPO, Dr. GRPO and RLOO are presets)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from posttrain.config.base import BaseConfig, ConfigError, math_and_format
+
+
+@dataclass
+class GRPOConfig(BaseConfig):
+    # --- data and rewards ---
+    train_data: str = ""
+    """RL prompts {"prompt", "answer", ...} (JSONL path or `datasets` name)."""
+    train_split: str = "train"
+    """Split name when `train_data` is a `datasets` name."""
+    prompt_field: str = "prompt"
+    """Row field holding the prompt (str or list of chat messages)."""
+    answer_field: str = "answer"
+    """Row field passed to reward functions as `answer`."""
+    answer_marker: str = ""
+    """If set, the gold answer is the text after the last occurrence of this marker in the
+    answer field (GSM8K solutions end with "#### 72": use "####")."""
+    rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
+    """Reward functions and weights: [{name: math|format|code|pkg.module:function, weight: w}]."""
+    reward_on_error: Literal["zero", "raise"] = "zero"
+    """A reward function that raises: score 0 (counted in reward/errors) or stop training."""
+    # --- rollout ---
+    group_size: int = 8
+    """G: completions sampled per prompt (>= 2)."""
+    prompts_per_step: int = 8
+    """B: prompts per rollout batch; N = B*G sequences per step."""
+    max_new_tokens: int = 64
+    """Longest completion sampled; longer ones are truncated and flagged."""
+    temperature: float = 1.0
+    """Sampling temperature (log-probs use the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling; 1.0 disables."""
+    top_k: int = 0
+    """Top-k sampling; 0 disables."""
+    # --- advantages ---
+    advantage: Literal["grpo", "rloo"] = "grpo"
+    """Advantage estimator: group-normalised (GRPO) or leave-one-out (RLOO)."""
+    scale: Literal["group", "batch", "none"] = "group"
+    """GRPO std scaling: per group, whole batch, or none (Dr. GRPO)."""
+    std_ddof: int = 0
+    """0: population std as in the GRPO paper; 1: sample std as TRL/verl."""
+    # --- policy loss ---
+    ratio_level: Literal["token", "sequence", "sequence_token"] = "token"
+    """Importance ratio per token (PPO/GRPO), per sequence (GSPO) or GSPO-token."""
+    sequence_ratio: Literal["geometric", "product"] = "geometric"
+    """GSPO sequence ratio: length-normalised (paper) or the plain product (seed note form)."""
+    clip_eps_low: float = 0.2
+    """Lower clip range: ratio >= 1 - clip_eps_low."""
+    clip_eps_high: float = 0.2
+    """Upper clip range: ratio <= 1 + clip_eps_high (DAPO clip-higher: > clip_eps_low)."""
+    dual_clip: float | None = None
+    """Dual-clip constant c (e.g. 3.0) for negative advantages; null disables."""
+    loss_agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = (
+        "seq-mean-token-mean"
+    )
+    """Loss aggregation: GRPO paper, DAPO token-mean, or Dr. GRPO sum / (N * max_new_tokens)."""
+    # --- KL to the reference model ---
+    kl_coef: float = 0.0
+    """beta. 0 loads no reference model and runs no reference forward pass."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL estimator (k3 = DeepSeekMath)."""
+    kl_placement: Literal["loss", "reward"] = "loss"
+    """KL added to the loss (GRPO) or subtracted from each sequence's score before advantages."""
+    # --- update ---
+    num_iterations: int = 1
+    """Passes over each rollout batch (GRPO's mu)."""
+    mini_batches: int = 1
+    """Optimizer steps per pass over a rollout batch."""
+    micro_batch_size: int = 64
+    """Sequences per forward/backward (gradient accumulation within a mini-batch)."""
+    old_logprobs: Literal["rollout", "recompute"] = "rollout"
+    """Off-policy updates: reuse the sampler's log-probs or run one more forward pass. Under
+    autocast_bf16 the sampler's log-probs come from a bf16 decode, so `recompute` is used (a
+    ratio must start at exactly 1 for tight clip ranges such as GSPO's)."""
+    mask_truncated_completions: bool = False
+    """Exclude completions that hit max_new_tokens from the loss (DAPO)."""
+    dynamic_sampling: bool = False
+    """Drop groups whose rewards are all equal (DAPO) and refill with new prompts."""
+    dynamic_sampling_max_rounds: int = 3
+    """Extra generation rounds to refill dropped groups; after that train on what is left."""
+    eval_max_new_tokens: int = 64
+    """Generation budget for held-out greedy evaluation."""
+    lr: float = 3e-5
+    """Peak learning rate (AdamW)."""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.group_size < 2:
+            raise ConfigError(
+                f"config key 'group_size'={self.group_size}: GRPO needs at least 2 samples per "
+                "prompt to form a group baseline")
+        if self.prompts_per_step < 1:
+            raise ConfigError("config key 'prompts_per_step': expected >= 1")
+        n = self.group_size * self.prompts_per_step
+        if self.mini_batches < 1 or n % self.mini_batches:
+            raise ConfigError(
+                f"config key 'mini_batches'={self.mini_batches}: must divide the "
+                f"{n} sequences of a step (prompts_per_step*group_size)")
+        if self.micro_batch_size < 1:
+            raise ConfigError("config key 'micro_batch_size': expected >= 1")
+        if self.temperature <= 0:
+            raise ConfigError("config key 'temperature': expected > 0 (sampling is required)")
+        if not self.rewards:
+            raise ConfigError("config key 'rewards': at least one reward function is required")
+

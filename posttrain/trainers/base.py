@@ -1,0 +1,276 @@
+"""The one training loop every trainer runs on.
+
+A trainer is a subclass of :class:`Trainer` that supplies its step; the base owns everything
+around it, once for all trainers:
+
+1. set-up: threads, seeds, validation of config, rewards and data BEFORE any model loads
+   (`validate`, `load_session`), then the model (`load_model`), LoRA, the trainer's own models
+   (`setup`), the optimizer and schedule (`build_optimizer`, one place), the metrics logger
+   (`metrics.jsonl` + `report_to` trackers);
+2. held-out evaluation before training, every `eval_every` steps, and after;
+3. the step loop: `step(step)` returns metrics; the base adds `perf/step_seconds` and peak
+   memory, logs every `log_every` steps, checkpoints every `save_every` steps, drives the
+   progress bar;
+4. the final checkpoint (`save`) and `summary.json` (`eval_before`, `eval_after`, `seconds`,
+   `peak_rss_mb`, `history`, + `summary_fields()`).
+
+Hooks a subclass overrides: `step` (required), `validate`, `load_model`, `setup`,
+`optimizer_steps`, `evaluate`, `summary_fields`, `save`. Helpers it uses: `next_rows` /
+`next_indices` (epoch sampler), `optimizer_step`, `autocast`, `reference`.
+
+Python API: every trainer can be built from objects instead of paths, e.g.
+``GRPOTrainer(model=model, tokenizer=tok, train_data=rows, rewards=[my_fn], lr=1e-5)``, where
+`model` is a path or a `PreTrainedModel`, `train_data` / `eval_data` a path, a list of dicts or a
+`datasets.Dataset`, `rewards` names, `{name, weight}` dicts or callables, and any other keyword
+is a config key. The CLI is a thin layer over this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import torch
+
+from posttrain.config import BaseConfig, ConfigError, build_config, to_dict
+from posttrain.models import adapters_disabled
+from posttrain.rollout.hf import autocast_ctx
+from posttrain.trainers.common import (
+    build_optimizer,
+    clip_and_step,
+    merged,
+    peak_rss_mb,
+    save_checkpoint,
+    save_config,
+    set_seed,
+    setup_threads,
+    write_summary,
+)
+from posttrain.trainers.session import Session, load_session, resolve_device
+from posttrain.trainers.tracking import MetricsLogger
+
+
+class Trainer:
+    """Base of every trainer: owns the loop, logging, evaluation, checkpoints and summary."""
+
+    name: ClassVar[str] = "train"
+    """Command name and progress-bar label."""
+    config_class: ClassVar[type[BaseConfig]] = BaseConfig
+    data_kind: ClassVar[str] = "prompts"
+    """Schema kind that `train_data` rows are validated against (posttrain.data.schemas)."""
+    progress_keys: ClassVar[tuple[str, ...]] = ("reward/mean",)
+    """Metrics shown next to the progress bar."""
+
+    def __init__(self, cfg: BaseConfig | None = None, session: Session | None = None, *,
+                 model: Any = None, tokenizer: Any = None, train_data: Any = None,
+                 eval_data: Any = None, rewards: list[Any] | None = None,
+                 **config_keys: Any) -> None:
+        cfg, objects = _resolve_config(self.config_class, cfg, model, tokenizer, train_data,
+                                       eval_data, rewards, config_keys)
+        self.cfg = cfg
+        setup_threads(cfg.threads)
+        self.gen = set_seed(cfg.seed)  # CPU generator: data order and sampling seeds
+        self.validate()
+        # Data, rewards and config are validated inside load_session before any model loads.
+        self.s = session or load_session(cfg, kind=self.data_kind, loader=self.load_model,
+                                         **objects)
+        self.s.maybe_lora()
+        self.device = resolve_device(cfg.device)
+        self._order: list[int] = []
+        self._ref: Any = None
+        self.setup()
+        self.opt, self.sched = build_optimizer(self.model, cfg, self.optimizer_steps())
+        self.logger = MetricsLogger(cfg.out_dir, cfg.report_to, cfg.run_name, to_dict(cfg))
+
+    # ---- the model the base trains, saves and evaluates -------------------------------------
+    @property
+    def model(self) -> Any:
+        return self.s.model
+
+    @model.setter
+    def model(self, value: Any) -> None:
+        self.s.model = value
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.s.tokenizer
+
+    # ---- hooks ------------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Cheap checks before anything loads (the config's own `validate` already ran)."""
+
+    def load_model(self) -> tuple[Any, Any]:
+        """(model, tokenizer) from `cfg.model`; default: a causal LM."""
+        from posttrain.models import load_model_and_tokenizer
+
+        return load_model_and_tokenizer(self.cfg.model, dtype=self.cfg.dtype)
+
+    def setup(self) -> None:
+        """After the model is loaded: reference, critic, tokenised data... (default: nothing)."""
+
+    def optimizer_steps(self) -> int:
+        """Total optimizer steps of the run (sets the length of the LR schedule)."""
+        return self.cfg.max_steps
+
+    def step(self, step: int) -> dict[str, float]:
+        """One training step (1-based); returns its metrics."""
+        raise NotImplementedError
+
+    def evaluate(self, when: str) -> dict[str, Any]:
+        """Held-out evaluation; `when` is "before", "during" or "after".
+
+        Default: greedy decoding of the eval prompts scored by the reward functions
+        (`accuracy`, `reward_mean`, ...), with per-sample dumps before and after.
+        """
+        dump = None if when == "during" else f"eval_{when}.jsonl"
+        return self.s.evaluate(self.model, dump=dump)
+
+    def summary_fields(self) -> dict[str, Any]:
+        """Extra keys for summary.json."""
+        return {}
+
+    def save(self, path: str) -> None:
+        """A `from_pretrained`-loadable checkpoint of the trained model (LoRA merged)."""
+        model = merged(self.model) if path.endswith("final") else self.model
+        save_checkpoint(model, self.tokenizer, path)
+
+    # ---- helpers for subclasses -------------------------------------------------------------
+    def next_indices(self, n: int) -> list[int]:
+        """The next `n` training-row indices; the order is reshuffled at each epoch boundary."""
+        out: list[int] = []
+        while len(out) < n:
+            if not self._order:
+                perm = torch.randperm(len(self.s.train_rows), generator=self.gen)
+                self._order = perm.tolist()
+            out.append(self._order.pop())
+        return out
+
+    def next_rows(self, n: int) -> list[dict[str, Any]]:
+        return [self.s.train_rows[i] for i in self.next_indices(n)]
+
+    def optimizer_step(self, model: Any = None, opt: Any = None, sched: Any = None) -> float:
+        """Clip gradients, step the optimizer and schedule, zero; returns the pre-clip norm."""
+        norm = clip_and_step(model or self.model, opt or self.opt, sched or self.sched,
+                             self.cfg.max_grad_norm)
+        return float(norm)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast on this trainer's device type when `autocast_bf16` is set."""
+        return autocast_ctx(self.cfg.autocast_bf16, self.device)
+
+    def load_reference(self) -> None:
+        """Load the frozen reference copy (none with LoRA: the adapters-off policy is it)."""
+        if self.cfg.lora_r == 0:
+            self._ref = self.s.load_reference()
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[torch.nn.Module]:
+        """The frozen reference policy in eval mode: the loaded copy or the adapters-off policy."""
+        if self._ref is not None:
+            yield self._ref
+            return
+        if self.cfg.lora_r == 0:
+            raise RuntimeError("no reference model loaded: call load_reference() in setup()")
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with adapters_disabled(self.model) as base:
+                yield base
+        finally:
+            self.model.train(was_training)
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        """Run `max_steps` steps; returns (and writes) the summary."""
+        cfg, start = self.cfg, time.time()
+        save_config(cfg.out_dir, cfg)
+        eval_before = self.evaluate("before")
+        if eval_before:
+            self.logger.log(0, _eval_metrics(eval_before))
+        history: list[dict[str, float]] = []
+        self.model.train()
+        with self.s.progress(cfg.max_steps, self.name) as bar:
+            for step in range(1, cfg.max_steps + 1):
+                t0 = time.time()
+                metrics = self.step(step)
+                metrics["perf/step_seconds"] = time.time() - t0
+                metrics["perf/peak_rss_mb"] = peak_rss_mb()
+                if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
+                    metrics.update(_eval_metrics(self.evaluate("during")))
+                    self.model.train()
+                if step % cfg.log_every == 0 or step == cfg.max_steps:
+                    history.append({"step": step, **self.logger.log(step, metrics)})
+                if cfg.save_every and step % cfg.save_every == 0:
+                    self.save(f"{cfg.out_dir}/checkpoint")
+                bar.update(**{k.split("/")[-1]: metrics.get(k) for k in self.progress_keys})
+        eval_after = self.evaluate("after")
+        if eval_after:
+            self.logger.log(cfg.max_steps, _eval_metrics(eval_after))
+        self.logger.close()
+        self.save(f"{cfg.out_dir}/final")
+        summary = {"eval_before": eval_before.get("accuracy"),
+                   "eval_after": eval_after.get("accuracy"),
+                   "eval_before_detail": eval_before, "eval_after_detail": eval_after,
+                   "seconds": round(time.time() - start, 1), "steps": cfg.max_steps,
+                   "history": history, **self.summary_fields()}
+        write_summary(cfg.out_dir, cfg, **summary)
+        return summary
+
+
+def _eval_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """Numeric entries of an evaluation result under `eval/`."""
+    return {k if k.startswith("eval") else f"eval/{k}": v for k, v in result.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+_IN_MEMORY = "<in-memory>"
+
+
+def _resolve_config(cls: type[BaseConfig], cfg: BaseConfig | None, model: Any, tokenizer: Any,
+                    train_data: Any, eval_data: Any, rewards: list[Any] | None,
+                    keys: dict[str, Any]) -> tuple[BaseConfig, dict[str, Any]]:
+    """Config + in-memory objects from the Python API's keyword arguments.
+
+    Strings (paths, names) go into the config; objects (a model, row lists, datasets, reward
+    callables) are handed to the session as they are.
+    """
+    objects: dict[str, Any] = {}
+    values = dict(keys)
+    for key, value in (("model", model), ("train_data", train_data), ("eval_data", eval_data)):
+        if value is None:
+            continue
+        if isinstance(value, str):
+            values[key] = value
+        else:
+            values[key] = getattr(value, "name_or_path", "") or _IN_MEMORY
+            objects[key] = value
+    if tokenizer is not None:
+        objects["tokenizer"] = tokenizer
+    if rewards is not None:
+        specs, fns = _reward_specs(rewards)
+        values["rewards"] = specs
+        if fns:
+            objects["reward_fns"] = fns
+    if cfg is not None:
+        if values:
+            raise ConfigError("pass either a config object or config keys, not both: "
+                              f"got {sorted(values)} besides the config")
+        return cfg, objects
+    return build_config(cls, overrides=values), objects
+
+
+def _reward_specs(rewards: list[Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Reward entries as config dicts, plus the callables among them by name."""
+    specs, fns = [], {}
+    for r in rewards:
+        if callable(r):
+            name = getattr(r, "__name__", f"reward_{len(specs)}")
+            specs.append({"name": name, "weight": 1.0})
+            fns[name] = r
+        elif isinstance(r, str):
+            specs.append({"name": r, "weight": 1.0})
+        else:
+            specs.append(dict(r))
+    return specs, fns
