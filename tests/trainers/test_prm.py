@@ -125,3 +125,9 @@ def test_prm_learns_bad_steps_above_chance(world, tmp_path):
     model, _ = load_scorer(out / "final", "prm")
     assert type(model).__name__ == "LlamaForTokenClassification"
     assert prm_meta(model) == {"separator": "\n", "split": "think", "num_classes": 2}
+
+
+def test_shipped_recipe_loads():
+    recipe = Path(__file__).parents[2] / "recipes" / "prm_arith.yaml"
+    cfg = build_config(PRMConfig, recipe)
+    assert cfg.num_classes == 2 and cfg.step_separator == "\n" and cfg.step_split == "think"

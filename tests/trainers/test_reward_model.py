@@ -148,3 +148,9 @@ def test_cli_and_python_api(world, tmp_path, capsys):
                                  progress=False, max_seq_len=128)
     assert type(trainer.model).__name__ == "LlamaForSequenceClassification"
     trainer.train()
+
+
+def test_shipped_recipe_loads():
+    recipe = Path(__file__).parents[2] / "recipes" / "rm_arith.yaml"
+    cfg = build_config(RMConfig, recipe)
+    assert cfg.objective == "bradley_terry" and cfg.train_data.endswith("pairs_train.jsonl")
