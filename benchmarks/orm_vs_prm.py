@@ -159,13 +159,14 @@ def evaluate(policy: Any, tok: Any, verifiers: dict[str, Any], s: dict[str, Any]
     orm = load_orm_scorer(verifiers["orm_dir"])
     prm_steps = load_prm_scorer(verifiers["prm_dir"])
     scores = {"orm": score_samples(samples, orm),
-              "prm": score_samples(samples, prm_outcome(prm_steps, "prod"))}
+              "prm": score_samples(samples, prm_outcome(prm_steps, s.get("aggregate", "prod")))}
     t2 = time.time()
     n_values = [n for n in N_VALUES if n <= s["n_max"]]
     sel = evaluate_selection(samples, n_values, scores)
     propose = PolicyProposer(policy, tok, max_step_tokens=s["max_new_tokens"], generator=gen)
     beam = prm_beam_search([r["prompt"] for r in rows], propose, prm_steps,
-                           beam_width=s["beam_width"], expansions=s["expansions"])
+                           beam_width=s["beam_width"], expansions=s["expansions"],
+                           aggregate=s.get("aggregate", "prod"))
     beam_correct = [is_correct(extract_answer(b.completion), r["answer"])
                     for b, r in zip(beam, rows, strict=True)]
     t3 = time.time()
@@ -243,11 +244,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--world", default="", help="reuse DIR/sft/final instead of training")
     parser.add_argument("--reuse-verifiers", action="store_true",
                         help="skip stages 2-3 when OUT/orm/final and OUT/prm/final exist")
+    parser.add_argument("--aggregate", default="prod", choices=["prod", "min", "last", "mean"],
+                        help="PRM step-score aggregation (best-of-N, weighted vote, beam)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    s = dict(SETTINGS["quick" if args.quick else "full"])
+    s = dict(SETTINGS["quick" if args.quick else "full"], aggregate=args.aggregate)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
