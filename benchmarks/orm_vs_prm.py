@@ -48,7 +48,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
               "expansions": 4, "max_new_tokens": 48},
 }
 N_VALUES = (1, 4, 16, 64)
-PAPER = {"orm": 0.724, "prm": 0.782, "majority": 0.699, "n": 1860}  # Lightman et al., Fig. 3
+PAPER = {"orm": 0.724, "prm": 0.782, "n": 1860}  # Lightman et al. 2023, best-of-1860, MATH subset
 
 
 def build_world(out: Path, s: dict[str, Any], seed: int, threads: int) -> Path:
@@ -56,7 +56,7 @@ def build_world(out: Path, s: dict[str, Any], seed: int, threads: int) -> Path:
     from posttrain.config import SFTConfig, build_config
     from posttrain.demo import _settings
     from posttrain.demo import build_world as demo_world
-    from posttrain.trainers.run import run_sft
+    from posttrain.trainers.sft import SFTTrainer
 
     demo = _settings(False)
     demo["sft"].update(rows=64 * s["sft_steps"], max_steps=s["sft_steps"])
@@ -66,8 +66,8 @@ def build_world(out: Path, s: dict[str, Any], seed: int, threads: int) -> Path:
     cfg = build_config(SFTConfig, overrides={
         "model": str(out / "init"), "out_dir": str(out / "sft"), "train_data": paths["sft"],
         "eval_data": paths["heldout"], "eval_size": 200, "seed": seed, "lr_schedule": "cosine",
-        "max_len": 128, "threads": threads, "progress": False, **sft})
-    run_sft(cfg)
+        "max_seq_len": 128, "threads": threads, "progress": False, **sft})
+    SFTTrainer(cfg).train()
     return out / "sft" / "final"
 
 
@@ -91,14 +91,14 @@ def verifier_rows(policy: Any, tok: Any, s: dict[str, Any], seed: int, data: Pat
 def train_verifiers(sft: Path, train: dict[str, Any], s: dict[str, Any], out: Path, seed: int,
                     threads: int) -> dict[str, Any]:
     """Stage 3: ORM and PRM from the SFT checkpoint, same steps / batch / lr."""
-    from posttrain.config import build_config
-    from posttrain.trainers.prm import PRMConfig, PRMTrainer
-    from posttrain.trainers.reward_model import RewardModelTrainer, RMConfig
+    from posttrain.config import PRMConfig, RMConfig, build_config
+    from posttrain.trainers.prm import PRMTrainer
+    from posttrain.trainers.reward_model import RewardModelTrainer
 
     common = {"model": str(sft), "seed": seed, "threads": threads, "max_steps": s["rm_steps"],
               "batch_size": s["rm_batch"], "micro_batch_size": s["rm_batch"], "lr": s["rm_lr"],
               "lr_schedule": "cosine", "warmup_steps": s["rm_steps"] // 10, "progress": False,
-              "max_len": 128}
+              "max_seq_len": 128}
     t0 = time.time()
     orm_cfg = build_config(RMConfig, overrides={**common, "objective": "binary",
                                                 "train_data": train["orm"],
@@ -159,13 +159,14 @@ def evaluate(policy: Any, tok: Any, verifiers: dict[str, Any], s: dict[str, Any]
     orm = load_orm_scorer(verifiers["orm_dir"])
     prm_steps = load_prm_scorer(verifiers["prm_dir"])
     scores = {"orm": score_samples(samples, orm),
-              "prm": score_samples(samples, prm_outcome(prm_steps, "prod"))}
+              "prm": score_samples(samples, prm_outcome(prm_steps, s.get("aggregate", "prod")))}
     t2 = time.time()
     n_values = [n for n in N_VALUES if n <= s["n_max"]]
     sel = evaluate_selection(samples, n_values, scores)
     propose = PolicyProposer(policy, tok, max_step_tokens=s["max_new_tokens"], generator=gen)
     beam = prm_beam_search([r["prompt"] for r in rows], propose, prm_steps,
-                           beam_width=s["beam_width"], expansions=s["expansions"])
+                           beam_width=s["beam_width"], expansions=s["expansions"],
+                           aggregate=s.get("aggregate", "prod"))
     beam_correct = [is_correct(extract_answer(b.completion), r["answer"])
                     for b, r in zip(beam, rows, strict=True)]
     t3 = time.time()
@@ -243,11 +244,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--world", default="", help="reuse DIR/sft/final instead of training")
     parser.add_argument("--reuse-verifiers", action="store_true",
                         help="skip stages 2-3 when OUT/orm/final and OUT/prm/final exist")
+    parser.add_argument("--aggregate", default="prod", choices=["prod", "min", "last", "mean"],
+                        help="PRM step-score aggregation (best-of-N, weighted vote, beam)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    s = dict(SETTINGS["quick" if args.quick else "full"])
+    s = dict(SETTINGS["quick" if args.quick else "full"], aggregate=args.aggregate)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from posttrain.config import CONFIGS, ConfigError, build_config, config_help
+from posttrain.config import CONFIGS, ConfigError, SearchConfig, build_config, config_help
 from posttrain.trainers import TRAINERS, train
 
 COMMANDS: dict[str, str] = {
@@ -73,8 +73,6 @@ def _config_command(command: str, argv: list[str]) -> int:
 
 def _config_class(command: str) -> Any:
     if command == "search":
-        from posttrain.search.config import SearchConfig
-
         return SearchConfig
     return CONFIGS["grpo" if command == "eval" else command]
 def _close_process_group() -> None:

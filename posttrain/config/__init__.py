@@ -21,6 +21,7 @@ from posttrain.config.dpo import DPOConfig
 from posttrain.config.grpo import GRPOConfig
 from posttrain.config.ppo import PPOConfig
 from posttrain.config.rm import PRMConfig, RMConfig
+from posttrain.config.search import SearchConfig
 from posttrain.config.sft import SFTConfig
 
 # command -> config class; a new trainer adds one line here
@@ -34,5 +35,5 @@ CONFIGS: dict[str, type[BaseConfig]] = {
 }
 
 __all__ = ["CONFIGS", "TRACKERS", "BaseConfig", "ConfigError", "DPOConfig", "GRPOConfig",
-           "PPOConfig", "PRMConfig", "RMConfig", "SFTConfig", "build_config", "config_help",
-           "field_docs", "math_and_format", "parse_overrides", "to_dict", "validate_config"]
+           "PPOConfig", "PRMConfig", "RMConfig", "SFTConfig", "SearchConfig", "build_config",
+           "config_help", "field_docs", "math_and_format", "parse_overrides", "to_dict", "validate_config"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from posttrain.search.config import SearchConfig, validate_search
+from posttrain.config.search import SearchConfig, validate_search
 
 
 def _rows(cfg: SearchConfig) -> list[dict[str, Any]]:

@@ -68,3 +68,15 @@ def test_search_end_to_end_reports_accuracy_and_tokens(world, capsys):
         assert by_n["4"]["tokens"] == pytest.approx(4 * by_n["1"]["tokens"])
     assert summary["problems"] == 3
     assert "methods" in capsys.readouterr().out
+
+
+def test_shipped_search_recipe_loads(world):
+    from pathlib import Path
+
+    from posttrain.config import SearchConfig, build_config
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "search_arith.yaml"
+    cfg = build_config(SearchConfig, recipe, {"orm": str(world / "orm"),
+                                              "prm": str(world / "prm")})
+    assert cfg.methods == ["best_of_n", "majority", "weighted", "beam"]
+    assert (cfg.n, cfg.beam_width * cfg.expansions) == ([1, 4, 16], 16)

@@ -1,5 +1,5 @@
-"""``SearchConfig``: the recipe of ``posttrain search`` (moves to ``posttrain/config/`` with the
-other configs). Every field is documented by the string under it (``posttrain search --help``)."""
+"""``SearchConfig``: the recipe of ``posttrain search`` (test-time search with verifiers; see
+docs/search.md). Every field is documented by the string under it (``posttrain search --help``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from posttrain.config import BaseConfig, ConfigError
+from posttrain.config.base import BaseConfig, ConfigError
 
 METHODS = ("best_of_n", "majority", "weighted", "beam")
 
@@ -54,9 +54,12 @@ class SearchConfig(BaseConfig):
     batch_size: int = 512
     """Sequences per generation batch and per verifier forward pass."""
 
+    def validate(self) -> None:
+        validate_search(self)
+
 
 def validate_search(cfg: SearchConfig) -> None:
-    """Cross-field checks and verifier paths, before any model loads."""
+    """Cross-field checks and verifier paths (config.json only), before any model loads."""
     from posttrain.models.reward import ScorerError, check_scorer_dir
 
     if not cfg.eval_data:
