@@ -36,4 +36,5 @@ CONFIGS: dict[str, type[BaseConfig]] = {
 
 __all__ = ["CONFIGS", "TRACKERS", "BaseConfig", "ConfigError", "DPOConfig", "GRPOConfig",
            "PPOConfig", "PRMConfig", "RMConfig", "SFTConfig", "SearchConfig", "build_config",
-           "config_help", "field_docs", "math_and_format", "parse_overrides", "to_dict", "validate_config"]
+           "config_help", "field_docs", "math_and_format", "parse_overrides", "to_dict",
+           "validate_config"]
