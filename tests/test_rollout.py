@@ -61,3 +61,145 @@ def test_batched_equals_one_at_a_time(model_tok):
     assert batched.completions == single
     split = generate(model, tok, PROMPTS, params=params, batch_size=1)
     assert split.completions == single
+
+
+def _sampler_vs_learner(model, tok, params, generator=None, **kw):
+    """Sample with `params`, recompute with the learner at the same temperature."""
+    r = generate(model, tok, PROMPTS, group_size=4, params=params,
+                 generator=generator or torch.Generator().manual_seed(0), **kw)
+    lp, _ = completion_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids,
+                                r.response_mask, temperature=params.temperature)
+    return r, ((lp - r.logprobs) * r.response_mask).abs().max()
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_new_tokens=12, temperature=0.7),
+    SamplingParams(max_new_tokens=12, temperature=1.6, top_k=5),
+    SamplingParams(max_new_tokens=12, temperature=0.8, top_p=0.6),
+    SamplingParams(max_new_tokens=12, temperature=1.3, top_k=20, top_p=0.9),
+    SamplingParams(max_new_tokens=12, temperature=0.5, greedy=True),
+], ids=["temp", "top_k", "top_p", "top_k_top_p", "greedy_temp"])
+def test_sampler_logprobs_are_full_distribution_at_temperature(model_tok, params):
+    """Log-probs are under the full (untruncated) distribution at the sampling temperature: the
+    learner recomputes them exactly at the same temperature, and not at temperature 1."""
+    model, tok = model_tok
+    r, diff = _sampler_vs_learner(model, tok, params)
+    assert diff < 1e-5, diff
+    lp1, _ = completion_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids,
+                                 r.response_mask, temperature=1.0)
+    assert ((lp1 - r.logprobs) * r.response_mask).abs().max() > 1e-3  # the temperature matters
+
+
+def test_top_k_keeps_only_the_k_best(model_tok):
+    """With top_k=5 every sampled token is among the 5 most likely (checked by the learner)."""
+    from posttrain.trainers.forward import completion_logits
+
+    model, tok = model_tok
+    r = generate(model, tok, PROMPTS, group_size=4, generator=torch.Generator().manual_seed(1),
+                 params=SamplingParams(max_new_tokens=12, temperature=2.0, top_k=5))
+    logits = completion_logits(model, r.prompt_ids, r.prompt_mask, r.completion_ids,
+                               r.response_mask)
+    top5 = logits.topk(5, -1).indices  # [N, T, 5]
+    T = logits.shape[1]
+    inside = (top5 == r.completion_ids[:, :T, None]).any(-1)  # [N, T]
+    assert inside[r.response_mask[:, :T]].all()
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_new_tokens=12, temperature=0.9, top_k=1),
+    SamplingParams(max_new_tokens=12, temperature=0.9, top_p=1e-6),
+], ids=["top_k_1", "top_p_tiny"])
+def test_degenerate_truncation_equals_greedy(model_tok, params):
+    model, tok = model_tok
+    greedy = SamplingParams(max_new_tokens=12, temperature=0.9, greedy=True)
+    g = generate(model, tok, PROMPTS, group_size=2, params=greedy)
+    s = generate(model, tok, PROMPTS, group_size=2, params=params,
+                 generator=torch.Generator().manual_seed(3))
+    assert torch.equal(s.completion_ids, g.completion_ids)
+    assert torch.equal(s.response_mask, g.response_mask)
+    assert torch.allclose(s.logprobs, g.logprobs, atol=1e-6)
+
+
+def test_stops_on_every_generation_config_eos_id():
+    """A chat model ends its turn with a token that is not the tokenizer's EOS (Qwen2.5's
+    <|im_end|>): generation_config.eos_token_id lists both, and sampling stops on either."""
+    from posttrain.rollout import stop_token_ids
+
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(tok, hidden_size=32, num_layers=2, num_heads=2,
+                             intermediate_size=64, seed=0).eval()
+    im_end = tok.convert_tokens_to_ids("|")  # stands in for <|im_end|>
+    model.generation_config.eos_token_id = [im_end, tok.eos_token_id]
+    assert stop_token_ids(model, tok) == [im_end, tok.eos_token_id]
+    with torch.no_grad():  # make the turn-end token likely
+        head = model.get_output_embeddings().weight
+        head[im_end] = head[im_end] * 0.0 + 0.3
+    r = generate(model, tok, PROMPTS, group_size=4, generator=torch.Generator().manual_seed(0),
+                 params=SamplingParams(max_new_tokens=40))
+    lengths = r.response_mask.sum(1)
+    last = r.completion_ids.gather(1, (lengths - 1)[:, None])[:, 0]
+    assert (last[~r.truncated] == im_end).any()  # some rows ended their turn with <|im_end|>
+    assert torch.isin(last[~r.truncated], torch.tensor([im_end, tok.eos_token_id])).all()
+    counted = r.completion_ids.masked_fill(~r.response_mask, -1)
+    n_stops = torch.isin(counted, torch.tensor([im_end, tok.eos_token_id])).sum(1)
+    assert torch.equal(n_stops, (~r.truncated).long())  # exactly one stop, the last token
+    # the tokenizer-only stop list (the old behaviour) samples on past <|im_end|>
+    old = generate(model, tok, PROMPTS, group_size=4, stop_ids=[tok.eos_token_id],
+                   generator=torch.Generator().manual_seed(0),
+                   params=SamplingParams(max_new_tokens=40))
+    old_counted = old.completion_ids.masked_fill(~old.response_mask, -1)
+    assert ((old_counted == im_end).sum(1) > 1).any()
+
+
+def test_lm_head_stays_fp32_under_bf16_autocast(model_tok):
+    """Under autocast the sampler's and learner's logits come from an fp32 head, so they agree
+    with the fp32 head applied to the same bf16 body output."""
+    from posttrain.rollout import head_outside_autocast
+
+    model, tok = model_tok
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(input_ids=ids).logits.dtype == torch.bfloat16
+        with head_outside_autocast(model):
+            out = model(input_ids=ids)
+            hidden = model.model(input_ids=ids).last_hidden_state
+    assert out.logits.dtype == torch.float32
+    want = model.get_output_embeddings()(hidden.float())
+    assert torch.allclose(out.logits, want, atol=1e-6)
+    assert "forward" not in model.get_output_embeddings().__dict__  # restored
+    r, diff = _sampler_vs_learner(model, tok, SamplingParams(max_new_tokens=8), autocast=True)
+    assert r.logprobs.dtype == torch.float32
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_generate_and_learner_on_device_with_cpu_generator(model_tok, device):
+    """The trainer's CPU generator drives sampling on any device, reproducibly; the learner
+    runs on the same device; DAPO-style concatenation keeps the device."""
+    from posttrain.rollout import concat_rollouts
+
+    model, tok = model_tok
+    model = build_tiny_llama(tok, hidden_size=32, num_layers=2, num_heads=2,
+                             intermediate_size=64, seed=0).to(device).eval()
+    params = SamplingParams(max_new_tokens=10, temperature=0.9, top_k=30, top_p=0.95)
+    a = generate(model, tok, PROMPTS, group_size=2, params=params,
+                 generator=torch.Generator().manual_seed(7))
+    b = generate(model, tok, PROMPTS, group_size=2, params=params,
+                 generator=torch.Generator().manual_seed(7))
+    assert a.completion_ids.device.type == device
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    lp, _ = completion_logprobs(model, a.prompt_ids, a.prompt_mask, a.completion_ids,
+                                a.response_mask, temperature=params.temperature)
+    assert ((lp - a.logprobs) * a.response_mask).abs().max() < 1e-4
+    greedy = generate(model, tok, PROMPTS[:1], params=SamplingParams(max_new_tokens=5,
+                                                                      greedy=True))
+    both = concat_rollouts([a, greedy], tok.pad_token_id)
+    assert both.completion_ids.device.type == device and both.num_sequences == 7
+    sub = both.select(torch.tensor([6, 0]))
+    assert torch.equal(sub.completion_ids[1], a.completion_ids[0])
+    if device != "cpu":
+        bf = generate(model, tok, PROMPTS, group_size=2, params=params, autocast=True,
+                      generator=torch.Generator().manual_seed(7))
+        assert bf.logprobs.device.type == device

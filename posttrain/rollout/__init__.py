@@ -1,6 +1,13 @@
 """Rollout: sample completions and keep what the learner needs (the `Rollout` record)."""
 
-from posttrain.rollout.hf import SamplingParams, autocast_ctx, generate, tokenize_prompts
+from posttrain.rollout.hf import (
+    SamplingParams,
+    device_generator,
+    generate,
+    stop_token_ids,
+    tokenize_prompts,
+)
+from posttrain.rollout.logits import autocast_ctx, head_outside_autocast, logits_context
 from posttrain.rollout.record import Rollout, concat_rollouts
 
 __all__ = [
@@ -8,6 +15,10 @@ __all__ = [
     "SamplingParams",
     "autocast_ctx",
     "concat_rollouts",
+    "device_generator",
     "generate",
+    "head_outside_autocast",
+    "logits_context",
+    "stop_token_ids",
     "tokenize_prompts",
 ]

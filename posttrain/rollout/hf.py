@@ -11,7 +11,6 @@ Notation: N sequences (B prompts x G samples), P prompt tokens, T new tokens, V 
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +19,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posttrain.rollout.logits import autocast_ctx, logits_context
 from posttrain.rollout.record import Rollout
+
+__all__ = ["SamplingParams", "autocast_ctx", "device_generator", "generate", "sample_tokens",
+           "stop_token_ids", "tokenize_prompts"]
 
 
 @dataclass
@@ -32,13 +35,36 @@ class SamplingParams:
     greedy: bool = False
 
 
-def autocast_ctx(
-    enabled: bool, device: torch.device | str = "cpu"
-) -> contextlib.AbstractContextManager:
-    """bf16 autocast on `device` when enabled, else a no-op context."""
-    if not enabled:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+def device_generator(
+    generator: torch.Generator | None, device: torch.device | str
+) -> torch.Generator | None:
+    """A generator on `device`, derived deterministically from `generator`.
+
+    A generator already on `device` is returned as is. Otherwise (e.g. the trainer's CPU
+    generator while the model is on CUDA) one seed is drawn from `generator` (advancing it) and
+    seeds a new generator on `device`: the same seed gives the same samples.
+    """
+    device = torch.device(device)
+    if generator is None or generator.device == device:
+        return generator
+    if generator.device.type == device.type and device.index is None:
+        return generator
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def stop_token_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
+    """Every id that ends a completion: the model's ``generation_config.eos_token_id`` (an int
+    or a list; chat models end a turn with e.g. Qwen's ``<|im_end|>``) plus the tokenizer's EOS.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    gen_eos = getattr(getattr(base, "generation_config", None), "eos_token_id", None)
+    found = [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
+    ids: list[int] = []
+    for i in [*found, tokenizer.eos_token_id]:
+        if i is not None and int(i) not in ids:
+            ids.append(int(i))
+    return ids
 
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
@@ -79,11 +105,14 @@ def _next_token(logits: Tensor, params: SamplingParams,
     """Pick the next token from logits [n, V]; return (tokens [n], log-probs [n] fp32).
 
     The log-prob is under the full distribution at the sampling temperature (before top-k /
-    top-p truncation), which is what the learner recomputes.
+    top-p truncation), which is what the learner recomputes; greedy decoding reports it at
+    `params.temperature` too (1 when that is not positive).
     """
     logits = logits.float()
     if params.greedy:
         tok = logits.argmax(-1)  # [n]
+        if params.temperature > 0:
+            logits = logits / params.temperature
         return tok, torch.log_softmax(logits, -1).gather(-1, tok[:, None])[:, 0]
     logits = logits / params.temperature
     logp_full = torch.log_softmax(logits, -1)  # [n, V]
@@ -115,16 +144,25 @@ def sample_tokens(
     Returns:
         completion_ids [N, T], response_mask [N, T] bool (through EOS), logprobs [N, T] fp32
         (0 where masked), truncated [N] bool; rows are group-contiguous.
+
+    `generator` may live on any device: a generator on the model's device is derived from it
+    (`device_generator`). `eos_token_id` may list several stop ids (`stop_token_ids`).
+    Logits come from the model's own forward inside `logits_context` (as in the learner).
     """
+    if not params.greedy and params.temperature <= 0:
+        raise ValueError(f"temperature must be > 0 when sampling, got {params.temperature}; "
+                         "use greedy=True for argmax decoding")
     device = prompt_ids.device
-    eos = torch.as_tensor(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id],
-                          device=device)
+    stops = eos_token_id if isinstance(eos_token_id, list) else [eos_token_id]
+    eos = torch.as_tensor([i for i in stops if i is not None], dtype=torch.long, device=device)
+    generator = None if params.greedy else device_generator(generator, device)
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
     cache_kw = {_cache_kwarg(model): cache}
     attn = prompt_mask.long()  # [B, P]
-    with autocast_ctx(autocast, device):  # one region: bf16 weight casts are cached
+    # one region for prefill and every decode step: bf16 weight casts are cached
+    with logits_context(model, autocast, device):
         return _decode(model, prompt_ids, attn, params, eos, pad_token_id, generator,
                        group_size, cache, cache_kw)
 
@@ -188,11 +226,14 @@ def generate(
     autocast: bool = False,
     generator: torch.Generator | None = None,
     batch_size: int = 0,
+    stop_ids: list[int] | None = None,
 ) -> Rollout:
     """Sample `group_size` completions for each rendered prompt: the rollout entry point.
 
     Returns a group-contiguous Rollout of N = len(prompts) * group_size sequences.
     `batch_size` > 0 splits the N sequences into generation batches of that many rows.
+    A completion ends at the first of `stop_ids` (default `stop_token_ids(model, tokenizer)`).
+    `generator` may be a CPU generator while the model is on another device.
     """
     params = params or SamplingParams()
     was_training = model.training
@@ -200,8 +241,14 @@ def generate(
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts)  # [B, P]
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-    eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    eos = list(stop_ids) if stop_ids is not None else stop_token_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id
+    if pad is None:
+        if not eos:
+            raise ValueError("the tokenizer has neither a pad nor an EOS token and the model's "
+                             "generation_config names no eos_token_id: set tokenizer.pad_token")
+        pad = eos[0]
+    generator = None if params.greedy else device_generator(generator, device)
     parts = []
     per_batch = max(1, batch_size // group_size) if batch_size > 0 else 0
     for sl in _batches(prompt_ids.shape[0], per_batch):

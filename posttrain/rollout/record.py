@@ -62,15 +62,15 @@ class Rollout:
         ids = idx.tolist()
 
         def take(x: Tensor | None) -> Tensor | None:
-            return None if x is None else x[idx]
+            return None if x is None else x[idx.to(x.device)]
 
         return Rollout(
-            prompt_ids=self.prompt_ids[idx],
-            prompt_mask=self.prompt_mask[idx],
-            completion_ids=self.completion_ids[idx],
-            response_mask=self.response_mask[idx],
-            logprobs=self.logprobs[idx],
-            truncated=self.truncated[idx],
+            prompt_ids=take(self.prompt_ids),
+            prompt_mask=take(self.prompt_mask),
+            completion_ids=take(self.completion_ids),
+            response_mask=take(self.response_mask),
+            logprobs=take(self.logprobs),
+            truncated=take(self.truncated),
             group_size=self.group_size,
             completions=[self.completions[i] for i in ids] if self.completions else [],
             rows=[self.rows[i] for i in ids] if self.rows else [],
@@ -92,7 +92,7 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
         extra = width - x.shape[1]
         if extra == 0:
             return x
-        filler = torch.full((x.shape[0], extra), value, dtype=x.dtype)
+        filler = torch.full((x.shape[0], extra), value, dtype=x.dtype, device=x.device)
         return torch.cat([filler, x] if left else [x, filler], dim=1)
 
     def cat_opt(name: str, width: int | None) -> Tensor | None:

@@ -1,9 +1,12 @@
 """Forward passes that turn (prompt, completion) token batches into per-token log-probs.
 
-Shared by every trainer. Two things make it cheap: columns that are padding in every row of the
-micro-batch are cut before the forward pass, and the LM head runs only on the positions that
-predict completion tokens. Under bf16 autocast the transformer body runs in bf16 while the LM head
-and the log-softmax stay fp32, so log-probs (and hence ratios and KL) stay accurate.
+Shared by every trainer. Logits come from the model's own forward inside
+`posttrain.rollout.logits.logits_context`, exactly as in the sampler, so family-specific logit
+transforms (Gemma-2 softcapping, Granite/Cohere logit scaling) apply to both. Two things make it
+cheap: columns that are padding in every row of the micro-batch are cut before the forward pass,
+and ``logits_to_keep`` runs the LM head only on the positions that predict completion tokens.
+Under bf16 autocast the transformer body runs in bf16 while the LM head and the log-softmax stay
+in the head's weight dtype (fp32), so log-probs (and hence ratios and KL) stay accurate.
 
 Notation: n sequences in a micro-batch, P prompt tokens (left padded), T completion tokens (right
 padded), V vocabulary, H hidden size.
@@ -15,7 +18,7 @@ import torch
 from torch import Tensor
 
 from posttrain.ops import entropy_from_logits, token_logprobs
-from posttrain.rollout.hf import autocast_ctx
+from posttrain.rollout.logits import logits_context
 
 
 def _trim(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
@@ -50,18 +53,10 @@ def completion_logits(
     attn = torch.cat([p_mask, c_mask], dim=1).long()  # [n, P'+T']
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, P'+T']
     T = c_ids.shape[1]
-    body = getattr(model, "get_decoder", lambda: None)()
-    head = model.get_output_embeddings()
-    if body is not None and head is not None:
-        with autocast_ctx(autocast, ids.device):
-            hidden = body(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state
-        hidden = hidden[:, -T - 1 : -1]  # [n, T', H]
-        with autocast_ctx(False):
-            return head(hidden.to(head.weight.dtype)).float()  # [n, T', V]
-    with autocast_ctx(autocast, ids.device):
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos,
-                       logits_to_keep=T + 1).logits
-    return logits[:, :-1].float()
+    with logits_context(model, autocast, ids.device):
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
+                       logits_to_keep=T + 1).logits  # [n, T'+1, V]
+    return logits[:, :-1].float()  # no copy when the head is fp32
 
 
 def completion_logprobs(

@@ -1,0 +1,91 @@
+"""One logits path: the learner's `completion_logits` is the model's own forward, so families
+that transform logits after the LM head (Gemma-2 final-logit softcapping, Granite
+`logits_scaling`) give the same log-probs when sampling and when training."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posttrain.models import build_char_tokenizer
+from posttrain.models.tiny import build_tiny_gemma2
+from posttrain.rollout import SamplingParams, generate
+from posttrain.trainers.forward import batched_logprobs, completion_logits, completion_logprobs
+
+PROMPTS = ["12+7\n", "3*4-1\n", "5\n"]
+
+
+def _tiny_granite(tok):
+    from transformers import GraniteConfig, GraniteForCausalLM
+
+    config = GraniteConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                           logits_scaling=0.25, pad_token_id=tok.pad_token_id,
+                           eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    torch.manual_seed(0)
+    return GraniteForCausalLM(config)
+
+
+@pytest.fixture(scope="module", params=["gemma2_softcap", "granite_logits_scaling"])
+def family(request):
+    tok = build_char_tokenizer()
+    if request.param == "gemma2_softcap":
+        model = build_tiny_gemma2(tok, final_logit_softcapping=2.0, sliding_window=8)
+    else:
+        model = _tiny_granite(tok)
+    return model.eval(), tok
+
+
+def test_sampler_logprobs_equal_learner_logprobs(family):
+    """Gemma-2 with softcapping (and sliding-window layers shorter than the sequences), Granite
+    with logit scaling: sampler log-probs == learner log-probs in fp32. The pre-fix learner ran
+    decoder + LM head by hand and skipped the cap / the scaling (differences of ~1e-1)."""
+    model, tok = family
+    params = SamplingParams(max_new_tokens=16, temperature=0.7, top_p=0.95)
+    r = generate(model, tok, PROMPTS, group_size=3, params=params,
+                 generator=torch.Generator().manual_seed(0))
+    assert r.response_mask.sum(1).max() > 8  # longer than the sliding window
+    lp, _ = completion_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids,
+                                r.response_mask, temperature=params.temperature)
+    diff = ((lp - r.logprobs) * r.response_mask).abs().max()
+    assert diff < 1e-5, diff
+    lp2 = batched_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.response_mask,
+                           micro_batch_size=4, temperature=params.temperature)
+    assert torch.allclose(lp2, lp, atol=1e-6)
+
+
+def test_completion_logits_are_the_models_logits(family):
+    """completion_logits == the model's full forward logits at the predicting positions."""
+    model, tok = family
+    r = generate(model, tok, PROMPTS, params=SamplingParams(max_new_tokens=6, greedy=True))
+    ids = torch.cat([r.prompt_ids, r.completion_ids], 1)
+    attn = torch.cat([r.prompt_mask, r.response_mask], 1).long()
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits
+        got = completion_logits(model, r.prompt_ids, r.prompt_mask, r.completion_ids,
+                                r.response_mask)
+    T = got.shape[1]
+    P = r.prompt_ids.shape[1]
+    want = full[:, P - 1 : P - 1 + T]
+    m = r.response_mask[:, :T]
+    assert (got - want)[m].abs().max() < 1e-5
+    if model.config.model_type == "gemma2":
+        assert got.abs().max() <= model.config.final_logit_softcapping + 1e-4
+        raw = model.get_output_embeddings()(
+            model.model(input_ids=ids, attention_mask=attn,
+                                position_ids=pos).last_hidden_state)
+        assert raw.abs().max() > model.config.final_logit_softcapping  # the cap is active
+
+
+def test_gradients_flow_through_the_head_context(family):
+    model, tok = family
+    r = generate(model, tok, PROMPTS[:2], params=SamplingParams(max_new_tokens=5, greedy=True))
+    model.zero_grad()
+    lp, _ = completion_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids,
+                                r.response_mask, autocast=True)
+    (lp * r.response_mask).sum().backward()
+    head = model.get_output_embeddings().weight
+    assert head.grad is not None and head.grad.abs().sum() > 0
+    assert lp.dtype == torch.float32
+    model.zero_grad()
