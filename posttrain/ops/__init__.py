@@ -12,6 +12,7 @@ from posttrain.ops.advantages import (
     process_advantages,
     rloo_advantages,
 )
+from posttrain.ops.fused_head import head_logprobs
 from posttrain.ops.kl import AdaptiveKLController, FixedKLController, kl_penalty
 from posttrain.ops.logprobs import entropy_from_logits, sequence_logprobs, token_logprobs
 from posttrain.ops.masked import masked_mean, masked_sum, masked_var, masked_whiten
@@ -37,6 +38,7 @@ __all__ = [
     "gae",
     "gae_loop",
     "group_advantages",
+    "head_logprobs",
     "kl_penalty",
     "labels_to_classes",
     "masked_mean",

@@ -2,9 +2,13 @@
 
 Shared by every trainer. Logits come from the model's own forward inside
 `posttrain.rollout.logits.logits_context`, exactly as in the sampler, so family-specific logit
-transforms (Gemma-2 softcapping, Granite/Cohere logit scaling) apply to both. Two things make it
+transforms (Gemma-2 softcapping, Granite/Cohere logit scaling) apply to both. Three things make it
 cheap: columns that are padding in every row of the micro-batch are cut before the forward pass,
-and ``logits_to_keep`` runs the LM head only on the positions that predict completion tokens.
+``logits_to_keep`` runs the LM head only on the positions that predict completion tokens, and for
+families whose logits are a plain linear head of the last hidden state (`FUSED_HEAD_FAMILIES`:
+Llama, Qwen2/3, Mistral, ...) the head and the log-softmax are fused and chunked
+(`posttrain.ops.fused_head`): the model's forward runs with its head replaced by the identity and
+no ``[n, T, V]`` logits tensor exists in the forward or the backward pass.
 Under bf16 autocast the transformer body runs in bf16 while the LM head and the log-softmax stay
 in the head's weight dtype (fp32), so log-probs (and hence ratios and KL) stay accurate.
 
@@ -14,11 +18,23 @@ padded), V vocabulary, H hidden size.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
-from posttrain.ops import entropy_from_logits, token_logprobs
-from posttrain.rollout.logits import logits_context
+from posttrain.ops import entropy_from_logits, head_logprobs, token_logprobs
+from posttrain.ops.fused_head import DEFAULT_BLOCK_ELEMENTS
+from posttrain.rollout.logits import autocast_ctx, logits_context
+
+# model types whose causal-LM forward is exactly ``lm_head(last_hidden_state)`` (no softcapping,
+# logit scaling or other transform after the head), checked against transformers' modeling code
+FUSED_HEAD_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
+                                 "phi3", "olmo2"})
+# the fused head recomputes the logits in its backward pass (3 head matmuls instead of 2): by
+# default it is used only where the full fp32 logits would exceed 64 MB (2 blocks)
+FUSE_MIN_ELEMENTS = 2 * DEFAULT_BLOCK_ELEMENTS
 
 
 def _trim(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
@@ -30,6 +46,54 @@ def _trim(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
     last = int(keep_c.nonzero()[-1]) + 1 if bool(keep_c.any()) else 1
     return (prompt_ids[:, first:], prompt_mask[:, first:], completion_ids[:, :last],
             response_mask[:, :last])
+
+
+def fused_head_supported(model: torch.nn.Module) -> bool:
+    """Whether `completion_logprobs` may fuse the LM head: a listed family whose output
+    embedding is a plain ``nn.Linear`` (not e.g. a LoRA-wrapped head)."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    return type(head) is torch.nn.Linear and model_type in FUSED_HEAD_FAMILIES
+
+
+@contextlib.contextmanager
+def _head_as_identity(head: torch.nn.Module) -> Iterator[None]:
+    """Make the head module return its input: the model's forward then yields hidden states."""
+    had_own = "forward" in head.__dict__
+    inner = head.forward
+    head.forward = lambda hidden, *a, **k: hidden
+    try:
+        yield
+    finally:
+        if had_own:
+            head.forward = inner
+        else:
+            del head.forward
+
+
+def _inputs(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+            response_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Trimmed (ids, attention mask, position ids) [n, P'+T'] and completion ids [n, T']."""
+    p_ids, p_mask, c_ids, c_mask = _trim(prompt_ids, prompt_mask, completion_ids, response_mask)
+    ids = torch.cat([p_ids, c_ids], dim=1)  # [n, P'+T']
+    attn = torch.cat([p_mask, c_mask], dim=1).long()  # [n, P'+T']
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, P'+T']
+    return ids, attn, pos, c_ids
+
+
+def _fused_logprobs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
+                    completion_ids: Tensor, response_mask: Tensor, temperature: float,
+                    autocast: bool, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """[n, T'] log-probs (and entropies) through the fused chunked head (no [n, T', V])."""
+    ids, attn, pos, c_ids = _inputs(prompt_ids, prompt_mask, completion_ids, response_mask)
+    head = model.get_output_embeddings()
+    T = c_ids.shape[1]
+    with autocast_ctx(autocast, ids.device), _head_as_identity(head):  # bf16 body
+        hidden = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
+                       logits_to_keep=T + 1).logits  # [n, T'+1, H]: the head is the identity
+    return head_logprobs(hidden[:, :-1], head.weight, c_ids, bias=head.bias,
+                         temperature=temperature, with_entropy=with_entropy)
 
 
 def completion_logits(
@@ -48,10 +112,7 @@ def completion_logits(
         logits [n, T', V] with T' <= T (trailing all-padding columns removed); logits[:, t]
         predicts completion_ids[:, t].
     """
-    p_ids, p_mask, c_ids, c_mask = _trim(prompt_ids, prompt_mask, completion_ids, response_mask)
-    ids = torch.cat([p_ids, c_ids], dim=1)  # [n, P'+T']
-    attn = torch.cat([p_mask, c_mask], dim=1).long()  # [n, P'+T']
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, P'+T']
+    ids, attn, pos, c_ids = _inputs(prompt_ids, prompt_mask, completion_ids, response_mask)
     T = c_ids.shape[1]
     with logits_context(model, autocast, ids.device):
         logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
@@ -68,25 +129,50 @@ def completion_logprobs(
     temperature: float = 1.0,
     autocast: bool = False,
     with_entropy: bool = False,
+    fused: bool | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs (and optionally entropies) of the completion tokens.
+
+    `fused`: None (default) fuses the LM head and the log-softmax where `fused_head_supported`
+    and the fp32 logits would hold more than `FUSE_MIN_ELEMENTS` (no [n, T, V] logits, same
+    values up to float summation order); False always goes through `completion_logits`; True
+    fuses whenever supported (an error otherwise).
 
     Returns:
         logprobs [n, T] fp32 (padded back to the input width, 0 past the trimmed columns) and
         entropy [n, T] (detached) or None.
     """
+    supported = fused_head_supported(model)
+    if fused and not supported:
+        raise ValueError(f"fused=True needs a plain nn.Linear LM head and a model type in "
+                         f"{sorted(FUSED_HEAD_FAMILIES)}")
+    n_logits = completion_ids.numel() * int(getattr(model.config, "vocab_size", 0) or 0)
+    if supported and (fused or (fused is None and n_logits > FUSE_MIN_ELEMENTS)):
+        logprobs, entropy = _fused_logprobs(model, prompt_ids, prompt_mask, completion_ids,
+                                            response_mask, temperature, autocast, with_entropy)
+    else:
+        logprobs, entropy = _unfused_logprobs(model, prompt_ids, prompt_mask, completion_ids,
+                                              response_mask, temperature, autocast, with_entropy)
+    T_full, T = completion_ids.shape[1], logprobs.shape[1]
+    if T < T_full:
+        pad = (0, T_full - T)
+        logprobs = torch.nn.functional.pad(logprobs, pad)
+        entropy = None if entropy is None else torch.nn.functional.pad(entropy, pad)
+    return logprobs, entropy
+
+
+def _unfused_logprobs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
+                      completion_ids: Tensor, response_mask: Tensor, temperature: float,
+                      autocast: bool, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """[n, T'] log-probs (and entropies) from the model's full logits (any family)."""
     logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, response_mask,
                                autocast)  # [n, T', V]
-    T_full, T = completion_ids.shape[1], logits.shape[1]
+    T = logits.shape[1]
     logprobs = token_logprobs(logits, completion_ids[:, :T], temperature=temperature)  # [n, T']
     entropy = None
     if with_entropy:
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach(), temperature=temperature)  # [n, T']
-    if T < T_full:
-        pad = (0, T_full - T)
-        logprobs = torch.nn.functional.pad(logprobs, pad)
-        entropy = None if entropy is None else torch.nn.functional.pad(entropy, pad)
     return logprobs, entropy
 
 
@@ -100,12 +186,13 @@ def batched_logprobs(
     micro_batch_size: int,
     temperature: float = 1.0,
     autocast: bool = False,
+    fused: bool | None = None,
 ) -> Tensor:
     """No-grad log-probs over a large batch in micro-batches. Returns [N, T] fp32."""
     out = []
     for start in range(0, prompt_ids.shape[0], micro_batch_size):
         sl = slice(start, start + micro_batch_size)
         lp, _ = completion_logprobs(model, prompt_ids[sl], prompt_mask[sl], completion_ids[sl],
-                                    response_mask[sl], temperature, autocast)
+                                    response_mask[sl], temperature, autocast, fused=fused)
         out.append(lp)
     return torch.cat(out)

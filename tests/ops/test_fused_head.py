@@ -1,0 +1,79 @@
+"""Golden and property tests of the fused chunked LM head + log-softmax (ops/fused_head.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from posttrain.ops import entropy_from_logits, head_logprobs, token_logprobs
+from posttrain.ops.fused_head import block_rows
+
+
+def test_golden_two_token_vocab():
+    # h = [1, 0], W = [[1, 0], [0, 0]] -> logits [1, 0]; token 0:
+    # log p = 1 - log(e^1 + e^0) = 1 - 1.31326 = -0.31326
+    # entropy = lse - sum p z = 1.31326 - 0.73106 * 1 = 0.58220
+    h = torch.tensor([[1.0, 0.0]])
+    w = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    lp, ent = head_logprobs(h, w, torch.tensor([0]), with_entropy=True)
+    assert lp.item() == pytest.approx(1 - math.log(math.e + 1), abs=1e-6)
+    assert lp.item() == pytest.approx(-0.31326, abs=1e-5)
+    assert ent.item() == pytest.approx(0.58220, abs=1e-5)
+
+
+@pytest.mark.parametrize("block_elements", [7, 64, 1 << 20])  # 1 row, a few rows, all rows
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_unfused_values_and_gradients(block_elements, temperature, bias):
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(3, 5, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(7, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    b = torch.randn(7, dtype=torch.float64, generator=g, requires_grad=True) if bias else None
+    tok = torch.randint(0, 7, (3, 5), generator=g)
+    go = torch.randn(3, 5, dtype=torch.float64, generator=g)
+
+    logits = torch.nn.functional.linear(h, w, b)
+    want = token_logprobs(logits, tok, temperature=temperature)
+    want_ent = entropy_from_logits(logits.detach(), temperature=temperature)
+    params = [h, w] + ([b] if bias else [])
+    want_grads = torch.autograd.grad((want * go).sum(), params)
+
+    got, ent = head_logprobs(h, w.float(), tok, bias=None if b is None else b.float(),
+                             temperature=temperature, with_entropy=True,
+                             block_elements=block_elements)
+    assert got.dtype == torch.float32 and ent.dtype == torch.float32
+    assert torch.allclose(got.double(), want, atol=1e-5)
+    assert torch.allclose(ent.double(), want_ent, atol=1e-5)
+    assert not ent.requires_grad
+    got2, _ = head_logprobs(h, w, tok, bias=b, temperature=temperature,
+                            block_elements=block_elements)
+    got_grads = torch.autograd.grad((got2 * go).sum(), params)
+    for a, e in zip(got_grads, want_grads, strict=True):
+        assert torch.allclose(a.double(), e, atol=1e-5)
+
+
+def test_logprobs_are_normalised_over_the_vocab():
+    """Property: sum over every token v of exp(logp(v)) = 1 for each row."""
+    g = torch.Generator().manual_seed(1)
+    h, w = torch.randn(4, 6, generator=g), torch.randn(11, 6, generator=g)
+    total = sum(head_logprobs(h, w, torch.full((4,), v), block_elements=22)[0].exp()
+                for v in range(11))
+    assert torch.allclose(total, torch.ones(4), atol=1e-5)
+
+
+def test_block_rows_bounds_the_block():
+    assert block_rows(1024, 151_936, 1 << 23) == 55  # 8,388,608 // 151,936
+    assert block_rows(10, 100, 1 << 23) == 10
+    assert block_rows(10, 10**9, 1) == 1
+
+
+def test_bad_shapes_are_named():
+    with pytest.raises(ValueError, match="hidden"):
+        head_logprobs(torch.zeros(2, 3), torch.zeros(5, 3), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="weight"):
+        head_logprobs(torch.zeros(2, 3), torch.zeros(5, 4), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="temperature"):
+        head_logprobs(torch.zeros(2, 3), torch.zeros(5, 3), torch.zeros(2, dtype=torch.long),
+                      temperature=0.0)
