@@ -20,6 +20,7 @@ from posttrain.config.base import (
 from posttrain.config.dpo import DPOConfig
 from posttrain.config.grpo import GRPOConfig
 from posttrain.config.ppo import PPOConfig
+from posttrain.config.rm import PRMConfig, RMConfig
 from posttrain.config.sft import SFTConfig
 
 # command -> config class; a new trainer adds one line here
@@ -28,8 +29,10 @@ CONFIGS: dict[str, type[BaseConfig]] = {
     "grpo": GRPOConfig,
     "dpo": DPOConfig,
     "ppo": PPOConfig,
+    "rm": RMConfig,
+    "prm": PRMConfig,
 }
 
 __all__ = ["CONFIGS", "TRACKERS", "BaseConfig", "ConfigError", "DPOConfig", "GRPOConfig",
-           "SFTConfig", "build_config", "config_help", "field_docs", "math_and_format",
-           "parse_overrides", "to_dict", "validate_config"]
+           "PRMConfig", "RMConfig", "SFTConfig", "build_config", "config_help", "field_docs",
+           "math_and_format", "parse_overrides", "to_dict", "validate_config"]

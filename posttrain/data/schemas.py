@@ -7,6 +7,8 @@ Kinds (``design.md``, "Data formats"):
 * ``preferences``: ``{"prompt", "chosen": str, "rejected": str}``
 * ``steps``: ``{"prompt", "steps": [str, ...], "labels": [1 | 0 | -1, ...]}`` (same length)
 * ``code``: ``{"prompt", "tests": str | [str, ...]}``
+* ``outcomes``: ``{"prompt", "completion": str, "label": 1 | 0 | true | false}`` (outcome reward
+  model rows: is the completion correct)
 
 A chat message is ``{"role": str, "content": str}``. Integer or float answers are accepted and
 turned into strings (JSON writers often emit ``"answer": 42``). Extra fields pass through
@@ -67,6 +69,16 @@ def check_str_list(value: Any) -> str | None:
     return None
 
 
+def check_steps(value: Any) -> str | None:
+    """A non-empty list of non-blank strings (an empty step has no end to label)."""
+    if (msg := check_str_list(value)) is not None:
+        return msg
+    for i, item in enumerate(value):
+        if not item.strip():
+            return f"item {i}: expected a non-empty step, got {item!r}"
+    return None
+
+
 def check_labels(value: Any) -> str | None:
     if not isinstance(value, list) or not value:
         return f"expected a non-empty list of 1 / 0 / -1, got {_type_name(value)}"
@@ -74,6 +86,12 @@ def check_labels(value: Any) -> str | None:
         if isinstance(item, bool) or item not in (1, 0, -1):
             return f"item {i}: expected 1, 0 or -1, got {item!r}"
     return None
+
+
+def check_binary(value: Any) -> str | None:
+    if value in (0, 1) and not isinstance(value, float):
+        return None
+    return f"expected 1 / 0 (or true / false), got {value!r}"
 
 
 def check_tests(value: Any) -> str | None:
@@ -86,8 +104,9 @@ SCHEMAS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     "sft": ({"prompt": check_prompt, "completion": check_str}, {}),
     "preferences": (
         {"prompt": check_prompt, "chosen": check_str, "rejected": check_str}, {}),
-    "steps": ({"prompt": check_prompt, "steps": check_str_list, "labels": check_labels}, {}),
+    "steps": ({"prompt": check_prompt, "steps": check_steps, "labels": check_labels}, {}),
     "code": ({"prompt": check_prompt, "tests": check_tests}, {}),
+    "outcomes": ({"prompt": check_prompt, "completion": check_str, "label": check_binary}, {}),
 }
 
 

@@ -1,7 +1,12 @@
 """Named reward functions, their weighted sum, and a scorer that counts every failure.
 
 A reward function is a plain callable ``fn(completion, **fields) -> float``. Built-in names:
-``math``, ``format``, ``code``; anything else is ``"package.module:function"``. The dataset
+``math``, ``format``, ``code``, and the learned ``reward_model`` / ``process_reward_model``
+(:mod:`posttrain.rewards.learned`); anything else is ``"package.module:function"``. A function
+with ``batched = True`` is called once per batch as ``fn(completions, rows, **kwargs) -> [float]``
+(the learned rewards, which run a model); one with ``validate_kwargs`` has its recipe keys
+checked by :func:`validate_specs`. A recipe entry's keys other than ``name``/``weight``/``kwargs``
+become keyword arguments (:meth:`RewardSpec.from_dict`). The dataset
 row's extra fields are passed by parameter name (``inspect.signature``), so
 ``math_reward(completion, answer)`` and ``code_reward(completion, tests)`` work unchanged; a
 function with ``**kwargs`` receives every field. ``RewardSpec.kwargs`` (from the recipe) are
@@ -34,6 +39,7 @@ from posttrain.rewards.errors import (
     UnscorableError,
 )
 from posttrain.rewards.format import format_reward
+from posttrain.rewards.learned import process_reward_model_reward, reward_model_reward
 from posttrain.rewards.math import math_reward
 from posttrain.rewards.sandbox import STATUSES
 
@@ -43,6 +49,8 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "math": math_reward,
     "format": format_reward,
     "code": code_reward,
+    "reward_model": reward_model_reward,
+    "process_reward_model": process_reward_model_reward,
 }
 # Functions whose detailed variant also reports an outcome status for the counters.
 _DETAILED: dict[Any, Callable[..., tuple[float, Any]]] = {code_reward: code_reward_detailed}
@@ -63,6 +71,17 @@ class RewardSpec:
     """Extra keyword arguments for every call (e.g. ``{"partial": True}`` for ``code``)."""
     fn: RewardFn | None = field(default=None, compare=False)
     """The callable itself (Python API); None: resolved from ``name``."""
+
+    @classmethod
+    def from_dict(cls, entry: dict[str, Any], fn: RewardFn | None = None) -> RewardSpec:
+        """A recipe entry: ``name``, ``weight``, ``kwargs`` and any other key (``path: DIR``)
+        as a keyword argument, so ``{name: reward_model, path: DIR}`` works."""
+        extra = {k: v for k, v in entry.items() if k not in ("name", "weight", "kwargs")}
+        if "name" not in entry:
+            raise TypeError(f"reward entry {entry!r} has no 'name'")
+        return cls(entry["name"], entry.get("weight", 1.0),
+                   {**(entry.get("kwargs") or {}), **extra}, fn)
+
 
 
 @dataclass
@@ -120,6 +139,8 @@ def validate_specs(specs: Sequence[RewardSpec | str]) -> list[tuple[RewardSpec, 
             inspect.signature(fn)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"reward {spec.name!r}: cannot read its signature: {exc}") from exc
+        if hasattr(fn, "validate_kwargs"):  # learned rewards: check `path` before any model loads
+            fn.validate_kwargs(spec.kwargs)
         resolved.append((spec, fn))
     return resolved
 
@@ -171,12 +192,28 @@ class RewardScorer:
         """Score every completion with every function; ``rows[i]`` holds sample i's fields."""
         if len(completions) != len(rows):
             raise ValueError(f"{len(completions)} completions but {len(rows)} rows")
+        per_sample = [(spec, fn) for spec, fn in self.resolved if not _is_batched(fn)]
         jobs = [(spec, fn, i, call_arguments(fn, spec, rows[i], i))
-                for spec, fn in self.resolved for i in range(len(completions))]
+                for spec, fn in per_sample for i in range(len(completions))]
         with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
             outcomes = list(pool.map(lambda job: self._call(job[0], job[1], completions[job[2]],
                                                             job[3]), jobs))
+        for spec, fn in self.resolved:  # batched functions (learned rewards): one call each
+            if _is_batched(fn):
+                jobs += [(spec, fn, i, spec.kwargs) for i in range(len(completions))]
+                outcomes += self._call_batched(spec, fn, completions, rows)
         return self._collect(completions, jobs, outcomes)
+
+    def _call_batched(self, spec: RewardSpec, fn: RewardFn, completions: Sequence[str],
+                      rows: Sequence[dict[str, Any]]) -> list[tuple[float, None, Any]]:
+        """One call ``fn(completions, rows, **kwargs) -> [float]``; an error marks every sample."""
+        try:
+            values = fn(list(completions), list(rows), **spec.kwargs)
+            if len(values) != len(completions):
+                raise ValueError(f"returned {len(values)} values for {len(completions)} samples")
+            return [(float(v), None, None) for v in values]
+        except Exception as exc:
+            return [(math.nan, None, exc)] * len(completions)
 
     def _collect(self, completions: Sequence[str], jobs: list, outcomes: list) -> ScoreResult:
         n = len(completions)
@@ -205,6 +242,10 @@ class RewardScorer:
         metrics = _metrics(per_function, scores, unscorable, error_counts,
                            counters if any(fn in _DETAILED for _, fn in self.resolved) else None)
         return ScoreResult(scores, per_function, metrics, errors)
+
+
+def _is_batched(fn: RewardFn) -> bool:
+    return bool(getattr(fn, "batched", False))
 
 
 def _mean(values: Sequence[float]) -> float:

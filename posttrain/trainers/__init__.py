@@ -19,6 +19,10 @@ TRAINERS: dict[str, tuple[str, str]] = {
             "DPO / cDPO / robust DPO / IPO / hinge on preference pairs (no reward model)"),
     "ppo": ("posttrain.trainers.ppo:PPOTrainer",
             "PPO with a critic, a frozen reference and rewards or a reward model (RLHF)"),
+    "rm": ("posttrain.trainers.reward_model:RewardModelTrainer",
+           "outcome reward model: Bradley-Terry on pairs or binary correctness (scalar head)"),
+    "prm": ("posttrain.trainers.prm:PRMTrainer",
+            "process reward model: per-step good/bad classifier on step-labelled rows"),
 }
 
 

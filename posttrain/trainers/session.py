@@ -180,7 +180,7 @@ def _scorer(cfg: BaseConfig, reward_fns: dict[str, Any] | None
         return None, []
     fns = reward_fns or {}
     try:
-        specs = [RewardSpec(**s, fn=fns.get(s.get("name"))) for s in specs_raw]
+        specs = [RewardSpec.from_dict(s, fn=fns.get(s.get("name"))) for s in specs_raw]
     except TypeError as err:
         raise ConfigError(
             f"config key 'rewards': each entry needs name and weight: {err}") from err

@@ -1,0 +1,220 @@
+"""Outcome reward model (ORM): a causal LM turned into a scalar scorer.
+
+The model is ``AutoModelForSequenceClassification`` with one label on the policy's decoder (see
+``posttrain.models.reward`` for why); the score is read at the last real token of
+``render(prompt) + completion + EOS``. Two objectives (``docs/reward_models.md``):
+
+* ``bradley_terry`` on preference rows ``{"prompt", "chosen", "rejected"}``:
+  ``-log sigmoid(r_w - r_l - m)`` (``posttrain.ops.bradley_terry_loss``; Ouyang et al. 2022,
+  arXiv:2203.02155). ``m`` is ``margin`` plus a row's own ``margin`` field when present
+  (the Llama-2 variant, Touvron et al. 2023, arXiv:2307.09288).
+* ``binary`` on outcome rows ``{"prompt", "completion", "label": 1 | 0}``: binary cross-entropy
+  of ``sigmoid(r)`` against the label, what "Let's Verify Step by Step" (Lightman et al. 2023,
+  arXiv:2305.20050) trains its ORM on.
+
+One step: 1 next batch of rows -> 2 scores at the last real token (one forward over chosen and
+rejected together) -> 3 the loss, backward per micro-batch normalised over the whole step,
+clip, step. Held-out metrics (``eval_data``, same kind as ``train_data``): pair accuracy (ties
+count as wrong), ROC AUC (chosen = positive, rejected = negative; or label vs score), margin,
+score mean/std of chosen and rejected (positives and negatives), loss.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from posttrain.config import RMConfig
+from posttrain.data import DataError, load_rows, render_prompt, validate_rows
+from posttrain.models.loading import load_tokenizer
+from posttrain.models.reward import build_scorer, pad_right, sequence_scores
+from posttrain.ops import bradley_terry_loss
+from posttrain.trainers.base import Trainer
+
+KIND = {"bradley_terry": "preferences", "binary": "outcomes"}
+
+
+def roc_auc(scores: Tensor, labels: Tensor) -> float:
+    """Area under the ROC curve: P(score of a positive > score of a negative), ties count 1/2.
+
+    Args: scores [N]; labels [N] bool (True = positive). Returns nan without both classes.
+    """
+    pos, neg = scores[labels.bool()], scores[~labels.bool()]  # [P], [Q]
+    if pos.numel() == 0 or neg.numel() == 0:
+        return float("nan")
+    diff = pos[:, None] - neg[None, :]  # [P, Q]
+    return float(((diff > 0).float() + 0.5 * (diff == 0).float()).mean())
+
+
+def encode(tokenizer: Any, rows: list[dict[str, Any]], field: str, max_len: int,
+           source: str) -> list[list[int]]:
+    """Token ids of ``render(prompt) + row[field] + EOS``; rows over max_len raise DataError."""
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    texts = [render_prompt(tokenizer, r["prompt"]) + r[field] for r in rows]
+    seqs = [ids + eos for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    for i, ids in enumerate(seqs):
+        if len(ids) > max_len:
+            raise DataError(source, i + 1, field, f"prompt + {field} is {len(ids)} tokens, over "
+                            f"max_seq_len={max_len} (raise it or drop the row)")
+    return seqs
+
+
+class RewardModelTrainer(Trainer):
+    """Bradley-Terry or binary-correctness training of a scalar scorer."""
+
+    name = "rm"
+    config_class = RMConfig
+    progress_keys = ("loss/rm", "train/accuracy")
+    cfg: RMConfig
+
+    @property
+    def data_kind(self) -> str:  # type: ignore[override]
+        return KIND[self.cfg.objective]
+
+    def validate(self) -> None:
+        """Row checks beyond the schema (margins; held-out rows of the train kind) from files,
+        before any model loads; in-memory rows are checked again in `setup`."""
+        self.eval_source = self.cfg.eval_data
+        for source in (self.cfg.train_data, self.eval_source):
+            if source and Path(source).suffix in (".jsonl", ".json"):
+                _check_margins(load_rows(source, self.data_kind), source)
+
+    def load_model(self) -> tuple[Any, Any]:
+        tok = load_tokenizer(self.cfg.model)
+        return build_scorer(self.cfg.model, "orm", tok, num_labels=1, dtype=self.cfg.dtype), tok
+
+    def setup(self) -> None:
+        """A causal LM object becomes a scorer; rows are checked and tokenized."""
+        cfg = self.cfg
+        if not hasattr(self.model, "score"):  # Python API: a causal LM object
+            self.model = build_scorer(self.model, "orm", self.tokenizer, num_labels=1)
+            self.model.to(self.device)
+        rows = validate_rows(enumerate(self.s.train_rows, 1), self.data_kind, cfg.train_data)
+        _check_margins(rows, cfg.train_data)
+        self.train_set = self.tokenize(rows, cfg.train_data)
+        self.eval_rows = (validate_rows(enumerate(self.s.eval_rows, 1), self.data_kind,
+                                        self.eval_source) if self.s.eval_rows else [])
+        self.eval_set = self.tokenize(self.eval_rows, cfg.eval_data) if self.eval_rows else None
+        self.last_eval: dict[str, float] = {}
+
+    # ------------------------------------------------------------------------------------------
+    def tokenize(self, rows: list[dict[str, Any]], source: str) -> dict[str, Any]:
+        cfg, tok = self.cfg, self.tokenizer
+        if cfg.objective == "binary":
+            return {"seqs": encode(tok, rows, "completion", cfg.max_seq_len, source),
+                    "labels": torch.tensor([float(r["label"]) for r in rows])}
+        for i, r in enumerate(rows):
+            if r["chosen"] == r["rejected"]:
+                raise DataError(source, i + 1, "rejected", "identical to 'chosen'; a preference "
+                                "pair needs two different completions")
+        return {"chosen": encode(tok, rows, "chosen", cfg.max_seq_len, source),
+                "rejected": encode(tok, rows, "rejected", cfg.max_seq_len, source),
+                "margin": torch.tensor([float(r.get("margin", 0.0)) + cfg.margin for r in rows])}
+
+    def rows_per_micro(self) -> int:
+        """Rows per forward: a pair is two sequences."""
+        per_row = 1 if self.cfg.objective == "binary" else 2
+        return max(1, self.cfg.micro_batch_size // per_row)
+
+    def scores(self, data: dict[str, Any], idx: list[int]) -> dict[str, Tensor]:
+        """2: scores of rows ``idx``: {"chosen", "rejected"} [n] each, or {"score"} [n]."""
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        if self.cfg.objective == "binary":
+            seqs = [data["seqs"][i] for i in idx]
+        else:
+            seqs = [data["chosen"][i] for i in idx] + [data["rejected"][i] for i in idx]
+        ids, mask = pad_right(seqs, pad)  # [n or 2n, T]
+        with self.autocast():
+            r = sequence_scores(self.model, ids.to(self.device), mask.to(self.device))
+        if self.cfg.objective == "binary":
+            return {"score": r}
+        return {"chosen": r[:len(idx)], "rejected": r[len(idx):]}
+
+    def loss(self, data: dict[str, Any], idx: list[int]) -> tuple[Tensor, dict[str, Tensor]]:
+        """2-3 for rows ``idx``: mean loss [] and detached per-row values."""
+        s = self.scores(data, idx)
+        if self.cfg.objective == "binary":
+            labels = data["labels"][idx].to(self.device)  # [n]
+            loss = F.binary_cross_entropy_with_logits(s["score"], labels)
+            return loss, {"score": s["score"].detach(), "label": labels}
+        margin = data["margin"][idx].to(self.device)  # [n]
+        use_margin = margin if bool(margin.any()) else None
+        loss = bradley_terry_loss(s["chosen"], s["rejected"], use_margin)
+        return loss, {"chosen": s["chosen"].detach(), "rejected": s["rejected"].detach()}
+
+    # ------------------------------------------------------------------------------------------
+    def step(self, step: int) -> dict[str, float]:
+        """One optimizer step over ``batch_size`` rows, micro-batched."""
+        idx = self.next_indices(self.cfg.batch_size)  # 1
+        self.model.train()
+        parts: list[dict[str, Tensor]] = []
+        total, per = 0.0, self.rows_per_micro()
+        for start in range(0, len(idx), per):
+            micro = idx[start:start + per]
+            loss, values = self.loss(self.train_set, micro)  # 2-3
+            (loss * len(micro) / len(idx)).backward()
+            total += float(loss.detach()) * len(micro) / len(idx)
+            parts.append(values)
+        metrics = {f"train/{k}": v for k, v in summarize(parts, self.cfg.objective).items()}
+        metrics["loss/rm"] = total
+        metrics["train/grad_norm"] = self.optimizer_step()
+        metrics["train/lr"] = self.sched.get_last_lr()[0]
+        return metrics
+
+    @torch.no_grad()
+    def evaluate(self, when: str) -> dict[str, Any]:
+        """Held-out pair accuracy / AUC / margin / score statistics / loss."""
+        if self.eval_set is None:
+            return {}
+        was_training = self.model.training
+        self.model.eval()
+        n, per = len(self.eval_rows), self.rows_per_micro()
+        parts, total = [], 0.0
+        for start in range(0, n, per):
+            idx = list(range(start, min(n, start + per)))
+            loss, values = self.loss(self.eval_set, idx)
+            total += float(loss) * len(idx) / n
+            parts.append(values)
+        self.model.train(was_training)
+        self.last_eval = {**summarize(parts, self.cfg.objective), "loss": total, "n": float(n)}
+        return self.last_eval
+
+    def summary_fields(self) -> dict[str, Any]:
+        return {"pair_accuracy" if self.cfg.objective == "bradley_terry" else "outcome_accuracy":
+                self.last_eval.get("accuracy"), "auc": self.last_eval.get("auc")}
+
+
+def summarize(parts: list[dict[str, Tensor]], objective: str) -> dict[str, float]:
+    """Accuracy, AUC, margin and score statistics of concatenated per-row values."""
+    cat = {k: torch.cat([p[k] for p in parts]).float().cpu() for k in parts[0]}
+    if objective == "binary":
+        score, label = cat["score"], cat["label"].bool()
+        pos, neg = score[label], score[~label]
+        return {"accuracy": float(((score > 0) == label).float().mean()),
+                "auc": roc_auc(score, label),
+                "margin": float(pos.mean() - neg.mean()) if len(pos) and len(neg) else float("nan"),
+                **_stats(pos, "positive"), **_stats(neg, "negative")}
+    chosen, rejected = cat["chosen"], cat["rejected"]
+    both = torch.cat([chosen, rejected])
+    labels = torch.cat([torch.ones_like(chosen), torch.zeros_like(rejected)]).bool()
+    return {"accuracy": float((chosen > rejected).float().mean()), "auc": roc_auc(both, labels),
+            "margin": float((chosen - rejected).mean()),
+            **_stats(chosen, "chosen"), **_stats(rejected, "rejected")}
+
+
+def _stats(x: Tensor, name: str) -> dict[str, float]:
+    if x.numel() == 0:
+        return {}
+    return {f"{name}_mean": float(x.mean()),
+            f"{name}_std": float(x.std(unbiased=False))}
+
+
+def _check_margins(rows: list[dict[str, Any]], source: str) -> None:
+    for i, r in enumerate(rows):
+        m = r.get("margin", 0.0)
+        if isinstance(m, bool) or not isinstance(m, (int, float)):
+            raise DataError(source, i + 1, "margin", f"expected a number, got {m!r}")
