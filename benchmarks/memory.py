@@ -158,7 +158,7 @@ def main() -> None:
             continue
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(f"done: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
-    params = rows[0]["params_m"] if rows else 0.0
+    params = rows[0]["trainable_m"] if rows else 0.0  # the first arm trains the full model
     print(f"model: hidden {args.hidden}, {args.layers} layers ({params:.1f}M parameters); "
           f"{args.prompts} prompts x {args.group} = {args.prompts * args.group} sequences, "
           f"{args.new_tokens} new tokens, {args.steps} steps, {args.threads} thread(s)")
