@@ -18,7 +18,7 @@ critic = a second adapter on the same frozen base). Same model, prompts, N = pro
 sequences, `max_new_tokens`, micro-batch; PPO runs 1 epoch x 1 mini-batch so the work per step
 matches GRPO's single update. CPU, one process per arm. Usage:
 
-    python benchmarks/memory.py                       # 85M-parameter Llama, 32 sequences
+    python benchmarks/memory.py                       # 25M-parameter Llama, 32 sequences
     python benchmarks/memory.py --hidden 256 --layers 4 --steps 1   # quick
 """
 
@@ -130,8 +130,8 @@ def parity_reward(completion: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--hidden", type=int, default=768)
-    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=32)
@@ -157,8 +157,8 @@ def main() -> None:
             print(f"{name}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
             continue
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        print(f"done: {name}", file=sys.stderr)
-    params = rows[0]["params_m"] if rows else 0.0
+        print(f"done: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+    params = rows[0]["trainable_m"] if rows else 0.0  # the first arm trains the full model
     print(f"model: hidden {args.hidden}, {args.layers} layers ({params:.1f}M parameters); "
           f"{args.prompts} prompts x {args.group} = {args.prompts * args.group} sequences, "
           f"{args.new_tokens} new tokens, {args.steps} steps, {args.threads} thread(s)")
