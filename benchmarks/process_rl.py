@@ -194,6 +194,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     if args.replot:
         results = json.loads((Path(args.out) / "results.json").read_text())
+        for arm in ARMS:  # curves re-read from the runs' metrics.jsonl
+            runs = [curves(Path(args.out) / f"{arm}_s{seed}" / "metrics.jsonl")
+                    for seed in results["seeds"]]
+            results[arm].update(curves=[r["curve"] for r in runs],
+                                watch=[r["watch"] for r in runs])
         plot(results, Path(args.out) / "process_rl.png")
         return results
     import torch
