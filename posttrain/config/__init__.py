@@ -19,6 +19,7 @@ from posttrain.config.base import (
 )
 from posttrain.config.dpo import DPOConfig
 from posttrain.config.grpo import GRPOConfig
+from posttrain.config.rm import PRMConfig, RMConfig
 from posttrain.config.sft import SFTConfig
 
 # command -> config class; a new trainer adds one line here
@@ -26,8 +27,10 @@ CONFIGS: dict[str, type[BaseConfig]] = {
     "sft": SFTConfig,
     "grpo": GRPOConfig,
     "dpo": DPOConfig,
+    "rm": RMConfig,
+    "prm": PRMConfig,
 }
 
 __all__ = ["CONFIGS", "TRACKERS", "BaseConfig", "ConfigError", "DPOConfig", "GRPOConfig",
-           "SFTConfig", "build_config", "config_help", "field_docs", "math_and_format",
-           "parse_overrides", "to_dict", "validate_config"]
+           "PRMConfig", "RMConfig", "SFTConfig", "build_config", "config_help", "field_docs",
+           "math_and_format", "parse_overrides", "to_dict", "validate_config"]

@@ -35,6 +35,7 @@ Command line (writes ``exact_train.jsonl``, ``exact_heldout.jsonl`` and, with ``
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import re
 from collections.abc import Sequence
@@ -256,11 +257,11 @@ def outcome_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
              "answer": r["answer"]} for r in rows]
 
 
-def pair_rows(rows: Sequence[dict[str, Any]], seed: int = 0) -> list[dict[str, Any]]:
-    """ORM preference pairs: per prompt, a correct vs an incorrect sample of the policy.
-
-    Prompts whose samples are all correct or all incorrect give no pair.
-    """
+def pair_rows(rows: Sequence[dict[str, Any]], seed: int = 0,
+              per_prompt: int = 1) -> list[dict[str, Any]]:
+    """ORM preference pairs: per prompt, up to ``per_prompt`` (correct, incorrect) pairs of
+    distinct samples of the policy. Prompts whose samples are all correct or all incorrect give
+    no pair."""
     rng = random.Random(f"pairs:{seed}")
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
@@ -269,9 +270,10 @@ def pair_rows(rows: Sequence[dict[str, Any]], seed: int = 0) -> list[dict[str, A
     for prompt, group in groups.items():
         good = sorted({r["completion"] for r in group if r["correct"]})
         bad = sorted({r["completion"] for r in group if not r["correct"]})
-        if good and bad:
-            out.append({"prompt": prompt, "chosen": rng.choice(good), "rejected": rng.choice(bad),
-                        "answer": group[0]["answer"]})
+        combos = [(g, b) for g in good for b in bad]
+        rng.shuffle(combos)
+        out += [{"prompt": prompt, "chosen": g, "rejected": b, "answer": group[0]["answer"],
+                 "source": "onpolicy"} for g, b in combos[:per_prompt]]
     return out
 
 
@@ -297,7 +299,17 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     ap.add_argument("--heldout", type=int, default=300, help="held-out prompts")
     ap.add_argument("--samples", type=int, default=4, help="samples per prompt")
     ap.add_argument("--shepherd", type=int, default=0, help="K rollouts per step (0: skip (b))")
+    ap.add_argument("--shepherd-rows", type=int, default=0,
+                    help="label only the first N train samples with (b) (0: all); also writes "
+                         "exact_train_first{N}.jsonl, the same samples with exact labels")
+    ap.add_argument("--only-pairs", action="store_true",
+                    help="reuse existing exact_*.jsonl instead of sampling again")
     ap.add_argument("--after-first-error", default="negative", choices=AFTER_FIRST_ERROR)
+    ap.add_argument("--pairs-per-prompt", type=int, default=4,
+                    help="on-policy ORM pairs per problem (correct x incorrect samples)")
+    ap.add_argument("--offline-pairs", type=int, default=0,
+                    help="also add this many off-policy pairs (reference trace vs injected "
+                         "error, posttrain.tasks.preferences kind 'mixed') to pairs_train")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
@@ -309,11 +321,19 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     model, tok = load_model_and_tokenizer(args.model)
     out, written, kept = Path(args.out), {}, {}
     for split, n in (("train", args.prompts), ("heldout", args.heldout)):
-        rows = exact_rows(model, tok, n, args.seed, split=split, samples=args.samples,
-                          after_first_error=args.after_first_error)
-        written[f"exact_{split}"] = str(write_jsonl(rows, out / f"exact_{split}.jsonl"))
-        written[f"pairs_{split}"] = str(write_jsonl(pair_rows(rows, args.seed),
-                                                    out / f"pairs_{split}.jsonl"))
+        if args.only_pairs:
+            path = out / f"exact_{split}.jsonl"
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        else:
+            rows = exact_rows(model, tok, n, args.seed, split=split, samples=args.samples,
+                              after_first_error=args.after_first_error)
+            written[f"exact_{split}"] = str(write_jsonl(rows, out / f"exact_{split}.jsonl"))
+        pairs = pair_rows(rows, args.seed, args.pairs_per_prompt if split == "train" else 1)
+        if split == "train" and args.offline_pairs:
+            from posttrain.tasks.preferences import offline_pairs
+
+            pairs += offline_pairs(args.offline_pairs, args.seed, kind="mixed")
+        written[f"pairs_{split}"] = str(write_jsonl(pairs, out / f"pairs_{split}.jsonl"))
         written[f"outcomes_{split}"] = str(write_jsonl(outcome_rows(rows),
                                                        out / f"outcomes_{split}.jsonl"))
         bad = sum(v == -1 for r in rows for v in r["labels"])
@@ -323,9 +343,15 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
               f"bad steps {bad}/{steps}")
         kept[split] = rows
     if args.shepherd:
-        auto = math_shepherd_labels(model, tok, kept["train"], args.shepherd, seed=args.seed + 1)
-        written["shepherd_train"] = str(write_jsonl(auto, out / "shepherd_train.jsonl"))
-        print("math-shepherd vs exact:", label_agreement(kept["train"], auto))
+        rows, name = kept["train"], "shepherd_train.jsonl"
+        if args.shepherd_rows:
+            n = args.shepherd_rows
+            rows, name = rows[:n], f"shepherd_train_first{n}.jsonl"
+            written["exact_subset"] = str(write_jsonl(
+                rows, out / f"exact_train_first{n}.jsonl"))
+        auto = math_shepherd_labels(model, tok, rows, args.shepherd, seed=args.seed + 1)
+        written["shepherd_train"] = str(write_jsonl(auto, out / name))
+        print("math-shepherd vs exact:", label_agreement(rows, auto))
     for name, path in written.items():
         print(f"wrote {name}: {path}")
     return written

@@ -17,6 +17,10 @@ TRAINERS: dict[str, tuple[str, str]] = {
              "GRPO / GSPO / DAPO / Dr. GRPO with reward functions (see recipes/)"),
     "dpo": ("posttrain.trainers.dpo:DPOTrainer",
             "DPO / cDPO / robust DPO / IPO / hinge on preference pairs (no reward model)"),
+    "rm": ("posttrain.trainers.reward_model:RewardModelTrainer",
+           "outcome reward model: Bradley-Terry on pairs or binary correctness (scalar head)"),
+    "prm": ("posttrain.trainers.prm:PRMTrainer",
+            "process reward model: per-step good/bad classifier on step-labelled rows"),
 }
 
 

@@ -24,15 +24,14 @@ checkpoint's config.json (``posttrain_prm``) for the scorer (``posttrain.rewards
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from posttrain.config import BaseConfig, ConfigError
-from posttrain.data import DataError, load_rows, render_prompt
+from posttrain.config import PRMConfig
+from posttrain.data import DataError, load_rows, render_prompt, validate_rows
 from posttrain.models.loading import load_tokenizer
 from posttrain.models.reward import (
     PRM_META_KEY,
@@ -42,46 +41,9 @@ from posttrain.models.reward import (
     token_logits,
 )
 from posttrain.ops import aggregate_step_scores, prm_step_loss, step_scores_from_logits
-from posttrain.rollout import autocast_ctx
 from posttrain.tasks.step_labels import first_error
-from posttrain.trainers.common import (
-    build_optimizer,
-    clip_and_step,
-    save_checkpoint,
-    set_seed,
-    setup_threads,
-)
-from posttrain.trainers.reward_model import roc_auc, train_loop, validate
-from posttrain.trainers.session import resolve_device
-
-
-@dataclass
-class PRMConfig(BaseConfig):
-    train_data: str = ""
-    """Step rows {"prompt", "steps": [str], "labels": [1|0|-1]} (JSONL path or `datasets` name)."""
-    train_split: str = "train"
-    """Split name when `train_data` is a `datasets` name."""
-    eval_data: str = ""
-    """Held-out step rows; empty: no held-out evaluation."""
-    num_classes: Literal[2, 3] = 2
-    """Step classes: 2 (bad / good, a neutral 0 label counts as good) or 3 (bad/neutral/good)."""
-    step_separator: str = "\n"
-    """Text appended after every step; the prediction is read at its last token."""
-    step_split: str = "think"
-    """How the scorer splits a completion into steps: 'think' (the arithmetic format: each
-    ';'-separated part of <think>...</think>, then the <answer> tag) or a literal delimiter."""
-    soft_labels: bool = False
-    """Train on each row's `soft_labels` (fractions in [0, 1], Math-Shepherd soft labels)."""
-    classifier_dropout: float = 0.0
-    """Dropout before the class head (HF's default for token classification is 0.1)."""
-    batch_size: int = 32
-    """Rows per optimizer step."""
-    micro_batch_size: int = 32
-    """Rows per forward/backward (gradient accumulation)."""
-    max_len: int = 256
-    """Longest prompt+steps in tokens; longer rows are an error."""
-    lr: float = 1e-4
-    """Peak learning rate (AdamW)."""
+from posttrain.trainers.base import Trainer
+from posttrain.trainers.reward_model import roc_auc
 
 
 def soft_step_loss(logits: Tensor, targets: Tensor, step_mask: Tensor,
@@ -127,38 +89,46 @@ def step_metrics(pred_good: list[list[bool]], labels: list[list[int]],
     return out
 
 
-class PRMTrainer:
+class PRMTrainer(Trainer):
     """Step-level classification training of a process reward model."""
 
     name = "prm"
+    config_class = PRMConfig
+    data_kind = "steps"
+    progress_keys = ("loss/prm", "train/step_accuracy")
+    cfg: PRMConfig
 
-    def __init__(self, cfg: PRMConfig, *, model: Any = None, tokenizer: Any = None) -> None:
-        self.cfg = cfg
-        validate(cfg)
-        if cfg.soft_labels and cfg.num_classes != 2:
-            raise ConfigError("config key 'soft_labels': needs num_classes=2")
-        if not cfg.step_separator:
-            raise ConfigError("config key 'step_separator': expected a non-empty string")
-        setup_threads(cfg.threads)
-        self.gen = set_seed(cfg.seed)
-        # rows are validated before the tokenizer or any model loads
-        self.train_rows = load_rows(cfg.train_data, "steps", split=cfg.train_split,
-                                    subset=cfg.data_subset or None, columns=cfg.columns or None)
-        self.eval_rows = (load_rows(cfg.eval_data, "steps", split=cfg.eval_split,
-                                    limit=cfg.eval_size) if cfg.eval_data else [])
-        if cfg.soft_labels:
-            _check_soft(self.train_rows, cfg.train_data)
-        self.tokenizer = tokenizer or load_tokenizer(cfg.model)
-        self.train_set = self.tokenize(self.train_rows, cfg.train_data)
-        self.eval_set = self.tokenize(self.eval_rows, cfg.eval_data) if self.eval_rows else None
-        self.device = resolve_device(cfg.device)
-        self.model = build_scorer(model if model is not None else cfg.model, "prm",
-                                  self.tokenizer, num_labels=cfg.num_classes, dtype=cfg.dtype,
-                                  dropout=cfg.classifier_dropout).to(self.device)
+    def validate(self) -> None:
+        """Held-out step rows and soft labels from files, checked before any model loads."""
+        for source in (self.cfg.train_data, self.cfg.eval_data):
+            if source and Path(source).suffix in (".jsonl", ".json"):
+                rows = load_rows(source, "steps")
+                if self.cfg.soft_labels and source == self.cfg.train_data:
+                    _check_soft(rows, source)
+
+    def load_model(self) -> tuple[Any, Any]:
+        cfg = self.cfg
+        tok = load_tokenizer(cfg.model)
+        return build_scorer(cfg.model, "prm", tok, num_labels=cfg.num_classes, dtype=cfg.dtype,
+                            dropout=cfg.classifier_dropout), tok
+
+    def setup(self) -> None:
+        """A causal LM object becomes a scorer; the step format is recorded; rows tokenized."""
+        cfg = self.cfg
+        if not hasattr(self.model, "score"):  # Python API: a causal LM object
+            self.model = build_scorer(self.model, "prm", self.tokenizer,
+                                      num_labels=cfg.num_classes, dropout=cfg.classifier_dropout)
+            self.model.to(self.device)
         setattr(self.model.config, PRM_META_KEY, {"separator": cfg.step_separator,
                                                   "split": cfg.step_split})
-        self.opt, self.sched = build_optimizer(self.model, cfg, cfg.max_steps)
-        self._order: list[int] = []
+        rows = validate_rows(enumerate(self.s.train_rows, 1), "steps", cfg.train_data)
+        if cfg.soft_labels:
+            _check_soft(rows, cfg.train_data)
+        self.train_set = self.tokenize(rows, cfg.train_data)
+        eval_rows = (validate_rows(enumerate(self.s.eval_rows, 1), "steps", cfg.eval_data)
+                     if self.s.eval_rows else [])
+        self.eval_set = self.tokenize(eval_rows, cfg.eval_data) if eval_rows else None
+        self.last_eval: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------------------
     def tokenize(self, rows: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
@@ -167,9 +137,10 @@ class PRMTrainer:
         for i, r in enumerate(rows):
             prompt = render_prompt(self.tokenizer, r["prompt"])
             ids, ends = encode_steps(self.tokenizer, prompt, r["steps"], self.cfg.step_separator)
-            if len(ids) > self.cfg.max_len:
+            if len(ids) > self.cfg.max_seq_len:
                 raise DataError(source, i + 1, "steps", f"prompt + steps is {len(ids)} tokens, "
-                                f"over max_len={self.cfg.max_len} (raise max_len or drop the row)")
+                                f"over max_seq_len={self.cfg.max_seq_len} (raise it or drop "
+                                "the row)")
             out.append({"ids": ids, "ends": ends, "labels": list(r["labels"]),
                         "soft": r.get("soft_labels")})
         return out
@@ -188,7 +159,7 @@ class PRMTrainer:
             step_mask[i, ends] = True
             if it["soft"] is not None:
                 soft[i, ends] = torch.tensor(it["soft"], dtype=torch.float)
-        with autocast_ctx(self.cfg.autocast_bf16, self.device):
+        with self.autocast():
             logits = token_logits(self.model, ids.to(self.device), mask.to(self.device))
         return {"logits": logits, "labels": labels.to(self.device),
                 "step_mask": step_mask.to(self.device), "soft": soft.to(self.device)}
@@ -202,14 +173,6 @@ class PRMTrainer:
         return loss
 
     # ------------------------------------------------------------------------------------------
-    def next_indices(self, n: int) -> list[int]:
-        out = []
-        while len(out) < n:
-            if not self._order:
-                self._order = torch.randperm(len(self.train_rows), generator=self.gen).tolist()
-            out.append(self._order.pop())
-        return out
-
     def step(self, step: int) -> dict[str, float]:
         """One optimizer step over ``batch_size`` rows, micro-batched."""
         cfg = self.cfg
@@ -227,8 +190,7 @@ class PRMTrainer:
                 hit = good == (out["labels"] != -1)
                 correct += float(hit[out["step_mask"]].sum())
         return {"loss/prm": loss_sum, "train/step_accuracy": correct / max(1, total_steps),
-                "train/grad_norm": float(clip_and_step(self.model, self.opt, self.sched,
-                                                       cfg.max_grad_norm)),
+                "train/grad_norm": self.optimizer_step(),
                 "train/lr": self.sched.get_last_lr()[0], "train/steps": float(total_steps)}
 
     @torch.no_grad()
@@ -243,18 +205,20 @@ class PRMTrainer:
             scores += [probs[k, data[i]["ends"]].tolist() for k, i in enumerate(idx)]
         return scores
 
-    def evaluate(self, when: str = "after") -> dict[str, float]:
-        """Held-out step accuracy, bad-step F1, first-error accuracy, solution AUC."""
+    def evaluate(self, when: str) -> dict[str, Any]:
+        """Held-out step accuracy (as `accuracy`), bad-step F1, first-error accuracy, AUC."""
         if self.eval_set is None:
             return {}
-        return evaluate_step_scores(self.predict(self.eval_set),
-                                    [it["labels"] for it in self.eval_set])
+        was_training = self.model.training
+        result = evaluate_step_scores(self.predict(self.eval_set),
+                                      [it["labels"] for it in self.eval_set])
+        self.model.train(was_training)
+        self.last_eval = {"accuracy": result["step_accuracy"], **result}
+        return self.last_eval
 
-    def save(self, path: str | Path) -> None:
-        save_checkpoint(self.model, self.tokenizer, path)
-
-    def train(self) -> dict[str, Any]:
-        return train_loop(self, "bad_f1")
+    def summary_fields(self) -> dict[str, Any]:
+        return {k: self.last_eval.get(k) for k in ("bad_f1", "first_error_accuracy",
+                                                    "solution_auc")}
 
 
 def evaluate_step_scores(scores: list[list[float]], labels: list[list[int]],

@@ -21,58 +21,21 @@ score mean/std of chosen and rejected (positives and negatives), loss.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posttrain.config import BaseConfig, ConfigError
-from posttrain.data import DataError, load_rows, render_prompt
+from posttrain.config import RMConfig
+from posttrain.data import DataError, load_rows, render_prompt, validate_rows
 from posttrain.models.loading import load_tokenizer
 from posttrain.models.reward import build_scorer, pad_right, sequence_scores
 from posttrain.ops import bradley_terry_loss
-from posttrain.rollout import autocast_ctx
-from posttrain.trainers.common import (
-    MetricsLogger,
-    build_optimizer,
-    clip_and_step,
-    peak_rss_mb,
-    save_checkpoint,
-    save_config,
-    set_seed,
-    setup_threads,
-    write_summary,
-)
-from posttrain.trainers.session import resolve_device
+from posttrain.trainers.base import Trainer
 
 KIND = {"bradley_terry": "preferences", "binary": "outcomes"}
-
-
-@dataclass
-class RMConfig(BaseConfig):
-    train_data: str = ""
-    """Preference rows {"prompt", "chosen", "rejected"} (bradley_terry) or outcome rows
-    {"prompt", "completion", "label": 1|0} (binary); JSONL path or `datasets` name."""
-    train_split: str = "train"
-    """Split name when `train_data` is a `datasets` name."""
-    eval_data: str = ""
-    """Held-out rows of the same kind as `train_data`; empty: no held-out evaluation."""
-    objective: Literal["bradley_terry", "binary"] = "bradley_terry"
-    """Bradley-Terry on preference pairs, or binary correctness on single completions."""
-    margin: float = 0.0
-    """Bradley-Terry margin m in -log sigmoid(r_w - r_l - m), added to a row's `margin` field."""
-    batch_size: int = 32
-    """Pairs (or completions) per optimizer step."""
-    micro_batch_size: int = 32
-    """Pairs (or completions) per forward/backward (gradient accumulation)."""
-    max_len: int = 256
-    """Longest prompt+completion in tokens; longer rows are an error."""
-    lr: float = 1e-4
-    """Peak learning rate (AdamW)."""
 
 
 def roc_auc(scores: Tensor, labels: Tensor) -> float:
@@ -96,49 +59,66 @@ def encode(tokenizer: Any, rows: list[dict[str, Any]], field: str, max_len: int,
     for i, ids in enumerate(seqs):
         if len(ids) > max_len:
             raise DataError(source, i + 1, field, f"prompt + {field} is {len(ids)} tokens, over "
-                            f"max_len={max_len} (raise max_len or drop the row)")
+                            f"max_seq_len={max_len} (raise it or drop the row)")
     return seqs
 
 
-class RewardModelTrainer:
+class RewardModelTrainer(Trainer):
     """Bradley-Terry or binary-correctness training of a scalar scorer."""
 
     name = "rm"
+    config_class = RMConfig
+    progress_keys = ("loss/rm", "train/accuracy")
+    cfg: RMConfig
 
-    def __init__(self, cfg: RMConfig, *, model: Any = None, tokenizer: Any = None) -> None:
-        self.cfg = cfg
-        validate(cfg)
-        setup_threads(cfg.threads)
-        self.gen = set_seed(cfg.seed)
-        kind = KIND[cfg.objective]
-        # rows are validated before the tokenizer or any model loads
-        self.train_rows = load_rows(cfg.train_data, kind, split=cfg.train_split,
-                                    subset=cfg.data_subset or None, columns=cfg.columns or None)
-        self.eval_rows = (load_rows(cfg.eval_data, kind, split=cfg.eval_split,
-                                    limit=cfg.eval_size) if cfg.eval_data else [])
-        _check_margins(self.train_rows, cfg.train_data)
-        self.tokenizer = tokenizer or load_tokenizer(cfg.model)
-        self.train_set = self.tokenize(self.train_rows, cfg.train_data)
+    @property
+    def data_kind(self) -> str:  # type: ignore[override]
+        return KIND[self.cfg.objective]
+
+    def validate(self) -> None:
+        """Row checks beyond the schema (margins; held-out rows of the train kind) from files,
+        before any model loads; in-memory rows are checked again in `setup`."""
+        self.eval_source = self.cfg.eval_data
+        for source in (self.cfg.train_data, self.eval_source):
+            if source and Path(source).suffix in (".jsonl", ".json"):
+                _check_margins(load_rows(source, self.data_kind), source)
+
+    def load_model(self) -> tuple[Any, Any]:
+        tok = load_tokenizer(self.cfg.model)
+        return build_scorer(self.cfg.model, "orm", tok, num_labels=1, dtype=self.cfg.dtype), tok
+
+    def setup(self) -> None:
+        """A causal LM object becomes a scorer; rows are checked and tokenized."""
+        cfg = self.cfg
+        if not hasattr(self.model, "score"):  # Python API: a causal LM object
+            self.model = build_scorer(self.model, "orm", self.tokenizer, num_labels=1)
+            self.model.to(self.device)
+        rows = validate_rows(enumerate(self.s.train_rows, 1), self.data_kind, cfg.train_data)
+        _check_margins(rows, cfg.train_data)
+        self.train_set = self.tokenize(rows, cfg.train_data)
+        self.eval_rows = (validate_rows(enumerate(self.s.eval_rows, 1), self.data_kind,
+                                        self.eval_source) if self.s.eval_rows else [])
         self.eval_set = self.tokenize(self.eval_rows, cfg.eval_data) if self.eval_rows else None
-        self.device = resolve_device(cfg.device)
-        self.model = build_scorer(model if model is not None else cfg.model, "orm",
-                                  self.tokenizer, num_labels=1, dtype=cfg.dtype).to(self.device)
-        self.opt, self.sched = build_optimizer(self.model, cfg, cfg.max_steps)
-        self._order: list[int] = []
+        self.last_eval: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------------------
     def tokenize(self, rows: list[dict[str, Any]], source: str) -> dict[str, Any]:
         cfg, tok = self.cfg, self.tokenizer
         if cfg.objective == "binary":
-            return {"seqs": encode(tok, rows, "completion", cfg.max_len, source),
+            return {"seqs": encode(tok, rows, "completion", cfg.max_seq_len, source),
                     "labels": torch.tensor([float(r["label"]) for r in rows])}
         for i, r in enumerate(rows):
             if r["chosen"] == r["rejected"]:
                 raise DataError(source, i + 1, "rejected", "identical to 'chosen'; a preference "
                                 "pair needs two different completions")
-        return {"chosen": encode(tok, rows, "chosen", cfg.max_len, source),
-                "rejected": encode(tok, rows, "rejected", cfg.max_len, source),
+        return {"chosen": encode(tok, rows, "chosen", cfg.max_seq_len, source),
+                "rejected": encode(tok, rows, "rejected", cfg.max_seq_len, source),
                 "margin": torch.tensor([float(r.get("margin", 0.0)) + cfg.margin for r in rows])}
+
+    def rows_per_micro(self) -> int:
+        """Rows per forward: a pair is two sequences."""
+        per_row = 1 if self.cfg.objective == "binary" else 2
+        return max(1, self.cfg.micro_batch_size // per_row)
 
     def scores(self, data: dict[str, Any], idx: list[int]) -> dict[str, Tensor]:
         """2: scores of rows ``idx``: {"chosen", "rejected"} [n] each, or {"score"} [n]."""
@@ -148,7 +128,7 @@ class RewardModelTrainer:
         else:
             seqs = [data["chosen"][i] for i in idx] + [data["rejected"][i] for i in idx]
         ids, mask = pad_right(seqs, pad)  # [n or 2n, T]
-        with autocast_ctx(self.cfg.autocast_bf16, self.device):
+        with self.autocast():
             r = sequence_scores(self.model, ids.to(self.device), mask.to(self.device))
         if self.cfg.objective == "binary":
             return {"score": r}
@@ -167,55 +147,45 @@ class RewardModelTrainer:
         return loss, {"chosen": s["chosen"].detach(), "rejected": s["rejected"].detach()}
 
     # ------------------------------------------------------------------------------------------
-    def next_indices(self, n: int) -> list[int]:
-        out = []
-        while len(out) < n:
-            if not self._order:
-                self._order = torch.randperm(len(self.train_rows), generator=self.gen).tolist()
-            out.append(self._order.pop())
-        return out
-
     def step(self, step: int) -> dict[str, float]:
         """One optimizer step over ``batch_size`` rows, micro-batched."""
-        cfg = self.cfg
-        idx = self.next_indices(cfg.batch_size)  # 1
+        idx = self.next_indices(self.cfg.batch_size)  # 1
         self.model.train()
         parts: list[dict[str, Tensor]] = []
-        total = 0.0
-        for start in range(0, len(idx), cfg.micro_batch_size):
-            micro = idx[start:start + cfg.micro_batch_size]
+        total, per = 0.0, self.rows_per_micro()
+        for start in range(0, len(idx), per):
+            micro = idx[start:start + per]
             loss, values = self.loss(self.train_set, micro)  # 2-3
             (loss * len(micro) / len(idx)).backward()
             total += float(loss.detach()) * len(micro) / len(idx)
             parts.append(values)
         metrics = {f"train/{k}": v for k, v in summarize(parts, self.cfg.objective).items()}
         metrics["loss/rm"] = total
-        metrics["train/grad_norm"] = float(clip_and_step(self.model, self.opt, self.sched,
-                                                         cfg.max_grad_norm))
+        metrics["train/grad_norm"] = self.optimizer_step()
         metrics["train/lr"] = self.sched.get_last_lr()[0]
         return metrics
 
     @torch.no_grad()
-    def evaluate(self, when: str = "after") -> dict[str, float]:
+    def evaluate(self, when: str) -> dict[str, Any]:
         """Held-out pair accuracy / AUC / margin / score statistics / loss."""
         if self.eval_set is None:
             return {}
+        was_training = self.model.training
         self.model.eval()
-        n = len(self.eval_rows)
+        n, per = len(self.eval_rows), self.rows_per_micro()
         parts, total = [], 0.0
-        for start in range(0, n, self.cfg.micro_batch_size):
-            idx = list(range(start, min(n, start + self.cfg.micro_batch_size)))
+        for start in range(0, n, per):
+            idx = list(range(start, min(n, start + per)))
             loss, values = self.loss(self.eval_set, idx)
             total += float(loss) * len(idx) / n
             parts.append(values)
-        return {**summarize(parts, self.cfg.objective), "loss": total, "n": float(n)}
+        self.model.train(was_training)
+        self.last_eval = {**summarize(parts, self.cfg.objective), "loss": total, "n": float(n)}
+        return self.last_eval
 
-    def save(self, path: str | Path) -> None:
-        save_checkpoint(self.model, self.tokenizer, path)
-
-    # ------------------------------------------------------------------------------------------
-    def train(self) -> dict[str, Any]:
-        return train_loop(self, "accuracy")
+    def summary_fields(self) -> dict[str, Any]:
+        return {"pair_accuracy" if self.cfg.objective == "bradley_terry" else "outcome_accuracy":
+                self.last_eval.get("accuracy"), "auc": self.last_eval.get("auc")}
 
 
 def summarize(parts: list[dict[str, Tensor]], objective: str) -> dict[str, float]:
@@ -243,54 +213,8 @@ def _stats(x: Tensor, name: str) -> dict[str, float]:
             f"{name}_std": float(x.std(unbiased=False))}
 
 
-def train_loop(trainer: Any, headline: str) -> dict[str, Any]:
-    """Eval before -> ``max_steps`` steps (log, eval, checkpoint cadence) -> eval after, save,
-    summary.json. Shared by the ORM and PRM trainers."""
-    cfg, start = trainer.cfg, time.time()
-    save_config(cfg.out_dir, cfg)
-    logger = MetricsLogger(cfg.out_dir)
-    before = trainer.evaluate("before")
-    logger.log(0, {f"eval/{k}": v for k, v in before.items()})
-    history = []
-    for step in range(1, cfg.max_steps + 1):
-        t0 = time.time()
-        metrics = trainer.step(step)
-        metrics["perf/step_seconds"] = time.time() - t0
-        if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
-            metrics.update({f"eval/{k}": v for k, v in trainer.evaluate("during").items()})
-        if step % cfg.log_every == 0 or step == cfg.max_steps:
-            history.append({"step": step, **logger.log(step, metrics)})
-        if cfg.save_every and step % cfg.save_every == 0:
-            trainer.save(Path(cfg.out_dir) / "checkpoint")
-    after = trainer.evaluate("after")
-    logger.log(cfg.max_steps, {f"eval/{k}": v for k, v in after.items()})
-    logger.close()
-    trainer.save(Path(cfg.out_dir) / "final")
-    summary = {"eval_before": before.get(headline), "eval_after": after.get(headline),
-               "eval_before_detail": before, "eval_after_detail": after,
-               "seconds": round(time.time() - start, 1), "steps": cfg.max_steps,
-               "peak_rss_mb": round(peak_rss_mb(), 1), "history": history}
-    write_summary(cfg.out_dir, cfg, **summary)
-    return summary
-
-
 def _check_margins(rows: list[dict[str, Any]], source: str) -> None:
     for i, r in enumerate(rows):
         m = r.get("margin", 0.0)
         if isinstance(m, bool) or not isinstance(m, (int, float)):
             raise DataError(source, i + 1, "margin", f"expected a number, got {m!r}")
-
-
-def validate(cfg: Any) -> None:
-    """Cross-field checks shared by the ORM and PRM configs (ConfigError names the key)."""
-    if not cfg.train_data:
-        raise ConfigError("config key 'train_data': required")
-    checks = {
-        "batch_size": (cfg.batch_size >= 1, "expected >= 1"),
-        "micro_batch_size": (cfg.micro_batch_size >= 1, "expected >= 1"),
-        "max_len": (cfg.max_len >= 2, "expected >= 2"),
-        "lora_r": (cfg.lora_r == 0, "LoRA is not supported for reward models yet; use 0"),
-    }
-    for key, (ok, msg) in checks.items():
-        if not ok:
-            raise ConfigError(f"config key '{key}'={getattr(cfg, key)!r}: {msg}")

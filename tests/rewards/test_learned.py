@@ -93,3 +93,16 @@ def test_process_scorer_step_scores_and_aggregation(scorers):
         assert prm.score([PROMPT], [GOOD], how)[0] == pytest.approx(fn(steps[0]), abs=1e-5)
     assert aggregate_scores([[0.5, 0.2], []], "min") == pytest.approx([0.2, 0.0])
     assert prm.step_scores([PROMPT], [""]) == [[]]
+
+
+def test_grpo_recipe_with_a_bad_reward_model_path_fails_before_loading(scorers, tmp_path):
+    from posttrain.config import ConfigError, GRPOConfig, build_config
+    from posttrain.tasks.arithmetic import prompt_rows, write_jsonl
+    from posttrain.trainers.grpo import GRPOTrainer
+
+    data = write_jsonl(prompt_rows(4), tmp_path / "p.jsonl")
+    cfg = build_config(GRPOConfig, overrides={
+        "model": str(tmp_path / "no-model"), "train_data": str(data),
+        "rewards": [{"name": "math"}, {"name": "reward_model", "path": scorers["lm"]}]})
+    with pytest.raises(ConfigError, match="reward_model.*not an outcome reward model"):
+        GRPOTrainer(cfg)

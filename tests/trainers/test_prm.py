@@ -4,13 +4,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from posttrain.config import ConfigError, build_config
+from posttrain.config import ConfigError, PRMConfig, build_config
 from posttrain.data import DataError
 from posttrain.models import build_char_tokenizer, build_tiny_llama
 from posttrain.models.reward import check_scorer_dir, load_scorer, prm_meta
 from posttrain.tasks.arithmetic import step_rows, write_jsonl
 from posttrain.trainers.common import save_checkpoint
-from posttrain.trainers.prm import PRMConfig, PRMTrainer, soft_step_loss, step_metrics
+from posttrain.trainers.prm import PRMTrainer, soft_step_loss, step_metrics
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def world(tmp_path_factory) -> dict[str, str]:
 def _cfg(world: dict[str, str], out: Path, **kw) -> PRMConfig:
     base = {"model": world["model"], "train_data": world["train"], "out_dir": str(out),
             "max_steps": 1, "batch_size": 32, "micro_batch_size": 32, "progress": False,
-            "lr": 3e-3, "max_len": 128, "threads": 1}
+            "lr": 3e-3, "max_seq_len": 128, "threads": 1}
     return build_config(PRMConfig, overrides={**base, **kw})
 
 
@@ -98,7 +98,7 @@ def test_bad_step_rows_name_file_line_field(tmp_path):
 
 def test_config_errors(world, tmp_path):
     with pytest.raises(ConfigError, match="'soft_labels'"):
-        PRMTrainer(_cfg(world, tmp_path, soft_labels=True, num_classes=3))
+        _cfg(world, tmp_path, soft_labels=True, num_classes=3)
     with pytest.raises(ConfigError, match="num_classes"):
         _cfg(world, tmp_path, num_classes=4)
 
@@ -119,8 +119,15 @@ def test_prm_learns_bad_steps_above_chance(world, tmp_path):
     for key in ("first_error_accuracy", "solution_auc", "bad_recall", "n"):
         assert key in after
     out = Path(cfg.out_dir)
-    assert json.loads((out / "summary.json").read_text())["eval_after"] == after["bad_f1"]
+    written = json.loads((out / "summary.json").read_text())
+    assert written["eval_after"] == after["step_accuracy"] and written["bad_f1"] == after["bad_f1"]
     check_scorer_dir(out / "final", "prm")
     model, _ = load_scorer(out / "final", "prm")
     assert type(model).__name__ == "LlamaForTokenClassification"
     assert prm_meta(model) == {"separator": "\n", "split": "think", "num_classes": 2}
+
+
+def test_shipped_recipe_loads():
+    recipe = Path(__file__).parents[2] / "recipes" / "prm_arith.yaml"
+    cfg = build_config(PRMConfig, recipe)
+    assert cfg.num_classes == 2 and cfg.step_separator == "\n" and cfg.step_split == "think"

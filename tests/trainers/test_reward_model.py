@@ -4,14 +4,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from posttrain.config import ConfigError, build_config
+from posttrain.config import ConfigError, RMConfig, build_config
 from posttrain.data import DataError
 from posttrain.models import build_char_tokenizer, build_tiny_llama
 from posttrain.models.reward import ScorerError, check_scorer_dir, load_scorer, sequence_scores
 from posttrain.tasks.arithmetic import write_jsonl
 from posttrain.tasks.preferences import offline_pairs
 from posttrain.trainers.common import save_checkpoint
-from posttrain.trainers.reward_model import RewardModelTrainer, RMConfig, roc_auc
+from posttrain.trainers.reward_model import RewardModelTrainer, roc_auc
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +31,8 @@ def world(tmp_path_factory) -> dict[str, str]:
 
 def _cfg(world: dict[str, str], out: Path, **kw) -> RMConfig:
     base = {"model": world["model"], "train_data": world["train"], "out_dir": str(out),
-            "max_steps": 1, "batch_size": 16, "micro_batch_size": 16, "progress": False,
-            "lr": 3e-3, "max_len": 128, "threads": 1}
+            "max_steps": 1, "batch_size": 16, "micro_batch_size": 32, "progress": False,
+            "lr": 3e-3, "max_seq_len": 128, "threads": 1}
     return build_config(RMConfig, overrides={**base, **kw})
 
 
@@ -83,9 +83,9 @@ def test_bad_rows_fail_before_the_model_loads(tmp_path):
 
 
 def test_config_errors(world, tmp_path):
-    for key, value in (("micro_batch_size", 0), ("lora_r", 4)):
+    for key, value in (("micro_batch_size", 1), ("lora_r", 4)):
         with pytest.raises(ConfigError, match=f"'{key}'"):
-            RewardModelTrainer(_cfg(world, tmp_path, **{key: value}))
+            _cfg(world, tmp_path, **{key: value})
     with pytest.raises(ConfigError, match="objective"):
         _cfg(world, tmp_path, objective="hinge")
 
@@ -127,3 +127,30 @@ def test_binary_objective_learns(world, tmp_path):
     after = summary["eval_after_detail"]
     assert after["auc"] > 0.8 and after["accuracy"] > 0.7
     assert after["positive_mean"] > after["negative_mean"]
+
+
+def test_cli_and_python_api(world, tmp_path, capsys):
+    from posttrain.cli import main
+    from posttrain.models import load_model_and_tokenizer
+
+    out = tmp_path / "cli"
+    code = main(["rm", f"model={world['model']}", f"train_data={world['train']}",
+                 f"out_dir={out}", "max_steps=2", "batch_size=4", "progress=false",
+                 "max_seq_len=128"])
+    assert code == 0 and (out / "final" / "config.json").is_file()
+    assert main(["rm", f"model={world['model']}", f"train_data={tmp_path / 'none.jsonl'}"]) == 2
+    assert "file not found" in capsys.readouterr().err
+    # Python API: a causal LM object and in-memory rows
+    lm, tok = load_model_and_tokenizer(world["model"])
+    rows = [json.loads(line) for line in Path(world["train"]).read_text().splitlines()]
+    trainer = RewardModelTrainer(model=lm, tokenizer=tok, train_data=rows[:8],
+                                 out_dir=str(tmp_path / "api"), max_steps=1, batch_size=4,
+                                 progress=False, max_seq_len=128)
+    assert type(trainer.model).__name__ == "LlamaForSequenceClassification"
+    trainer.train()
+
+
+def test_shipped_recipe_loads():
+    recipe = Path(__file__).parents[2] / "recipes" / "rm_arith.yaml"
+    cfg = build_config(RMConfig, recipe)
+    assert cfg.objective == "bradley_terry" and cfg.train_data.endswith("pairs_train.jsonl")

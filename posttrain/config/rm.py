@@ -1,0 +1,79 @@
+"""Reward-model configs: the outcome reward model (``posttrain rm``) and the process reward model
+(``posttrain prm``). See docs/reward_models.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from posttrain.config.base import BaseConfig, ConfigError
+
+
+@dataclass
+class _ScorerConfig(BaseConfig):
+    train_split: str = "train"
+    """Split name when `train_data` is a `datasets` name."""
+    batch_size: int = 32
+    """Rows (preference pairs, completions or step rows) per optimizer step."""
+    micro_batch_size: int = 64
+    """Sequences per forward/backward (gradient accumulation), as in every trainer: a preference
+    pair is two sequences."""
+    max_seq_len: int = 256
+    """Longest prompt+completion (or prompt+steps) in tokens; longer rows are an error."""
+    eval_size: int = 100_000
+    """Held-out rows evaluated (all of `eval_data` by default)."""
+    lr: float = 1e-4
+    """Peak learning rate (AdamW)."""
+
+    def validate(self) -> None:
+        super().validate()
+        checks = {
+            "batch_size": (self.batch_size >= 1, "expected >= 1"),
+            "micro_batch_size": (self.micro_batch_size >= 2, "expected >= 2 (sequences)"),
+            "max_seq_len": (self.max_seq_len >= 2, "expected >= 2"),
+            "lora_r": (self.lora_r == 0, "LoRA is not supported for reward models yet; use 0"),
+        }
+        for key, (ok, msg) in checks.items():
+            if not ok:
+                raise ConfigError(f"config key '{key}'={getattr(self, key)!r}: {msg}")
+
+
+@dataclass
+class RMConfig(_ScorerConfig):
+    train_data: str = ""
+    """Preference rows {"prompt", "chosen", "rejected", "margin"?} (bradley_terry) or outcome
+    rows {"prompt", "completion", "label": 1|0} (binary); JSONL path or `datasets` name."""
+    eval_data: str = ""
+    """Held-out rows of the same kind as `train_data`; empty: no held-out evaluation."""
+    objective: Literal["bradley_terry", "binary"] = "bradley_terry"
+    """Bradley-Terry on preference pairs, or binary correctness of single completions."""
+    margin: float = 0.0
+    """Bradley-Terry margin m in -log sigmoid(r_w - r_l - m); added to a row's `margin`."""
+
+
+@dataclass
+class PRMConfig(_ScorerConfig):
+    train_data: str = ""
+    """Step rows {"prompt", "steps": [str], "labels": [1|0|-1]} (JSONL path or `datasets`
+    name)."""
+    eval_data: str = ""
+    """Held-out step rows; empty: no held-out evaluation."""
+    num_classes: Literal[2, 3] = 2
+    """Step classes: 2 (bad / good; a neutral 0 label counts as good) or 3 (bad/neutral/good)."""
+    step_separator: str = "\n"
+    """Text appended after every step; the step's prediction is read at its last token."""
+    step_split: str = "think"
+    """How the scorer splits a completion into steps: 'think' (each ';'-separated part of
+    <think>...</think>, then the <answer> tag) or a literal delimiter such as '\\n'. Saved with
+    the model."""
+    soft_labels: bool = False
+    """Train on each row's `soft_labels` (fractions in [0, 1]: Math-Shepherd soft labels)."""
+    classifier_dropout: float = 0.0
+    """Dropout before the class head (HF's default for token classification is 0.1)."""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.soft_labels and self.num_classes != 2:
+            raise ConfigError("config key 'soft_labels': needs num_classes=2")
+        if not self.step_separator:
+            raise ConfigError("config key 'step_separator': expected a non-empty string")

@@ -1,0 +1,85 @@
+import pytest
+import torch
+
+from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.tasks.step_labels import (
+    exact_labels,
+    first_error,
+    label_agreement,
+    math_shepherd_labels,
+    pair_rows,
+    split_steps,
+    step_spans,
+)
+
+# 12+7*3-5 = ((12+7)*3)-5: true values 19, 57, 52
+PROBLEM = "12+7*3-5"
+GOOD = "<think>12+7=19; 19*3=57; 57-5=52</think><answer>52</answer>"
+
+
+def test_split_think_format_and_delimiters():
+    assert split_steps(GOOD) == ["12+7=19", "19*3=57", "57-5=52", "<answer>52</answer>"]
+    spans = step_spans(GOOD)
+    assert GOOD[:spans[1][1]] == "<think>12+7=19; 19*3=57"  # the rollout prefix after step 2
+    assert split_steps("garbage") == ["garbage"]  # unparseable: one step
+    assert split_steps("") == []
+    assert split_steps("a\n\nb\n", "\n") == ["a", "b"]
+    with pytest.raises(ValueError, match="delimiter"):
+        split_steps("a", "")
+
+
+def test_exact_labels_conventions():
+    assert exact_labels(PROBLEM, split_steps(GOOD)) == [1, 1, 1, 1]
+    # wrong result at step 2; step 3 is right GIVEN its (wrong) input but still -1
+    wrong = "<think>12+7=19; 19*3=56; 56-5=51</think><answer>51</answer>"
+    assert exact_labels(PROBLEM, split_steps(wrong)) == [1, -1, -1, -1]
+    assert exact_labels(PROBLEM, split_steps(wrong), "truncate") == [1, -1]
+    # wrong INPUT: the step copies 18 instead of 19 (arithmetic itself is fine)
+    bad_input = "<think>12+7=19; 18*3=54; 54-5=49</think><answer>49</answer>"
+    assert exact_labels(PROBLEM, split_steps(bad_input)) == [1, -1, -1, -1]
+    # sign dropped (the SFT flaw): 5-9 = -4 written as 4
+    assert exact_labels("5-9+1", ["5-9=4", "4+1=5", "<answer>5</answer>"]) == [-1, -1, -1]
+    # too few steps: the chain stops early, the answer step is wrong
+    assert exact_labels(PROBLEM, ["12+7=19", "19*3=57", "<answer>57</answer>"]) == [1, 1, -1]
+    # malformed step, extra step
+    assert exact_labels(PROBLEM, ["12 plus 7"]) == [-1]
+    assert exact_labels("1+2", ["1+2=3", "3+0=3", "<answer>3</answer>"]) == [1, -1, -1]
+    with pytest.raises(ValueError, match="after_first_error"):
+        exact_labels(PROBLEM, ["x"], "drop")
+
+
+def test_first_error_and_agreement():
+    assert first_error([1, 1, -1, -1]) == 2 and first_error([1, 0]) == 2
+    a = [{"labels": [1, -1]}, {"labels": [1, 1, 1]}]
+    b = [{"labels": [1, 1]}, {"labels": [1, 1, -1]}]
+    agree = label_agreement(a, b)
+    assert agree["step_agreement"] == pytest.approx(3 / 5)
+    assert agree["bad_rate_exact"] == pytest.approx(1 / 5)
+
+
+def test_pair_rows_pick_correct_vs_incorrect():
+    rows = [{"prompt": "p", "completion": c, "correct": ok, "answer": "1"}
+            for c, ok in (("a", True), ("b", False), ("c", False))]
+    rows.append({"prompt": "q", "completion": "d", "correct": True, "answer": "2"})
+    pairs = pair_rows(rows, per_prompt=5)
+    assert {(p["chosen"], p["rejected"]) for p in pairs} == {("a", "b"), ("a", "c")}
+    assert len(pair_rows(rows, per_prompt=1)) == 1
+
+
+
+def test_math_shepherd_labels_from_rollouts():
+    """A tiny random model rarely reaches the answer: the labels come from the rollouts' own
+    verification, and the final step from the sample's correctness."""
+    tok = build_char_tokenizer()
+    torch.manual_seed(0)
+    model = build_tiny_llama(tok, hidden_size=32, num_layers=1, num_heads=2,
+                             intermediate_size=64)
+    rows = [{"prompt": PROBLEM, "completion": GOOD, "answer": "52"},
+            {"prompt": PROBLEM, "completion": GOOD.replace("52", "50"), "answer": "52"}]
+    out = math_shepherd_labels(model, tok, rows, k=2, max_new_tokens=8)
+    assert [len(r["labels"]) for r in out] == [4, 4]
+    assert out[0]["labels"][-1] == 1 and out[1]["labels"][-1] == -1  # the answer step
+    assert out[0]["soft_labels"][-1] == 1.0 and out[1]["soft_labels"][-1] == 0.0
+    for r in out:
+        assert all(q in (0.0, 0.5, 1.0) for q in r["soft_labels"])
+        assert r["labels"] == [1 if q > 0 else -1 for q in r["soft_labels"]]
