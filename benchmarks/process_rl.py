@@ -186,13 +186,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--prm-steps", type=int, default=200)
     ap.add_argument("--label-prompts", type=int, default=1000)
     ap.add_argument("--arms", default=",".join(ARMS))
-    ap.add_argument("--steps", type=int, default=60, help="GRPO steps of every arm")
+    ap.add_argument("--steps", type=int, default=0, help="GRPO steps of every arm "
+                    "(default 60; quick: 40)")
     ap.add_argument("--prm", default="", help="reuse a PRM dir (skips labels + PRM training)")
     ap.add_argument("--jobs", type=int, default=1, help="arms run in parallel processes")
     ap.add_argument("--replot", action="store_true", help="only redraw DIR/process_rl.png")
     args = ap.parse_args(argv)
     if args.replot:
         results = json.loads((Path(args.out) / "results.json").read_text())
+        for arm in ARMS:  # curves re-read from the runs' metrics.jsonl
+            runs = [curves(Path(args.out) / f"{arm}_s{seed}" / "metrics.jsonl")
+                    for seed in results["seeds"]]
+            results[arm].update(curves=[r["curve"] for r in runs],
+                                watch=[r["watch"] for r in runs])
         plot(results, Path(args.out) / "process_rl.png")
         return results
     import torch
@@ -217,6 +223,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {"prm": prm_info, "setup_seconds": setup, "seeds": seeds,
                                "quick": args.quick}
     arms = args.arms.split(",")
+    args.steps = args.steps or (40 if args.quick else 60)
     jobs = [(arm, arm_overrides(arm, world["sft"], world["data"], prm_dir, out / f"{arm}_s{seed}",
                                 seed, args.quick, args.steps)) for arm in arms for seed in seeds]
     if args.jobs > 1:  # one process per run, one torch thread each

@@ -241,3 +241,25 @@ def test_shipped_process_recipes_load():
     assert proc.advantage == both.advantage == "grpo_process"
     assert all(r["weight"] == 0 for r in proc.rewards) and proc.process_weight == 1.0
     assert [r["name"] for r in both.rewards][0] == "math" and both.process_weight == 0.5
+
+
+def test_a_saved_prm_drives_grpo_process(world, tmp_path):
+    """The real path: a PRM directory, steps cut with its saved rule, scores stored per step."""
+    from posttrain.models.reward import PRM_META_KEY, build_scorer
+    from posttrain.trainers.process_steps import PRMStepScorer
+
+    tok = build_char_tokenizer()
+    prm = build_scorer(world["model"], "prm", tok, num_labels=2)
+    setattr(prm.config, PRM_META_KEY, {"separator": "\n", "split": ";"})
+    save_checkpoint(prm, tok, tmp_path / "prm")
+    scorer = PRMStepScorer(str(tmp_path / "prm"), device="cpu")
+    (ends, scores), = scorer(["p"], ["1+1=2; 2+2=4;x"])
+    assert ends == [5, 12, 14] and len(scores) == 3 and all(0 < s < 1 for s in scores)
+    trainer = GRPOTrainer(_cfg(world, str(tmp_path / "run"), max_steps=1,
+                               process_reward_model=str(tmp_path / "prm")))
+    trainer.train()
+    rollout, _ = trainer.rollout_step()
+    trainer.compute_advantages(rollout, {})
+    real = rollout.step_ends >= 0
+    assert rollout.advantages.shape == rollout.completion_ids.shape
+    assert bool(real.any(1).all()) and bool(((rollout.step_scores > 0) == real).all())
