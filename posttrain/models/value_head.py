@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from posttrain.models.loading import ModelLoadError
+from posttrain.ops.masked import trim_padding
 from posttrain.rollout import autocast_ctx
 
 HEAD_FILE = "value_head.safetensors"
@@ -80,7 +81,7 @@ class ValueModel(nn.Module):
         Returns:
             values [n, T] fp32; 0 on masked positions (they carry no state).
         """
-        p_ids, p_mask, c_ids, c_mask = _trim(prompt_ids, prompt_mask, completion_ids,
+        p_ids, p_mask, c_ids, c_mask = trim_padding(prompt_ids, prompt_mask, completion_ids,
                                              response_mask)
         ids = torch.cat([p_ids, c_ids], dim=1)  # [n, P'+T']
         attn = torch.cat([p_mask, c_mask], dim=1).long()  # [n, P'+T']
@@ -115,16 +116,6 @@ class ValueModel(nn.Module):
         (path / "critic.json").write_text(json.dumps({"kind": "value_head"}) + "\n")
         return path
 
-
-def _trim(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
-          response_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Cut columns that are padding in every row (leading prompt, trailing completion)."""
-    keep_p = prompt_mask.any(0)
-    first = int(keep_p.nonzero()[0]) if bool(keep_p.any()) else prompt_mask.shape[1] - 1
-    keep_c = response_mask.any(0)
-    last = int(keep_c.nonzero()[-1]) + 1 if bool(keep_c.any()) else 1
-    return (prompt_ids[:, first:], prompt_mask[:, first:], completion_ids[:, :last],
-            response_mask[:, :last])
 
 
 @contextlib.contextmanager

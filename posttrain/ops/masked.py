@@ -77,3 +77,21 @@ def masked_whiten(
     if not shift_mean:
         whitened = whitened + mean
     return keep(whitened, mask)
+
+
+def trim_padding(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+                 response_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Cut the columns that are padding in every row: leading prompt, trailing completion.
+
+    Args:
+        prompt_ids, prompt_mask: [n, P] left padded; completion_ids, response_mask: [n, T].
+    Returns:
+        the same four tensors, [n, P'] and [n, T'] with P' <= P, T' <= T (at least one column).
+    """
+    keep_p = prompt_mask.any(0)  # [P]
+    first = int(keep_p.nonzero()[0]) if bool(keep_p.any()) else prompt_mask.shape[1] - 1
+    keep_c = response_mask.any(0)  # [T]
+    last = int(keep_c.nonzero()[-1]) + 1 if bool(keep_c.any()) else 1
+    return (prompt_ids[:, first:], prompt_mask[:, first:], completion_ids[:, :last],
+            response_mask[:, :last])
+

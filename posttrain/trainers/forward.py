@@ -26,6 +26,7 @@ from torch import Tensor
 
 from posttrain.ops import entropy_from_logits, head_logprobs, token_logprobs
 from posttrain.ops.fused_head import DEFAULT_BLOCK_ELEMENTS
+from posttrain.ops.masked import trim_padding
 from posttrain.rollout.logits import autocast_ctx, logits_context
 
 # model types whose causal-LM forward is exactly ``lm_head(last_hidden_state)`` (no softcapping,
@@ -36,16 +37,6 @@ FUSED_HEAD_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_mo
 # default it is used only where the full fp32 logits would exceed 64 MB (2 blocks)
 FUSE_MIN_ELEMENTS = 2 * DEFAULT_BLOCK_ELEMENTS
 
-
-def _trim(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
-          response_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Cut all-padding columns: leading prompt columns and trailing completion columns."""
-    keep_p = prompt_mask.any(0)
-    first = int(keep_p.nonzero()[0]) if bool(keep_p.any()) else prompt_mask.shape[1] - 1
-    keep_c = response_mask.any(0)
-    last = int(keep_c.nonzero()[-1]) + 1 if bool(keep_c.any()) else 1
-    return (prompt_ids[:, first:], prompt_mask[:, first:], completion_ids[:, :last],
-            response_mask[:, :last])
 
 
 def fused_head_supported(model: torch.nn.Module) -> bool:
@@ -75,7 +66,8 @@ def _head_as_identity(head: torch.nn.Module) -> Iterator[None]:
 def _inputs(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
             response_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Trimmed (ids, attention mask, position ids) [n, P'+T'] and completion ids [n, T']."""
-    p_ids, p_mask, c_ids, c_mask = _trim(prompt_ids, prompt_mask, completion_ids, response_mask)
+    p_ids, p_mask, c_ids, c_mask = trim_padding(prompt_ids, prompt_mask, completion_ids,
+                                                response_mask)
     ids = torch.cat([p_ids, c_ids], dim=1)  # [n, P'+T']
     attn = torch.cat([p_mask, c_mask], dim=1).long()  # [n, P'+T']
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, P'+T']
