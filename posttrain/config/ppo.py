@@ -6,41 +6,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from posttrain.config.base import BaseConfig, ConfigError, math_and_format
+from posttrain.config.base import ConfigError, math_and_format
+from posttrain.config.rl import PromptRLConfig
 
 
 @dataclass
-class PPOConfig(BaseConfig):
-    # --- data and rewards ---
-    train_data: str = ""
-    """RL prompts {"prompt", "answer", ...} (JSONL path or `datasets` name)."""
-    train_split: str = "train"
-    """Split name when `train_data` is a `datasets` name."""
-    prompt_field: str = "prompt"
-    """Row field holding the prompt (str or list of chat messages)."""
-    answer_field: str = "answer"
-    """Row field passed to reward functions as `answer`."""
-    answer_marker: str = ""
-    """If set, the gold answer is the text after the last occurrence of this marker in the
-    answer field (GSM8K solutions end with "#### 72": use "####")."""
+class PPOConfig(PromptRLConfig):
     rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
     """Scores of whole completions: verifiable rewards and/or a `reward_model` entry, with
     weights. The weighted sum is the score R put on the last completion token."""
-    reward_on_error: Literal["zero", "raise"] = "zero"
-    """A reward function that raises: score 0 (counted in reward/errors) or stop training."""
     # --- rollout ---
     prompts_per_step: int = 64
     """Prompts per rollout batch."""
     group_size: int = 1
     """Completions sampled per prompt (PPO needs no group: 1 is the classic setting)."""
-    max_new_tokens: int = 64
-    """Longest completion sampled; longer ones are truncated and flagged."""
-    temperature: float = 1.0
-    """Sampling temperature (log-probs use the same temperature)."""
-    top_p: float = 1.0
-    """Nucleus sampling; 1.0 disables."""
-    top_k: int = 0
-    """Top-k sampling; 0 disables."""
     # --- critic ---
     critic_model: str = ""
     """Where the critic's body comes from: empty = a copy of the policy (the seed note's

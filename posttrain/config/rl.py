@@ -1,0 +1,37 @@
+"""Fields every RL trainer on a prompt dataset shares (GRPO, PPO): data, rewards, sampling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from posttrain.config.base import BaseConfig, math_and_format
+
+
+@dataclass
+class PromptRLConfig(BaseConfig):
+    # --- data and rewards ---
+    train_data: str = ""
+    """RL prompts {"prompt", "answer", ...} (JSONL path or `datasets` name)."""
+    train_split: str = "train"
+    """Split name when `train_data` is a `datasets` name."""
+    prompt_field: str = "prompt"
+    """Row field holding the prompt (str or list of chat messages)."""
+    answer_field: str = "answer"
+    """Row field passed to reward functions as `answer`."""
+    answer_marker: str = ""
+    """If set, the gold answer is the text after the last occurrence of this marker in the
+    answer field (GSM8K solutions end with "#### 72": use "####")."""
+    rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
+    """Reward functions and weights: [{name: math|format|code|pkg.module:function, weight: w}]."""
+    reward_on_error: Literal["zero", "raise"] = "zero"
+    """A reward function that raises: score 0 (counted in reward/errors) or stop training."""
+    # --- sampling ---
+    max_new_tokens: int = 64
+    """Longest completion sampled; longer ones are truncated and flagged."""
+    temperature: float = 1.0
+    """Sampling temperature (log-probs use the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling; 1.0 disables."""
+    top_k: int = 0
+    """Top-k sampling; 0 disables."""
