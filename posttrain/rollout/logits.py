@@ -12,7 +12,7 @@ found with ``get_output_embeddings()``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -48,21 +48,33 @@ def head_outside_autocast(model: torch.nn.Module) -> Iterator[None]:
         yield
         return
     dtype = _head_dtype(head)
-    had_own = "forward" in head.__dict__
-    inner = head.forward
 
-    def forward(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        with torch.autocast(device_type=hidden.device.type, enabled=False):
-            return inner(hidden if dtype is None else hidden.to(dtype), *args, **kwargs)
+    def outside_autocast(inner: Callable[..., Any]) -> Callable[..., Any]:
+        def forward(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            with torch.autocast(device_type=hidden.device.type, enabled=False):
+                return inner(hidden if dtype is None else hidden.to(dtype), *args, **kwargs)
 
-    head.forward = forward
+        return forward
+
+    with patched_forward(head, outside_autocast):
+        yield
+
+
+@contextlib.contextmanager
+def patched_forward(module: torch.nn.Module,
+                    wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
+    """Replace ``module.forward`` by ``wrap(original forward)`` for the duration of the context;
+    restored on exit (nesting is safe)."""
+    had_own = "forward" in module.__dict__
+    inner = module.forward
+    module.forward = wrap(inner)
     try:
         yield
     finally:
         if had_own:
-            head.forward = inner
+            module.forward = inner
         else:
-            del head.forward
+            del module.forward
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ from torch import Tensor
 from posttrain.ops import entropy_from_logits, head_logprobs, token_logprobs
 from posttrain.ops.fused_head import DEFAULT_BLOCK_ELEMENTS
 from posttrain.ops.masked import trim_padding
-from posttrain.rollout.logits import autocast_ctx, logits_context
+from posttrain.rollout.logits import autocast_ctx, logits_context, patched_forward
 
 # model types whose causal-LM forward is exactly ``lm_head(last_hidden_state)`` (no softcapping,
 # logit scaling or other transform after the head), checked against transformers' modeling code
@@ -51,16 +51,8 @@ def fused_head_supported(model: torch.nn.Module) -> bool:
 @contextlib.contextmanager
 def _head_as_identity(head: torch.nn.Module) -> Iterator[None]:
     """Make the head module return its input: the model's forward then yields hidden states."""
-    had_own = "forward" in head.__dict__
-    inner = head.forward
-    head.forward = lambda hidden, *a, **k: hidden
-    try:
+    with patched_forward(head, lambda inner: lambda hidden, *a, **k: hidden):
         yield
-    finally:
-        if had_own:
-            head.forward = inner
-        else:
-            del head.forward
 
 
 def _inputs(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
