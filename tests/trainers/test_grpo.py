@@ -11,25 +11,11 @@ import torch
 
 from posttrain.config import ConfigError, GRPOConfig, build_config
 from posttrain.data import DataError
-from posttrain.models import build_char_tokenizer, build_tiny_llama
-from posttrain.trainers.common import save_checkpoint
 from posttrain.trainers.grpo import GRPOTrainer
 
 TOY_REWARD = [{"name": "tests.trainers.toy_rewards:sevens", "weight": 1.0}]
 
 
-@pytest.fixture(scope="module")
-def toy_world(tmp_path_factory) -> dict[str, str]:
-    """A random tiny Llama and 64 one-character prompts; the reward counts '7's."""
-    root = tmp_path_factory.mktemp("grpo_toy")
-    tok = build_char_tokenizer()
-    model = build_tiny_llama(tok, hidden_size=32, num_layers=1, num_heads=2,
-                             intermediate_size=64, max_position_embeddings=64, seed=0)
-    save_checkpoint(model, tok, root / "model")
-    data = root / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": c, "answer": "7"}) + "\n"
-                            for c in "abcdefghijklmnopqrstuvwxyz0123456789" * 2))
-    return {"model": str(root / "model"), "data": str(data), "root": str(root)}
 
 
 def _cfg(world: dict[str, str], out: str, **kw) -> GRPOConfig:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from posttrain.config import ConfigError, GRPOConfig, build_config
-from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.models import build_char_tokenizer
 from posttrain.rollout import Rollout, concat_rollouts
 from posttrain.trainers.common import save_checkpoint
 from posttrain.trainers.grpo import GRPOTrainer
@@ -39,16 +39,8 @@ def one_step(prompts, completions):
 
 # ---- fixtures ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def world(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("grpo_process")
-    tok = build_char_tokenizer()
-    model = build_tiny_llama(tok, hidden_size=32, num_layers=1, num_heads=2,
-                             intermediate_size=64, max_position_embeddings=64, seed=0)
-    save_checkpoint(model, tok, root / "model")
-    data = root / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": c, "answer": "7"}) + "\n"
-                            for c in "abcdefghijklmnopqrstuvwxyz0123456789" * 2))
-    return {"model": str(root / "model"), "data": str(data)}
+def world(toy_world: dict[str, str]) -> dict[str, str]:
+    return toy_world
 
 
 def _cfg(world: dict[str, str], out: str, **kw) -> GRPOConfig:

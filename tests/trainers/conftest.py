@@ -1,0 +1,25 @@
+"""Fixtures shared by the trainer tests."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.trainers.common import save_checkpoint
+
+
+@pytest.fixture(scope="session")
+def toy_world(tmp_path_factory) -> dict[str, str]:
+    """A random tiny Llama and 72 one-character prompts (answer "7"); the toy reward
+    (`tests.trainers.toy_rewards:sevens`) counts '7's. Read-only: runs write to their own dirs."""
+    root = tmp_path_factory.mktemp("toy_world")
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(tok, hidden_size=32, num_layers=1, num_heads=2,
+                             intermediate_size=64, max_position_embeddings=64, seed=0)
+    save_checkpoint(model, tok, root / "model")
+    data = root / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": c, "answer": "7"}) + "\n"
+                            for c in "abcdefghijklmnopqrstuvwxyz0123456789" * 2))
+    return {"model": str(root / "model"), "data": str(data), "root": str(root)}
