@@ -232,7 +232,8 @@ class GRPOTrainer(Trainer):
             adv = group_advantages(scores, cfg.group_size, scale=cfg.scale,
                                    std_ddof=cfg.std_ddof)
         rollout.advantages = adv  # [N]
-        metrics["advantage/abs_mean"] = float(adv.abs().mean())
+        metrics["advantage/abs_mean"] = float(  # [N, T] (process): counted tokens only
+            masked_mean(adv.abs(), rollout.response_mask) if adv.dim() == 2 else adv.abs().mean())
         if not off_policy:
             rollout.old_logprobs = None  # on-policy: old = detached current, no extra pass
 

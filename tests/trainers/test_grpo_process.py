@@ -169,6 +169,20 @@ def test_masked_and_padded_positions_have_no_effect(trainer):
     assert torch.equal(l1, l2)
 
 
+def test_advantage_metric_ignores_padding(trainer):
+    """`advantage/abs_mean` of [N, T] advantages averages counted tokens only: more padding
+    leaves it unchanged."""
+    completions = ["aabbcc", "dd"]
+    steps = [([2, 6], [0.9, 0.2]), ([2], [0.5])]
+    logged = []
+    for T in (6, 12):
+        metrics: dict[str, float] = {}
+        trainer.step_scorer = FixedSteps(steps)
+        trainer.compute_advantages(_rollout(completions, T=T), metrics)
+        logged.append(metrics["advantage/abs_mean"])
+    assert logged[0] > 0 and logged[0] == pytest.approx(logged[1])
+
+
 def test_one_step_per_completion_equals_outcome_grpo(world, tmp_path):
     """Same seed, one step per completion scored like the outcome: identical training."""
     outcome = GRPOTrainer(_cfg(world, str(tmp_path / "o"), advantage="grpo",
