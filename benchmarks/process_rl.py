@@ -168,7 +168,12 @@ def build_prm(sft: str, out: Path, args: argparse.Namespace, setup: dict[str, fl
     labels = build_labels(sft, out / "steps", args.label_prompts, 150, 0)
     setup["labels"] = round(time.time() - t, 1)
     t = time.time()
-    prm = train_prm(sft, out / "steps", out / "prm", args.prm_steps)
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    # its own process, so that its peak RSS is the PRM's own and not the SFT's or the labels'
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        prm = pool.submit(train_prm, sft, out / "steps", out / "prm", args.prm_steps).result()
     setup["prm"] = round(time.time() - t, 1)
     info = {"seconds": setup["prm"], "label_seconds": setup["labels"], **labels,
             "peak_rss_mb": prm.get("peak_rss_mb"), "step_accuracy": prm.get("eval_after"),

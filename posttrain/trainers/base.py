@@ -294,7 +294,8 @@ class Trainer:
                    "eval_after": eval_after.get("accuracy"),
                    "eval_before_detail": eval_before, "eval_after_detail": eval_after,
                    "seconds": round(elapsed + time.time() - start, 1), "steps": cfg.max_steps,
-                   "history": history, **self.summary_fields()}
+                   "peak_rss_mb": round(peak_rss_mb(), 1), "history": history,
+                   **self.summary_fields()}
         if self.dist.is_main:
             write_summary(cfg.out_dir, cfg, **summary)
         self.dist.barrier()
