@@ -52,7 +52,9 @@ class BaseConfig:
     """Dtype of the weights as loaded."""
     autocast_bf16: bool = False
     """Run forward passes under bf16 autocast (weights stay fp32; the LM head and log-probs stay
-    fp32). Fast on CPUs with a bf16 matrix unit and on GPUs."""
+    fp32). Fast on CPUs with a bf16 matrix unit and on GPUs. GRPO and PPO then sample from a
+    bf16 copy of the policy (re-synced before every generation; the policy's fp32 head), not
+    under autocast: see docs/performance.md."""
     threads: int = 0
     """torch.set_num_threads; 0 keeps torch's default."""
     device: str = "auto"

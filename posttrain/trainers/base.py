@@ -47,6 +47,7 @@ import torch
 from posttrain.config import BaseConfig, ConfigError, build_config, to_dict
 from posttrain.models import adapters_disabled
 from posttrain.rollout.hf import autocast_ctx
+from posttrain.rollout.sampler_copy import BF16Sampler, bf16_sampler_supported
 from posttrain.trainers.checkpoint import (
     find_resume,
     read_checkpoint,
@@ -104,6 +105,7 @@ class Trainer:
         self.device = resolve_device(cfg.device)
         self._order: list[int] = []
         self._ref: Any = None
+        self._sampler: BF16Sampler | None = None
         self.setup()
         self.model = self.dist.wrap(self.model, cfg.fsdp)
         self.opt, self.sched = build_optimizer(self.model, cfg, self.optimizer_steps())
@@ -226,6 +228,19 @@ class Trainer:
         """Full policy weights for a stretch of forward passes without collectives: wrap
         generation in it (a no-op unless FSDP2 shards the model)."""
         return self.dist.gathered(self.model)
+
+    def rollout_model(self) -> tuple[Any, bool]:
+        """(model, autocast) for sampling rollouts. Under `autocast_bf16` a bf16 copy of the
+        policy with the policy's fp32 head (`posttrain.rollout.sampler_copy`), re-synced from
+        the current weights at every call and run without autocast; else the policy itself."""
+        if not self.cfg.autocast_bf16:
+            return self.model, False
+        if self._sampler is None and bf16_sampler_supported(self.model):
+            self._sampler = BF16Sampler(self.model)
+        if self._sampler is None:
+            return self.model, True
+        self._sampler.sync()
+        return self._sampler.model, False
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast on this trainer's device type when `autocast_bf16` is set."""
