@@ -66,6 +66,30 @@ def _inputs(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
     return ids, attn, pos, c_ids
 
 
+@contextlib.contextmanager
+def learner_attention(model: torch.nn.Module, autocast: bool,
+                      device: torch.device | str) -> Iterator[None]:
+    """Eager attention for a forward pass that will be differentiated on the CPU under bf16
+    autocast (the model's own ``sdpa`` otherwise, and always outside this context).
+
+    PyTorch's CPU flash-attention backward in bf16 was 14-16% of a 19M GRPO step (95-195 ms
+    per layer for 64 x 49 tokens); transformers' eager attention (matmul, fp32 softmax, matmul)
+    differentiates several times faster at these lengths (docs/performance.md).
+    """
+    config = getattr(model, "config", None)
+    switch = (autocast and torch.is_grad_enabled() and torch.device(device).type == "cpu"
+              and getattr(config, "_attn_implementation", None) == "sdpa"
+              and callable(getattr(model, "set_attn_implementation", None)))
+    if not switch:
+        yield
+        return
+    model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation("sdpa")
+
+
 def _fused_logprobs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
                     completion_ids: Tensor, response_mask: Tensor, temperature: float,
                     autocast: bool, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
@@ -131,12 +155,12 @@ def completion_logprobs(
         raise ValueError(f"fused=True needs a plain nn.Linear LM head and a model type in "
                          f"{sorted(FUSED_HEAD_FAMILIES)}")
     n_logits = completion_ids.numel() * int(getattr(model.config, "vocab_size", 0) or 0)
-    if supported and (fused or (fused is None and n_logits > FUSE_MIN_ELEMENTS)):
-        logprobs, entropy = _fused_logprobs(model, prompt_ids, prompt_mask, completion_ids,
-                                            response_mask, temperature, autocast, with_entropy)
-    else:
-        logprobs, entropy = _unfused_logprobs(model, prompt_ids, prompt_mask, completion_ids,
-                                              response_mask, temperature, autocast, with_entropy)
+    fn = (_fused_logprobs if supported and (fused or (fused is None and
+                                                 n_logits > FUSE_MIN_ELEMENTS))
+          else _unfused_logprobs)
+    with learner_attention(model, autocast, prompt_ids.device):
+        logprobs, entropy = fn(model, prompt_ids, prompt_mask, completion_ids, response_mask,
+                               temperature, autocast, with_entropy)
     T_full, T = completion_ids.shape[1], logprobs.shape[1]
     if T < T_full:
         pad = (0, T_full - T)

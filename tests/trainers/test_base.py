@@ -161,3 +161,32 @@ print(json.dumps([row.get("loss/sft") is not None for row in logs if row.get("st
                          text=True, timeout=300, cwd=os.getcwd())
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, True, True]
+
+
+def test_optimizer_is_fused_adamw_and_steps_like_the_unfused_one():
+    """CPU parameters get PyTorch's fused AdamW (no parameter-sized temporaries); its step
+    equals the reference implementation's."""
+    from types import SimpleNamespace
+
+    from posttrain.trainers.common import build_optimizer
+
+    tok = build_char_tokenizer()
+    cfg = SimpleNamespace(lr=1e-2, adam_betas=[0.9, 0.99], weight_decay=0.1, warmup_steps=0,
+                          lr_schedule="constant", min_lr_ratio=0.0)
+    models = [build_tiny_llama(tok, hidden_size=16, num_layers=1, num_heads=2,
+                               intermediate_size=32, seed=0) for _ in range(2)]
+    fused, _ = build_optimizer(models[0], cfg, 10)
+    assert fused.defaults["fused"] is True
+    plain = torch.optim.AdamW(models[1].parameters(), lr=1e-2, betas=(0.9, 0.99),
+                              weight_decay=0.1)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    for _ in range(3):
+        for model, opt in zip(models, (fused, plain)):
+            model(input_ids=ids).logits.square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        assert torch.allclose(a, b, atol=1e-6), (a - b).abs().max()
+    assert not torch.equal(models[0].lm_head.weight, build_tiny_llama(
+        tok, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+        seed=0).lm_head.weight)

@@ -89,3 +89,45 @@ def test_gradients_flow_through_the_head_context(family):
     assert head.grad is not None and head.grad.abs().sum() > 0
     assert lp.dtype == torch.float32
     model.zero_grad()
+
+
+def test_cpu_autocast_backward_uses_eager_attention_and_restores_sdpa():
+    """Under CPU bf16 autocast with grad the learner's attention is transformers' eager one
+    (faster to differentiate than SDPA's CPU flash kernel); the model is back on sdpa
+    afterwards, the no-grad and fp32 paths are untouched, and the log-probs agree with sdpa's
+    up to bf16 rounding."""
+    from transformers.integrations import sdpa_attention
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from posttrain.models import build_tiny_llama
+
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(tok, hidden_size=32, num_layers=2, num_heads=2,
+                             intermediate_size=64, seed=0)
+    model.set_attn_implementation("sdpa")
+    gen = torch.Generator().manual_seed(0)
+    p_ids = torch.randint(10, 90, (3, 4), generator=gen)
+    c_ids = torch.randint(10, 90, (3, 5), generator=gen)
+    p_mask, c_mask = torch.ones(3, 4, dtype=torch.bool), torch.ones(3, 5, dtype=torch.bool)
+    seen: list[str] = []
+    real = sdpa_attention.sdpa_attention_forward
+
+    def spy(*a, **k):
+        seen.append("sdpa")
+        return real(*a, **k)
+
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = spy
+    try:
+        with torch.no_grad():
+            ref, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, autocast=True)
+        assert seen, "the no-grad forward keeps sdpa"
+        seen.clear()
+        lp, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, autocast=True)
+        assert not seen, "the differentiated forward runs eager attention"
+        lp.sum().backward()
+        assert model.config._attn_implementation == "sdpa"
+        completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, autocast=False)
+        assert seen, "fp32 keeps sdpa"
+    finally:
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = real
+    assert (lp.detach() - ref).abs().max() < 0.05
