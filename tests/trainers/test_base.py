@@ -181,11 +181,11 @@ def test_optimizer_is_fused_adamw_and_steps_like_the_unfused_one():
                               weight_decay=0.1)
     ids = torch.tensor([[5, 6, 7, 8]])
     for _ in range(3):
-        for model, opt in zip(models, (fused, plain)):
+        for model, opt in zip(models, (fused, plain), strict=True):
             model(input_ids=ids).logits.square().mean().backward()
             opt.step()
             opt.zero_grad()
-    for a, b in zip(models[0].parameters(), models[1].parameters()):
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6), (a - b).abs().max()
     assert not torch.equal(models[0].lm_head.weight, build_tiny_llama(
         tok, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
