@@ -223,7 +223,8 @@ def _rows(args: argparse.Namespace) -> list[tuple[str, dict, list[tuple[str, str
                 rows.append((f"GRPO 152k vocab, {n} tokens", {
                     "algo": "grpo", "model": name, "beta": 0.04, "new_tokens": n,
                     "micro": micro, "warmup": 0, "steps": 1},
-                    [("trl", "bf16"), ("trl", "fp32"), ("ours", "fp32")]))
+                    [("trl", s) for s in ("bf16", "fp32") if s in args.trl_settings]
+                    + [("ours", "fp32")]))
         else:
             rows.append((f"GRPO {name}", {"algo": "grpo", "model": name, "beta": 0.04}, trl + ours))
     if args.dpo:
@@ -248,7 +249,7 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=["0.55M", "19M", "qwen152k"],
                     choices=[*LLAMAS, "qwen152k"])
     ap.add_argument("--real-vocab-tokens", nargs="+", type=int, default=[256, 1024])
-    ap.add_argument("--trl-settings", nargs="+",
+    ap.add_argument("--trl-settings", nargs="*",  # none: only our runs
                     default=["bf16", "fp32", "fp32_nockpt", "bf16_nockpt"])
     ap.add_argument("--our-settings", nargs="+", default=["fp32", "bf16"])
     ap.add_argument("--no-dpo", dest="dpo", action="store_false")

@@ -161,7 +161,8 @@ def _fused_logprobs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Ten
         hidden = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
                        logits_to_keep=T + 1).logits  # [n, T'+1, H]: the head is the identity
     return head_logprobs(hidden[:, :-1], head.weight, c_ids, bias=head.bias,
-                         temperature=temperature, with_entropy=with_entropy)
+                         temperature=temperature, with_entropy=with_entropy,
+                         grad_in_place=True)  # grad_W added into head.weight.grad
 
 
 def completion_logits(
