@@ -107,6 +107,8 @@ class Trainer:
         self._ref: Any = None
         self._sampler: BF16Sampler | None = None
         self.setup()
+        if cfg.gradient_checkpointing:
+            enable_checkpointing(self.model)
         self.model = self.dist.wrap(self.model, cfg.fsdp)
         self.opt, self.sched = build_optimizer(self.model, cfg, self.optimizer_steps())
         self.start_step = 0
@@ -468,3 +470,13 @@ def _reward_specs(rewards: list[Any]) -> tuple[list[dict[str, Any]], dict[str, A
         else:
             specs.append(dict(r))
     return specs, fns
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Non-reentrant activation checkpointing of every decoder layer (transformers 5 name, or
+    the 4.x ``gradient_checkpointing_enable``); it only acts in training mode."""
+    kwargs = {"use_reentrant": False}
+    if callable(getattr(model, "activation_checkpointing_enable", None)):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

@@ -190,3 +190,22 @@ def test_optimizer_is_fused_adamw_and_steps_like_the_unfused_one():
     assert not torch.equal(models[0].lm_head.weight, build_tiny_llama(
         tok, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
         seed=0).lm_head.weight)
+
+
+def test_gradient_checkpointing_gives_the_same_update(tok, tmp_path):
+    """gradient_checkpointing recomputes layer activations in the backward pass: one GRPO step
+    from the same weights and seed lands on the same weights as without it."""
+    after = []
+    for ckpt in (False, True):
+        trainer = _grpo(tok, tmp_path / str(ckpt), kl_coef=0.1, gradient_checkpointing=ckpt,
+                        lr=1e-2)
+        flag = getattr(trainer.model, "is_activation_checkpointing", None)
+        assert (flag if flag is not None else trainer.model.is_gradient_checkpointing) is ckpt
+        trainer.model.train()
+        trainer.step(1)
+        after.append({k: v.detach().clone() for k, v in trainer.model.named_parameters()})
+    before = tiny(tok).state_dict()
+    moved = sum(not torch.equal(after[0][k], before[k]) for k in after[0])
+    assert moved > 0
+    for k in after[0]:
+        assert torch.allclose(after[0][k], after[1][k], atol=1e-6), k
