@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -105,10 +106,26 @@ def clip_and_step(model: torch.nn.Module, opt: torch.optim.Optimizer,
         norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     else:
         norm = torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+    if not opt.state and all(p.device.type == "cpu" for p in params):
+        release_freed_memory()  # the first step allocates the optimizer's moments
     opt.step()
     sched.step()
     opt.zero_grad(set_to_none=True)
     return norm.detach()
+
+
+def release_freed_memory() -> None:
+    """Hand memory that was freed but kept by glibc's heap back to the OS (``malloc_trim``; a
+    no-op elsewhere). Called before the first optimizer step on the CPU: the activations the
+    backward pass just freed (331 MB at 152k vocab, 4 x 1,040 tokens) were still resident when
+    AdamW allocated its two moments, and that sum was the step's peak RSS."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (e.g. musl)
+        return
+    trim(0)
 
 
 def peak_rss_mb() -> float:

@@ -209,3 +209,23 @@ def test_gradient_checkpointing_gives_the_same_update(tok, tmp_path):
     assert moved > 0
     for k in after[0]:
         assert torch.allclose(after[0][k], after[1][k], atol=1e-6), k
+
+
+def test_freed_memory_is_released_before_the_first_optimizer_step_only(monkeypatch):
+    """clip_and_step trims the heap once, before AdamW allocates its moments."""
+    from types import SimpleNamespace
+
+    from posttrain.trainers import common
+
+    calls = []
+    monkeypatch.setattr(common, "release_freed_memory", lambda: calls.append(1))
+    tok = build_char_tokenizer()
+    model = tiny(tok)
+    cfg = SimpleNamespace(lr=1e-3, adam_betas=[0.9, 0.99], weight_decay=0.0, warmup_steps=0,
+                          lr_schedule="constant", min_lr_ratio=0.0)
+    opt, sched = common.build_optimizer(model, cfg, 3)
+    for _ in range(3):
+        model(input_ids=torch.tensor([[5, 6, 7]])).logits.square().mean().backward()
+        common.clip_and_step(model, opt, sched, 1.0)
+    assert calls == [1]
+
