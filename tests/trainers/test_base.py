@@ -228,4 +228,3 @@ def test_freed_memory_is_released_before_the_first_optimizer_step_only(monkeypat
         model(input_ids=torch.tensor([[5, 6, 7]])).logits.square().mean().backward()
         common.clip_and_step(model, opt, sched, 1.0)
     assert calls == [1]
-
