@@ -80,9 +80,12 @@ def instrument(trainer, clock: PhaseClock) -> None:
     trainer.optimizer_step = clock.wrap("optimizer", trainer.optimizer_step)
     backward = torch.Tensor.backward
     torch.Tensor.backward = lambda self, *a, **k: clock.wrap("backward", backward)(self, *a, **k)
-    model = trainer.model
-    inner_forward = model.forward
+    sampler, _ = trainer.rollout_model()  # the bf16 sampler copy under autocast_bf16
+    for model in {id(m): m for m in (trainer.model, sampler)}.values():
+        model.forward = _timed_forward(model.forward, clock)
 
+
+def _timed_forward(inner_forward, clock: PhaseClock):
     def forward(*a, **k):
         if not torch.is_grad_enabled() and k.get("use_cache"):  # a generation call
             first = k.get("input_ids") is not None and k["input_ids"].shape[1] > 1
@@ -90,7 +93,7 @@ def instrument(trainer, clock: PhaseClock) -> None:
                 return inner_forward(*a, **k)
         return inner_forward(*a, **k)
 
-    model.forward = forward
+    return forward
 
 
 def main() -> None:

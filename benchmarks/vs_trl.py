@@ -116,7 +116,8 @@ def run_ours(spec: dict, root: Path, out: Path) -> list[float]:
     steps = spec["warmup"] + spec["steps"]
     common = {"model": str(root / spec["model"]), "out_dir": str(out), "max_steps": steps,
               "threads": spec["threads"], "progress": False,
-              "autocast_bf16": spec["setting"] == "bf16"}
+              "autocast_bf16": spec["setting"].startswith("bf16"),
+              "gradient_checkpointing": spec["setting"].endswith("_ckpt")}
     if spec["algo"] == "dpo":
         cfg = build_config(DPOConfig, overrides={
             **common, "train_data": str(root / "pairs.jsonl"), "batch_size": 8,
@@ -223,7 +224,8 @@ def _rows(args: argparse.Namespace) -> list[tuple[str, dict, list[tuple[str, str
                 rows.append((f"GRPO 152k vocab, {n} tokens", {
                     "algo": "grpo", "model": name, "beta": 0.04, "new_tokens": n,
                     "micro": micro, "warmup": 0, "steps": 1},
-                    [("trl", "bf16"), ("trl", "fp32"), ("ours", "fp32")]))
+                    [("trl", s) for s in ("bf16", "fp32") if s in args.trl_settings]
+                    + [("ours", s) for s in args.our_settings if s.startswith("fp32")]))
         else:
             rows.append((f"GRPO {name}", {"algo": "grpo", "model": name, "beta": 0.04}, trl + ours))
     if args.dpo:
@@ -248,9 +250,11 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=["0.55M", "19M", "qwen152k"],
                     choices=[*LLAMAS, "qwen152k"])
     ap.add_argument("--real-vocab-tokens", nargs="+", type=int, default=[256, 1024])
-    ap.add_argument("--trl-settings", nargs="+",
+    ap.add_argument("--trl-settings", nargs="*",  # none: only our runs
                     default=["bf16", "fp32", "fp32_nockpt", "bf16_nockpt"])
-    ap.add_argument("--our-settings", nargs="+", default=["fp32", "bf16"])
+    ap.add_argument("--our-settings", nargs="+", default=["fp32", "bf16"],
+                    help="fp32, bf16, fp32_ckpt, bf16_ckpt (_ckpt: gradient_checkpointing); "
+                    "the 152k rows run the fp32 ones")
     ap.add_argument("--no-dpo", dest="dpo", action="store_false")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=2)

@@ -52,7 +52,13 @@ class BaseConfig:
     """Dtype of the weights as loaded."""
     autocast_bf16: bool = False
     """Run forward passes under bf16 autocast (weights stay fp32; the LM head and log-probs stay
-    fp32). Fast on CPUs with a bf16 matrix unit and on GPUs."""
+    fp32). Fast on CPUs with a bf16 matrix unit and on GPUs. GRPO and PPO then sample from a
+    bf16 copy of the policy (re-synced before every generation; the policy's fp32 head), not
+    under autocast: see docs/performance.md."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of storing them
+    (transformers' activation checkpointing, non-reentrant): less memory for one more forward
+    of the layers; same gradients. TRL turns it on by default."""
     threads: int = 0
     """torch.set_num_threads; 0 keeps torch's default."""
     device: str = "auto"

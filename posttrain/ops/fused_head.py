@@ -39,12 +39,22 @@ def _block_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: f
     return z / temperature if temperature != 1.0 else z
 
 
+def _weight_grad_buffer(grad_into: Tensor | None, weight: Tensor) -> Tensor:
+    """Where grad_W goes: ``grad_into.grad`` (zeros if None) or a new [V, H] tensor."""
+    if grad_into is None:
+        return torch.empty_like(weight)
+    if grad_into.grad is None:
+        grad_into.grad = torch.zeros_like(grad_into)
+    return grad_into.grad
+
+
 class _HeadLogprobs(torch.autograd.Function):
     """logp[m] = z[m, tok[m]] - logsumexp(z[m]), z = (h W^T + b) / tau, by blocks of rows."""
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Tensor,
-                temperature: float, rows: int, with_entropy: bool, block_elements: int):
+                temperature: float, rows: int, with_entropy: bool, block_elements: int,
+                grad_into: Tensor | None):
         M = hidden.shape[0]
         logp = torch.empty(M, dtype=torch.float32, device=hidden.device)  # [M]
         lse = torch.empty_like(logp)  # [M]
@@ -60,6 +70,7 @@ class _HeadLogprobs(torch.autograd.Function):
                     ent[s:s + rows] = lse[s:s + rows] - (p * z).sum(-1)
         ctx.save_for_backward(hidden, weight, bias, tokens, lse)
         ctx.temperature, ctx.block_elements = temperature, block_elements
+        ctx.grad_into = grad_into  # the weight leaf whose .grad receives grad_W in place
         ctx.mark_non_differentiable(ent)
         return logp, ent
 
@@ -74,7 +85,8 @@ class _HeadLogprobs(torch.autograd.Function):
         cols = max(1, min(V, ctx.block_elements // max(M, 1)))
         h = hidden.to(weight.dtype)  # [M, H]
         grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)  # [M, H]
-        grad_w = torch.empty_like(weight) if need_w else None  # [V, H]
+        grad_w = _weight_grad_buffer(ctx.grad_into, weight) if need_w else None  # [V, H]
+        in_place = grad_w is not None and ctx.grad_into is not None
         grad_b = torch.empty_like(bias) if need_b and bias is not None else None  # [V]
         go = grad_logp.float()[:, None]  # [M, 1]
         with torch.autocast(device_type=hidden.device.type, enabled=False):
@@ -90,12 +102,14 @@ class _HeadLogprobs(torch.autograd.Function):
                 g = g.to(weight.dtype)
                 if need_h:
                     grad_h.addmm_(g.float(), w_c.float())  # [M, H]
-                if grad_w is not None:
+                if in_place:
+                    grad_w[c:c + cols].addmm_(g.t(), h)  # [v, H] added to .grad
+                elif grad_w is not None:
                     grad_w[c:c + cols] = g.t() @ h  # [v, H]
                 if grad_b is not None:
                     grad_b[c:c + cols] = g.sum(0).to(grad_b.dtype)
-        return (grad_h.to(hidden.dtype) if need_h else None), grad_w, grad_b, None, None, None, \
-            None, None
+        return (grad_h.to(hidden.dtype) if need_h else None), None if in_place else grad_w, \
+            grad_b, None, None, None, None, None, None
 
 
 def head_logprobs(
@@ -106,6 +120,7 @@ def head_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     block_elements: int = DEFAULT_BLOCK_ELEMENTS,
+    grad_in_place: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Token log-probs (and entropies) of a linear LM head, never materialising [.., V] logits.
 
@@ -116,6 +131,12 @@ def head_logprobs(
         temperature: logits are divided by it (the sampling temperature).
         with_entropy: also return the entropy in nats of each row's distribution (detached).
         block_elements: fp32 elements of one logits block; bounds the extra memory.
+        grad_in_place: when `weight` is a trainable leaf (an ``nn.Parameter``), the backward
+            adds grad_W straight into ``weight.grad`` (created if None) instead of returning a
+            new ``[V, H]`` tensor for autograd to accumulate: one ``[V, H]`` fp32 tensor less at
+            the peak of every backward after the first micro-batch. ``.grad`` is complete when
+            ``backward()`` returns; ``torch.autograd.grad`` and gradient hooks on `weight` do
+            not see this part.
 
     Returns:
         logprobs [...] fp32, differentiable w.r.t. hidden, weight and bias; entropy [...] fp32
@@ -131,7 +152,9 @@ def head_logprobs(
                          f"got {tuple(weight.shape)}")
     h2 = hidden.reshape(-1, hidden.shape[-1])  # [M, H]
     rows = block_rows(h2.shape[0], weight.shape[0], block_elements)
+    into = (weight if grad_in_place and weight.requires_grad and weight.is_leaf
+            and type(weight) is torch.nn.Parameter else None)
     logp, ent = _HeadLogprobs.apply(h2, weight, bias, tokens.reshape(-1).long(),
                                     float(temperature), rows, bool(with_entropy),
-                                    int(block_elements))
+                                    int(block_elements), into)
     return logp.view(tokens.shape), (ent.view(tokens.shape) if with_entropy else None)

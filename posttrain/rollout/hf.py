@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posttrain.rollout.kv_cache import decode_cache
 from posttrain.rollout.logits import autocast_ctx, logits_context
 from posttrain.rollout.record import Rollout
 
@@ -177,9 +178,8 @@ def sample_tokens(
     stops = eos_token_id if isinstance(eos_token_id, list) else [eos_token_id]
     eos = torch.as_tensor([i for i in stops if i is not None], dtype=torch.long, device=device)
     generator = None if params.greedy else device_generator(generator, device)
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
+    # written in place, not grown by torch.cat (the copy was half of a decode step on the CPU)
+    cache = decode_cache(model, prompt_ids.shape[1] + params.max_new_tokens)
     cache_kw = {_cache_kwarg(model): cache}
     attn = prompt_mask.long()  # [B, P]
     # one region for prefill and every decode step: bf16 weight casts are cached

@@ -47,6 +47,7 @@ import torch
 from posttrain.config import BaseConfig, ConfigError, build_config, to_dict
 from posttrain.models import adapters_disabled
 from posttrain.rollout.hf import autocast_ctx
+from posttrain.rollout.sampler_copy import BF16Sampler, bf16_sampler_supported
 from posttrain.trainers.checkpoint import (
     find_resume,
     read_checkpoint,
@@ -104,7 +105,10 @@ class Trainer:
         self.device = resolve_device(cfg.device)
         self._order: list[int] = []
         self._ref: Any = None
+        self._sampler: BF16Sampler | None = None
         self.setup()
+        if cfg.gradient_checkpointing:
+            enable_checkpointing(self.model)
         self.model = self.dist.wrap(self.model, cfg.fsdp)
         self.opt, self.sched = build_optimizer(self.model, cfg, self.optimizer_steps())
         self.start_step = 0
@@ -226,6 +230,19 @@ class Trainer:
         """Full policy weights for a stretch of forward passes without collectives: wrap
         generation in it (a no-op unless FSDP2 shards the model)."""
         return self.dist.gathered(self.model)
+
+    def rollout_model(self) -> tuple[Any, bool]:
+        """(model, autocast) for sampling rollouts. Under `autocast_bf16` a bf16 copy of the
+        policy with the policy's fp32 head (`posttrain.rollout.sampler_copy`), re-synced from
+        the current weights at every call and run without autocast; else the policy itself."""
+        if not self.cfg.autocast_bf16:
+            return self.model, False
+        if self._sampler is None and bf16_sampler_supported(self.model):
+            self._sampler = BF16Sampler(self.model)
+        if self._sampler is None:
+            return self.model, True
+        self._sampler.sync()
+        return self._sampler.model, False
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast on this trainer's device type when `autocast_bf16` is set."""
@@ -454,3 +471,13 @@ def _reward_specs(rewards: list[Any]) -> tuple[list[dict[str, Any]], dict[str, A
         else:
             specs.append(dict(r))
     return specs, fns
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Non-reentrant activation checkpointing of every decoder layer (transformers 5 name, or
+    the 4.x ``gradient_checkpointing_enable``); it only acts in training mode."""
+    kwargs = {"use_reentrant": False}
+    if callable(getattr(model, "activation_checkpointing_enable", None)):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -80,11 +81,21 @@ def build_optimizer(
     """
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.adam_betas),  # type: ignore[arg-type]
-                            weight_decay=cfg.weight_decay)
+                            weight_decay=cfg.weight_decay, fused=_fused_adam_ok(params) or None)
     total = max(1, total_steps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(
         step, total, cfg.warmup_steps, cfg.lr_schedule, cfg.min_lr_ratio))
     return opt, sched
+
+
+def _fused_adam_ok(params: list[torch.nn.Parameter]) -> bool:
+    """PyTorch's fused AdamW kernel (one pass, no parameter-sized temporaries: the unfused CPU
+    step allocates one per tensor, 545 MB for a 152k x 896 embedding) for plain floating
+    parameters on the CPU or CUDA; other devices and sharded (DTensor) parameters keep the
+    default implementation."""
+    return bool(params) and all(
+        type(p) is torch.nn.Parameter and p.is_floating_point()
+        and p.device.type in ("cpu", "cuda") for p in params)
 
 
 def clip_and_step(model: torch.nn.Module, opt: torch.optim.Optimizer,
@@ -95,10 +106,26 @@ def clip_and_step(model: torch.nn.Module, opt: torch.optim.Optimizer,
         norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     else:
         norm = torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+    if not opt.state and all(p.device.type == "cpu" for p in params):
+        release_freed_memory()  # the first step allocates the optimizer's moments
     opt.step()
     sched.step()
     opt.zero_grad(set_to_none=True)
     return norm.detach()
+
+
+def release_freed_memory() -> None:
+    """Hand memory that was freed but kept by glibc's heap back to the OS (``malloc_trim``; a
+    no-op elsewhere). Called before the first optimizer step on the CPU: the activations the
+    backward pass just freed (331 MB at 152k vocab, 4 x 1,040 tokens) were still resident when
+    AdamW allocated its two moments, and that sum was the step's peak RSS."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (e.g. musl)
+        return
+    trim(0)
 
 
 def peak_rss_mb() -> float:

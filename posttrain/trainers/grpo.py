@@ -134,9 +134,10 @@ class GRPOTrainer(Trainer):
         self._drawn += n_prompts
         prompts = [self.s.render(r[cfg.prompt_field]) for r in rows]
         t0 = time.time()
+        sampler, autocast = self.rollout_model()  # under autocast_bf16: a synced bf16 copy
         with self.gathered():
-            rollout = generate(self.model, self.tokenizer, prompts, group_size=G, rows=rows,
-                               params=self.sampling, autocast=cfg.autocast_bf16, seeds=seeds)
+            rollout = generate(sampler, self.tokenizer, prompts, group_size=G, rows=rows,
+                               params=self.sampling, autocast=autocast, seeds=seeds)
         t1 = time.time()
         result = self.s.scorer.score(rollout.completions, rollout.rows)
         rollout.scores = torch.tensor(result.scores, dtype=torch.float32)

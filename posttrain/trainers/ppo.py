@@ -219,8 +219,9 @@ class PPOTrainer(Trainer):
         cfg: PPOConfig = self.cfg
         rows = self.next_rows(cfg.prompts_per_step)
         prompts = [self.s.render(r[cfg.prompt_field]) for r in rows]
-        rollout = generate(self.model, self.tokenizer, prompts, group_size=cfg.group_size,
-                           rows=rows, params=self.sampling, autocast=cfg.autocast_bf16,
+        sampler, autocast = self.rollout_model()  # under autocast_bf16: a synced bf16 copy
+        rollout = generate(sampler, self.tokenizer, prompts, group_size=cfg.group_size,
+                           rows=rows, params=self.sampling, autocast=autocast,
                            generator=self.gen)
         result = self.s.scorer.score(rollout.completions, rollout.rows)
         self.s.log_reward_errors(result.errors)

@@ -77,3 +77,30 @@ def test_bad_shapes_are_named():
     with pytest.raises(ValueError, match="temperature"):
         head_logprobs(torch.zeros(2, 3), torch.zeros(5, 3), torch.zeros(2, dtype=torch.long),
                       temperature=0.0)
+
+
+def test_grad_in_place_adds_into_the_weights_grad_across_micro_batches():
+    """grad_in_place=True: grad_W is added into weight.grad (created on the first call), equal
+    to the autograd-returned gradient summed over two backward passes; hidden and bias
+    gradients are unchanged."""
+    gen = torch.Generator().manual_seed(0)
+    w0 = torch.randn(11, 5, generator=gen)
+    b0 = torch.randn(11, generator=gen)
+    batches = [(torch.randn(7, 5, generator=gen), torch.randint(0, 11, (7,), generator=gen))
+               for _ in range(2)]
+    out = []
+    for in_place in (False, True):
+        w, b = torch.nn.Parameter(w0.clone()), torch.nn.Parameter(b0.clone())
+        grads_h = []
+        for h, tok in batches:
+            h = h.clone().requires_grad_(True)
+            lp, _ = head_logprobs(h, w, tok, bias=b, temperature=0.7, block_elements=22,
+                                  grad_in_place=in_place)
+            (lp * torch.arange(1.0, 8.0)).sum().backward()
+            grads_h.append(h.grad)
+        out.append((w.grad.clone(), b.grad.clone(), grads_h))
+    (w_ref, b_ref, h_ref), (w_got, b_got, h_got) = out
+    assert w_ref.abs().sum() > 0
+    assert torch.allclose(w_got, w_ref, atol=1e-5)
+    assert torch.allclose(b_got, b_ref, atol=1e-6)
+    assert all(torch.allclose(a, c, atol=1e-6) for a, c in zip(h_got, h_ref, strict=True))

@@ -10,6 +10,7 @@ import torch
 from posttrain.models import build_char_tokenizer
 from posttrain.models.tiny import build_tiny_gemma2
 from posttrain.rollout import SamplingParams, generate
+from posttrain.trainers import forward
 from posttrain.trainers.forward import batched_logprobs, completion_logits, completion_logprobs
 
 PROMPTS = ["12+7\n", "3*4-1\n", "5\n"]
@@ -89,3 +90,84 @@ def test_gradients_flow_through_the_head_context(family):
     assert head.grad is not None and head.grad.abs().sum() > 0
     assert lp.dtype == torch.float32
     model.zero_grad()
+
+
+def test_cpu_autocast_backward_uses_eager_attention_and_restores_sdpa():
+    """Under CPU bf16 autocast with grad the learner's attention is transformers' eager one
+    (faster to differentiate than SDPA's CPU flash kernel); the model is back on sdpa
+    afterwards, the no-grad and fp32 paths are untouched, and the log-probs agree with sdpa's
+    up to bf16 rounding."""
+    from transformers.integrations import sdpa_attention
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from posttrain.models import build_tiny_llama
+
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(tok, hidden_size=32, num_layers=2, num_heads=2,
+                             intermediate_size=64, seed=0)
+    model.set_attn_implementation("sdpa")
+    gen = torch.Generator().manual_seed(0)
+    p_ids = torch.randint(10, 90, (3, 4), generator=gen)
+    c_ids = torch.randint(10, 90, (3, 5), generator=gen)
+    p_mask, c_mask = torch.ones(3, 4, dtype=torch.bool), torch.ones(3, 5, dtype=torch.bool)
+    seen: list[str] = []
+    real = sdpa_attention.sdpa_attention_forward
+
+    def spy(*a, **k):
+        seen.append("sdpa")
+        return real(*a, **k)
+
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = spy
+    try:
+        with torch.no_grad():
+            ref, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, autocast=True)
+        assert seen, "the no-grad forward keeps sdpa"
+        seen.clear()
+        lp, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, autocast=True)
+        assert not seen, "the differentiated forward runs eager attention"
+        lp.sum().backward()
+        assert model.config._attn_implementation == "sdpa"
+        completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, autocast=False)
+        assert seen, "fp32 keeps sdpa"
+    finally:
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = real
+    assert (lp.detach() - ref).abs().max() < 0.05
+
+
+def test_tied_embedding_gradient_is_added_in_place_and_equals_autograds():
+    """A tied input embedding's gradient is scattered into the shared weight's .grad by a hook
+    (no second dense [V, H] gradient): over two accumulated micro-batches, with padding, the
+    result equals plain autograd's, and the model is restored afterwards."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tok = build_char_tokenizer()
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg)
+    emb = model.get_input_embeddings()
+    assert emb.weight is model.get_output_embeddings().weight and emb.padding_idx is not None
+    gen = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(2):
+        p_ids = torch.randint(10, 90, (3, 4), generator=gen)
+        p_ids[0, :2] = tok.pad_token_id  # left padding
+        p_mask = p_ids != tok.pad_token_id
+        c_ids = torch.randint(10, 90, (3, 6), generator=gen)
+        batches.append((p_ids, p_mask, c_ids, torch.ones(3, 6, dtype=torch.bool)))
+    grads = []
+    for in_place in (False, True):
+        model.zero_grad(set_to_none=True)
+        for p_ids, p_mask, c_ids, c_mask in batches:
+            if in_place:  # the learner's entry point
+                lp, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, fused=True)
+            else:  # the same fused forward under plain autograd
+                lp, _ = forward._fused_logprobs(model, p_ids, p_mask, c_ids, c_mask, 1.0, False,
+                                                False)
+            (lp * c_mask).sum().backward()
+        grads.append(emb.weight.grad.clone())
+        assert "forward" not in emb.__dict__
+    assert grads[0].abs().sum() > 0
+    assert torch.allclose(grads[0], grads[1], atol=1e-6), (grads[0] - grads[1]).abs().max()
+    assert grads[1][tok.pad_token_id].abs().sum() == grads[0][tok.pad_token_id].abs().sum()

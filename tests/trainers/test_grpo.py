@@ -174,3 +174,25 @@ def test_off_policy_first_update_starts_at_ratio_one(toy_world, tmp_path, autoca
                              float(len(first)))
     assert out["policy/clipfrac"] == 0.0, out
     assert abs(out["policy/ratio_mean"] - 1.0) < 1e-4 and abs(out["policy/approx_kl"]) < 1e-5
+
+
+def test_bf16_sampler_weights_follow_the_policy(toy_world, tmp_path):
+    """Under autocast_bf16 rollouts come from a bf16 copy that equals the policy's current
+    weights at every generation (fp32 master weights are what the optimizer updates); the
+    run still learns."""
+    trainer = GRPOTrainer(_cfg(toy_world, str(tmp_path), autocast_bf16=True))
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.train()
+    sampler, autocast = trainer.rollout_model()
+    assert sampler is not trainer.model and autocast is False
+    policy = dict(trainer.model.named_parameters())
+    changed = 0
+    for name, p in sampler.named_parameters():
+        assert p.dtype == torch.bfloat16
+        assert torch.equal(p, policy[name].detach().to(torch.bfloat16)), name
+        changed += not torch.equal(policy[name].detach(), before[name])
+        assert policy[name].dtype == torch.float32
+    assert changed > 0
+    _assert_learns(_reward_curve(str(tmp_path)))
+    fp32 = GRPOTrainer(_cfg(toy_world, str(tmp_path / "fp32"), max_steps=1))
+    assert fp32.rollout_model() == (fp32.model, False)

@@ -1,0 +1,75 @@
+"""The bf16 sampler copy: bf16 body, the policy's fp32 head, weights equal the policy's after
+every optimizer step."""
+
+from __future__ import annotations
+
+import torch
+
+from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.rollout import SamplingParams, generate
+from posttrain.rollout.sampler_copy import BF16Sampler, bf16_sampler_supported
+from posttrain.trainers.forward import completion_logprobs
+
+
+def _tiny():
+    tok = build_char_tokenizer()
+    return build_tiny_llama(tok, hidden_size=32, num_layers=2, num_heads=2,
+                            intermediate_size=64, seed=0), tok
+
+
+def _assert_synced(sampler: BF16Sampler, policy: torch.nn.Module) -> None:
+    for (name, mine), theirs in zip(sampler.model.named_parameters(), policy.parameters(),
+                                    strict=True):
+        assert mine.dtype == torch.bfloat16, name
+        assert torch.equal(mine, theirs.detach().to(torch.bfloat16)), name
+
+
+def test_copy_is_bf16_with_the_policys_fp32_head():
+    policy, _ = _tiny()
+    sampler = BF16Sampler(policy)
+    _assert_synced(sampler, policy)
+    for (name, buf), ref in zip(sampler.model.named_buffers(), policy.buffers(), strict=True):
+        assert buf.dtype == ref.dtype, name  # rotary inv_freq stays fp32
+    assert not any(p.requires_grad for p in sampler.model.parameters())
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        hidden = sampler.model.model(input_ids=ids).last_hidden_state  # [1, 5, H] bf16
+        logits = sampler.model(input_ids=ids).logits
+        want = policy.get_output_embeddings()(hidden.float())
+        full = policy(input_ids=ids).logits
+    assert hidden.dtype == torch.bfloat16 and logits.dtype == torch.float32
+    assert torch.equal(logits, want)  # the head is the policy's fp32 head
+    assert (logits - full).abs().max() < 0.05  # bf16 body ~ fp32 body
+
+
+def test_sync_follows_an_optimizer_step():
+    policy, _ = _tiny()
+    sampler = BF16Sampler(policy)
+    opt = torch.optim.SGD(policy.parameters(), lr=0.5)
+    policy(input_ids=torch.tensor([[5, 6, 7]])).logits.square().mean().backward()
+    opt.step()
+    stale = sampler.model.model.layers[0].mlp.up_proj.weight.float()
+    assert not torch.equal(stale, policy.model.layers[0].mlp.up_proj.weight.bfloat16().float())
+    sampler.sync()
+    _assert_synced(sampler, policy)
+
+
+def test_samples_score_like_the_policy():
+    """Rollout log-probs from the copy are the policy's up to bf16 body rounding."""
+    policy, tok = _tiny()
+    sampler = BF16Sampler(policy)
+    r = generate(sampler.model, tok, ["12+7\n", "5\n"], group_size=3,
+                 params=SamplingParams(max_new_tokens=8), seeds=list(range(6)))
+    lp, _ = completion_logprobs(policy, r.prompt_ids, r.prompt_mask, r.completion_ids,
+                                r.response_mask)
+    assert ((lp - r.logprobs) * r.response_mask).abs().max() < 0.05
+    assert policy.model.layers[0].mlp.up_proj.weight.dtype == torch.float32  # untouched
+
+
+def test_not_supported_for_peft_models():
+    policy, _ = _tiny()
+    assert bf16_sampler_supported(policy)
+    from peft import LoraConfig, get_peft_model
+
+    lora = get_peft_model(policy, LoraConfig(r=2, target_modules=["q_proj"]))
+    assert not bf16_sampler_supported(lora)
