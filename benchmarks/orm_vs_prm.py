@@ -3,6 +3,8 @@
     python benchmarks/orm_vs_prm.py --quick --out runs/orm_vs_prm_quick
     python benchmarks/orm_vs_prm.py --out runs/orm_vs_prm            # the full run
     python benchmarks/orm_vs_prm.py --world runs/demo --out DIR      # reuse a demo's SFT model
+    python benchmarks/orm_vs_prm.py --world runs/demo --verifier-init runs/demo/grpo/final \
+        --out DIR                                       # verifiers start from the GRPO policy
 
 1. World: the demo's tokenizer, tiny Llama and flawed SFT traces, then the SFT warm start
    (``posttrain.demo``), unless ``--world DIR`` points at a directory holding ``sft/final``.
@@ -11,8 +13,10 @@
    (``{prompt, completion, label}``: is the final answer right) and PRM rows (``{prompt, steps,
    labels}``: exact step labels, every step after the first error negative;
    ``posttrain.tasks.step_labels``).
-3. An ORM (binary correctness) and a PRM (2-class steps) are trained from the SFT checkpoint
-   with the same steps, batch and learning rate: same decoder, same size.
+3. An ORM (binary correctness) and a PRM (2-class steps) are trained from the same checkpoint
+   (``--verifier-init DIR``, default the SFT policy; e.g. the demo's GRPO policy, the best
+   checkpoint of the same family) with the same steps, batch and learning rate: same decoder,
+   same size.
 4. Held-out: ``n_max`` samples per held-out problem, scored once by each verifier; best-of-N with
    the ORM and the PRM (product of step probabilities), majority vote and PRM-weighted vote at
    N = 1, 4, 16, 64 (disjoint groups of the n_max samples: n_max/N trials per problem); PRM beam
@@ -40,11 +44,11 @@ from typing import Any
 import torch
 
 SETTINGS: dict[str, dict[str, Any]] = {
-    "full": {"sft_steps": 1500, "train_problems": 1000, "train_samples": 8, "heldout": 200,
-             "n_max": 64, "rm_steps": 400, "rm_batch": 32, "rm_lr": 2e-4, "beam_width": 16,
+    "full": {"sft_steps": 1500, "train_problems": 16000, "train_samples": 8, "heldout": 200,
+             "n_max": 64, "rm_steps": 2000, "rm_batch": 64, "rm_lr": 7e-4, "beam_width": 16,
              "expansions": 4, "max_new_tokens": 48},
-    "quick": {"sft_steps": 500, "train_problems": 300, "train_samples": 8, "heldout": 64,
-              "n_max": 64, "rm_steps": 150, "rm_batch": 32, "rm_lr": 2e-4, "beam_width": 16,
+    "quick": {"sft_steps": 1500, "train_problems": 1000, "train_samples": 8, "heldout": 64,
+              "n_max": 64, "rm_steps": 400, "rm_batch": 32, "rm_lr": 5e-4, "beam_width": 16,
               "expansions": 4, "max_new_tokens": 48},
 }
 N_VALUES = (1, 4, 16, 64)
@@ -88,14 +92,14 @@ def verifier_rows(policy: Any, tok: Any, s: dict[str, Any], seed: int, data: Pat
             "dropped_truncated": s["train_problems"] * s["train_samples"] - len(rows)}
 
 
-def train_verifiers(sft: Path, train: dict[str, Any], s: dict[str, Any], out: Path, seed: int,
+def train_verifiers(init: Path, train: dict[str, Any], s: dict[str, Any], out: Path, seed: int,
                     threads: int) -> dict[str, Any]:
-    """Stage 3: ORM and PRM from the SFT checkpoint, same steps / batch / lr."""
+    """Stage 3: ORM and PRM from the same checkpoint ``init``, same steps / batch / lr."""
     from posttrain.config import PRMConfig, RMConfig, build_config
     from posttrain.trainers.prm import PRMTrainer
     from posttrain.trainers.reward_model import RewardModelTrainer
 
-    common = {"model": str(sft), "seed": seed, "threads": threads, "max_steps": s["rm_steps"],
+    common = {"model": str(init), "seed": seed, "threads": threads, "max_steps": s["rm_steps"],
               "batch_size": s["rm_batch"], "micro_batch_size": s["rm_batch"], "lr": s["rm_lr"],
               "lr_schedule": "cosine", "warmup_steps": s["rm_steps"] // 10, "progress": False,
               "max_seq_len": 128}
@@ -242,6 +246,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--quick", action="store_true", help="small settings (<= 10 min)")
     parser.add_argument("--world", default="", help="reuse DIR/sft/final instead of training")
+    parser.add_argument("--verifier-init", default="",
+                        help="checkpoint both verifiers start from (default: the SFT policy)")
     parser.add_argument("--reuse-verifiers", action="store_true",
                         help="skip stages 2-3 when OUT/orm/final and OUT/prm/final exist")
     parser.add_argument("--aggregate", default="prod", choices=["prod", "min", "last", "mean"],
@@ -251,6 +257,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     s = dict(SETTINGS["quick" if args.quick else "full"], aggregate=args.aggregate)
+    if args.verifier_init and not Path(args.verifier_init, "config.json").is_file():
+        sys.exit(f"--verifier-init {args.verifier_init}: no checkpoint there (expected "
+                 "config.json)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
@@ -263,6 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"[orm_vs_prm] 1/4 world + SFT ({s['sft_steps']} steps) in {out}", flush=True)
         sft = build_world(out, s, args.seed, args.threads)
     timings["world"] = round(time.time() - start, 1)
+    init = Path(args.verifier_init) if args.verifier_init else sft
     from posttrain.models.loading import load_model_and_tokenizer
 
     policy, tok = load_model_and_tokenizer(sft)
@@ -276,12 +286,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         timings["verifier_data"] = round(time.time() - start - sum(timings.values()), 1)
         print(f"[orm_vs_prm] 3/4 training ORM and PRM ({train['samples']} samples, "
               f"{train['correct_rate']:.2f} correct)", flush=True)
-        verifiers = train_verifiers(sft, train, s, out, args.seed, args.threads)
+        verifiers = train_verifiers(init, train, s, out, args.seed, args.threads)
         timings["verifiers"] = round(time.time() - start - sum(timings.values()), 1)
     print("[orm_vs_prm] 4/4 held-out search", flush=True)
     results, details = evaluate(policy, tok, verifiers, s, args.seed)
     timings["evaluate"] = round(time.time() - start - sum(timings.values()), 1)
-    details.update(settings=s, quick=args.quick, sft=str(sft), train=train, verifiers=verifiers,
+    details.update(settings=s, quick=args.quick, sft=str(sft), verifier_init=str(init),
+                   train=train, verifiers=verifiers,
                    stage_seconds=timings, total_seconds=round(time.time() - start, 1),
                    cpu_seconds=round(_cpu_seconds(), 1), load_average=os.getloadavg(),
                    threads=args.threads, paper=PAPER)
