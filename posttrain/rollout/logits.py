@@ -27,6 +27,14 @@ def autocast_ctx(
     return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
 
 
+def embeddings(model: torch.nn.Module) -> tuple[Any, Any]:
+    """(input embedding, output embedding / LM head) of a model, None where it has no such
+    accessor (``get_input_embeddings`` / ``get_output_embeddings``) or it returns None."""
+    get_in = getattr(model, "get_input_embeddings", None)
+    get_out = getattr(model, "get_output_embeddings", None)
+    return (get_in() if callable(get_in) else None), (get_out() if callable(get_out) else None)
+
+
 def _head_dtype(head: torch.nn.Module) -> torch.dtype | None:
     weight = getattr(head, "weight", None)
     if isinstance(weight, torch.Tensor):
@@ -42,8 +50,7 @@ def head_outside_autocast(model: torch.nn.Module) -> Iterator[None]:
     nesting is safe). Without autocast this changes nothing: the head already runs in its weight
     dtype. Models without ``get_output_embeddings()`` run unchanged.
     """
-    get_head = getattr(model, "get_output_embeddings", None)
-    head = get_head() if callable(get_head) else None
+    head = embeddings(model)[1]
     if head is None:
         yield
         return

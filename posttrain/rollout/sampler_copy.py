@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from posttrain.rollout.logits import patched_forward
+from posttrain.rollout.logits import embeddings, patched_forward
 
 __all__ = ["BF16Sampler", "bf16_sampler_supported"]
 
@@ -31,9 +31,7 @@ def bf16_sampler_supported(model: torch.nn.Module) -> bool:
         return False
     if any(type(p) is not torch.nn.Parameter for p in model.parameters()):  # DTensor (FSDP2)
         return False
-    get_head = getattr(model, "get_output_embeddings", None)
-    head = get_head() if callable(get_head) else None
-    return isinstance(head, torch.nn.Linear)
+    return isinstance(embeddings(model)[1], torch.nn.Linear)
 
 
 class BF16Sampler:

@@ -27,7 +27,7 @@ from torch import Tensor
 from posttrain.ops import entropy_from_logits, head_logprobs, token_logprobs
 from posttrain.ops.fused_head import DEFAULT_BLOCK_ELEMENTS
 from posttrain.ops.masked import trim_padding
-from posttrain.rollout.logits import autocast_ctx, logits_context, patched_forward
+from posttrain.rollout.logits import autocast_ctx, embeddings, logits_context, patched_forward
 
 # model types whose causal-LM forward is exactly ``lm_head(last_hidden_state)`` (no softcapping,
 # logit scaling or other transform after the head), checked against transformers' modeling code
@@ -42,8 +42,7 @@ FUSE_MIN_ELEMENTS = 2 * DEFAULT_BLOCK_ELEMENTS
 def fused_head_supported(model: torch.nn.Module) -> bool:
     """Whether `completion_logprobs` may fuse the LM head: a listed family whose output
     embedding is a plain ``nn.Linear`` (not e.g. a LoRA-wrapped head)."""
-    get_head = getattr(model, "get_output_embeddings", None)
-    head = get_head() if callable(get_head) else None
+    head = embeddings(model)[1]
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     return type(head) is torch.nn.Linear and model_type in FUSED_HEAD_FAMILIES
 
@@ -93,10 +92,7 @@ def learner_attention(model: torch.nn.Module, autocast: bool,
 def _tied_embedding(model: torch.nn.Module) -> torch.nn.Embedding | None:
     """The input embedding when it is a plain ``nn.Embedding`` sharing its trainable weight
     with the LM head (and no max_norm / scale_grad_by_freq), else None."""
-    get_in = getattr(model, "get_input_embeddings", None)
-    get_out = getattr(model, "get_output_embeddings", None)
-    emb = get_in() if callable(get_in) else None
-    head = get_out() if callable(get_out) else None
+    emb, head = embeddings(model)
     if type(emb) is not torch.nn.Embedding or head is None:
         return None
     weight = emb.weight
