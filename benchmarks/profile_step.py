@@ -1,6 +1,7 @@
 """Where a GRPO step spends its time: per-phase wall time and the top operators.
 
-    python benchmarks/profile_step.py --model 19M --steps 3 --threads 1 [--bf16] [--ops 15]
+    python benchmarks/profile_step.py --model 19M --steps 3 --threads 1 \
+        [--bf16 | --bf16-compute [--compile]] [--ops 15]
 
 Runs our GRPOTrainer on the work of `benchmarks/vs_trl.py` (G=8 x 8 prompts, 32 new tokens, beta
 0.04 k3 in the loss, models built there under --root) and times each phase by wrapping the
@@ -81,6 +82,7 @@ def instrument(trainer, clock: PhaseClock) -> None:
     backward = torch.Tensor.backward
     torch.Tensor.backward = lambda self, *a, **k: clock.wrap("backward", backward)(self, *a, **k)
     sampler, _ = trainer.rollout_model()  # the bf16 sampler copy under autocast_bf16
+    trainer.learner()  # build the bf16_compute learner copy before the policy is wrapped
     for model in {id(m): m for m in (trainer.model, sampler)}.values():
         model.forward = _timed_forward(model.forward, clock)
 
@@ -101,7 +103,9 @@ def main() -> None:
     ap.add_argument("--root", default="/tmp/vs_trl_models")
     ap.add_argument("--model", default="19M", choices=list(vs_trl.LLAMAS))
     ap.add_argument("--beta", type=float, default=0.04)
-    ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--bf16", action="store_true", help="autocast_bf16")
+    ap.add_argument("--bf16-compute", action="store_true", help="bf16_compute (implies --bf16)")
+    ap.add_argument("--compile", action="store_true", help="torch_compile (with --bf16-compute)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--ops", type=int, default=0, help="top operators to list (0: none)")
@@ -118,7 +122,9 @@ def main() -> None:
         "out_dir": tempfile.mkdtemp(prefix="profile_step_"), "threads": args.threads,
         "rewards": [{"name": "vs_trl:parity_reward"}], "group_size": 8, "prompts_per_step": 8,
         "max_new_tokens": 32, "kl_coef": args.beta, "kl_estimator": "k3", "lr": 1e-6,
-        "micro_batch_size": 64, "autocast_bf16": args.bf16, "max_steps": 1, "progress": False})
+        "micro_batch_size": 64, "autocast_bf16": args.bf16 or args.bf16_compute,
+        "bf16_compute": args.bf16_compute, "torch_compile": args.compile, "max_steps": 1,
+        "progress": False})
     trainer = GRPOTrainer(cfg)
     clock = PhaseClock()
     instrument(trainer, clock)
@@ -140,6 +146,7 @@ def main() -> None:
         if i > 0:  # the first step warms up
             per_step.append(phases)
     print(f"# profile_step: {args.model} beta={args.beta} bf16={args.bf16} "
+          f"bf16_compute={args.bf16_compute} compile={args.compile} "
           f"threads={args.threads} steps={args.steps}")
     total = statistics.median(p["total"] for p in per_step)
     for name in (*PHASES, "total"):

@@ -117,6 +117,8 @@ def run_ours(spec: dict, root: Path, out: Path) -> list[float]:
     common = {"model": str(root / spec["model"]), "out_dir": str(out), "max_steps": steps,
               "threads": spec["threads"], "progress": False,
               "autocast_bf16": spec["setting"].startswith("bf16"),
+              "bf16_compute": spec["setting"].startswith("bf16c"),
+              "torch_compile": "compile" in spec["setting"],
               "gradient_checkpointing": spec["setting"].endswith("_ckpt")}
     if spec["algo"] == "dpo":
         cfg = build_config(DPOConfig, overrides={
@@ -140,7 +142,8 @@ def _trl_common(spec: dict, out: Path) -> dict:
     bf16 = spec["setting"].startswith("bf16")
     return {"output_dir": str(out), "max_steps": spec["warmup"] + spec["steps"],
             "learning_rate": 1e-6, "use_cpu": True, "bf16": bf16,
-            "gradient_checkpointing": not spec["setting"].endswith("nockpt"),
+            "gradient_checkpointing": "nockpt" not in spec["setting"],
+            "torch_compile": "compile" in spec["setting"],
             "report_to": "none", "save_strategy": "no", "logging_steps": 1,
             "dataloader_num_workers": 0, "seed": 0}
 
@@ -253,7 +256,9 @@ def main() -> None:
     ap.add_argument("--trl-settings", nargs="*",  # none: only our runs
                     default=["bf16", "fp32", "fp32_nockpt", "bf16_nockpt"])
     ap.add_argument("--our-settings", nargs="+", default=["fp32", "bf16"],
-                    help="fp32, bf16, fp32_ckpt, bf16_ckpt (_ckpt: gradient_checkpointing); "
+                    help="fp32, bf16 (autocast), bf16c (bf16_compute), bf16c_compile "
+                    "(+ torch_compile), fp32_ckpt, bf16_ckpt "
+                    "(_ckpt: gradient_checkpointing); "
                     "the 152k rows run the fp32 ones")
     ap.add_argument("--no-dpo", dest="dpo", action="store_false")
     ap.add_argument("--threads", type=int, default=2)

@@ -55,6 +55,17 @@ class BaseConfig:
     fp32). Fast on CPUs with a bf16 matrix unit and on GPUs. GRPO and PPO then sample from a
     bf16 copy of the policy (re-synced before every generation; the policy's fp32 head), not
     under autocast: see docs/performance.md."""
+    bf16_compute: bool = False
+    """Forward and backward passes on a bf16 copy of the weights (mixed precision with fp32
+    master weights, fp32 AdamW state, fp32 LM head and log-probs; the frozen reference is a bf16
+    copy too). Faster than autocast_bf16 on CPUs with a bf16 matrix unit (no per-op casts);
+    a precision change, so opt-in. grpo and dpo only; not with LoRA or FSDP2. Samples from the
+    bf16 sampler copy like autocast_bf16: see docs/performance.md."""
+    torch_compile: bool = False
+    """With bf16_compute: `torch.compile` the transformer body of the bf16 learner and reference
+    copies (fused element-wise work in the forward and backward). The first step pays the
+    compilation (about 40 s for a 19M Llama on one CPU thread); same log-probs in the loss, the
+    reference and no-grad passes (docs/performance.md)."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of storing them
     (transformers' activation checkpointing, non-reentrant): less memory for one more forward

@@ -48,6 +48,7 @@ from posttrain.config import BaseConfig, ConfigError, build_config, to_dict
 from posttrain.models import adapters_disabled
 from posttrain.rollout.hf import autocast_ctx
 from posttrain.rollout.sampler_copy import BF16Sampler, bf16_sampler_supported
+from posttrain.trainers.bf16_copy import BF16Copy
 from posttrain.trainers.checkpoint import (
     find_resume,
     read_checkpoint,
@@ -82,6 +83,8 @@ class Trainer:
     """Schema kind that `train_data` rows are validated against (posttrain.data.schemas)."""
     progress_keys: ClassVar[tuple[str, ...]] = ("reward/mean",)
     """Metrics shown next to the progress bar."""
+    supports_bf16_compute: ClassVar[bool] = False
+    """Whether the trainer runs its passes through `learner()` / `reference()` (bf16_compute)."""
 
     def __init__(self, cfg: BaseConfig | None = None, session: Session | None = None, *,
                  model: Any = None, tokenizer: Any = None, train_data: Any = None,
@@ -91,6 +94,7 @@ class Trainer:
                                        eval_data, rewards, config_keys)
         self.cfg = cfg
         setup_threads(cfg.threads)
+        _check_bf16_compute(cfg, self.supports_bf16_compute, self.name)
         if cfg.fsdp and cfg.lora_r > 0:
             raise ConfigError("config keys 'fsdp' and 'lora_r': FSDP2 with LoRA is not "
                               "supported; use data parallel (fsdp: false) for LoRA runs")
@@ -106,6 +110,9 @@ class Trainer:
         self._order: list[int] = []
         self._ref: Any = None
         self._sampler: BF16Sampler | None = None
+        self._learner: BF16Copy | None = None  # bf16_compute: the bf16 learner copy
+        self._learner_stale = True  # its weights lag the master's (after a step or a resume)
+        self._ref_bf16: BF16Copy | None = None  # bf16_compute: the reference, as a bf16 copy
         self.setup()
         if cfg.gradient_checkpointing:
             enable_checkpointing(self.model)
@@ -215,6 +222,7 @@ class Trainer:
         norm = clip_and_step(model, opt or self.opt, sched or self.sched, self.cfg.max_grad_norm)
         if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
             norm = norm.full_tensor()
+        self._learner_stale = True
         return float(norm)
 
     def idle_passes(self, done: int) -> None:
@@ -235,7 +243,7 @@ class Trainer:
         """(model, autocast) for sampling rollouts. Under `autocast_bf16` a bf16 copy of the
         policy with the policy's fp32 head (`posttrain.rollout.sampler_copy`), re-synced from
         the current weights at every call and run without autocast; else the policy itself."""
-        if not self.cfg.autocast_bf16:
+        if not (self.cfg.autocast_bf16 or self.cfg.bf16_compute):
             return self.model, False
         if self._sampler is None and bf16_sampler_supported(self.model):
             self._sampler = BF16Sampler(self.model)
@@ -243,6 +251,27 @@ class Trainer:
             return self.model, True
         self._sampler.sync()
         return self._sampler.model, False
+
+    def learner(self) -> Any:
+        """The model the policy's log-probs are computed (and differentiated) with: the policy,
+        or under `bf16_compute` its bf16 copy (`posttrain.trainers.bf16_copy`), re-synced after
+        every optimizer step; its gradients land in the policy's fp32 ``.grad``."""
+        if not self.cfg.bf16_compute:
+            return self.model
+        if self._learner is None:
+            self._learner = BF16Copy(self.model, trainable=True,
+                                     compile_body=self.cfg.torch_compile)
+        elif self._learner_stale:
+            self._learner.sync()
+        self._learner_stale = False
+        self._learner.model.train(self.model.training)
+        return self._learner.model
+
+    @property
+    def learner_autocast(self) -> bool:
+        """Whether the learner's forward passes run under bf16 autocast (not under bf16_compute:
+        its copy is bf16 already)."""
+        return self.cfg.autocast_bf16 and not self.cfg.bf16_compute
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast on this trainer's device type when `autocast_bf16` is set."""
@@ -256,6 +285,11 @@ class Trainer:
     @contextlib.contextmanager
     def reference(self) -> Iterator[torch.nn.Module]:
         """The frozen reference policy in eval mode: the loaded copy or the adapters-off policy."""
+        if self._ref is not None and self.cfg.bf16_compute and self._ref_bf16 is None:
+            # built like the learner, so the KL is exactly 0 before an update; the fp32 body is
+            # freed (the copy shares only the fp32 head)
+            self._ref_bf16 = BF16Copy(self._ref, compile_body=self.cfg.torch_compile)
+            self._ref = self._ref_bf16.model
         if self._ref is not None:
             yield self._ref
             return
@@ -381,6 +415,7 @@ class Trainer:
         self.load_state_dict(state["trainer"])
         self.start_step = int(state["step"])
         self._resumed = state
+        self._learner_stale = True
         if self.dist.is_main:
             truncate_metrics(self.cfg.out_dir, state.get("metrics_bytes"), self.start_step)
         self.dist.barrier()
@@ -414,6 +449,21 @@ class _StopRequest:
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def _check_bf16_compute(cfg: BaseConfig, supported: bool, name: str) -> None:
+    """`bf16_compute` only where the trainer supports it, and not with LoRA or FSDP2."""
+    if cfg.torch_compile and not cfg.bf16_compute:
+        raise ConfigError("config key 'torch_compile': needs bf16_compute: true (it compiles "
+                          "the bf16 learner and reference copies)")
+    if not cfg.bf16_compute:
+        return
+    if not supported:
+        raise ConfigError(f"config key 'bf16_compute': not supported by `posttrain {name}` yet "
+                          "(grpo and dpo support it); use autocast_bf16")
+    if cfg.lora_r > 0 or cfg.fsdp:
+        raise ConfigError("config key 'bf16_compute': needs a full fine-tune without FSDP2 "
+                          "(lora_r: 0, fsdp: false); use autocast_bf16")
 
 
 def _eval_metrics(result: dict[str, Any]) -> dict[str, float]:

@@ -69,6 +69,7 @@ class DPOTrainer(Trainer):
     """Direct preference optimisation on {prompt, chosen, rejected} rows."""
 
     name = "dpo"
+    supports_bf16_compute = True
     config_class = DPOConfig
     data_kind = "preferences"
     progress_keys = ("loss/dpo", "rewards/accuracy")
@@ -154,7 +155,7 @@ class DPOTrainer(Trainer):
         was_training = self.model.training
         self.model.eval()
         try:
-            yield self.model
+            yield self.learner()  # the policy (its bf16 copy under bf16_compute), in eval mode
         finally:
             self.model.train(was_training)
 
@@ -171,7 +172,7 @@ class DPOTrainer(Trainer):
         table = {k: [] for k in REF_KEYS}
         with self.reference() as ref:
             for micro in torch.arange(len(pairs)).split(self.micro_pairs):
-                out = pair_logprobs(ref, pairs.select(micro), self.cfg.autocast_bf16)
+                out = pair_logprobs(ref, pairs.select(micro), self.learner_autocast)
                 for k in REF_KEYS:
                     table[k].append(out[k])
         result = {k: torch.cat(v).float().cpu().contiguous() for k, v in table.items()}
@@ -190,7 +191,7 @@ class DPOTrainer(Trainer):
             ref, device = self.ref_tables[table], next(self.model.parameters()).device
             return ref[f"chosen_{kind}"][idx].to(device), ref[f"rejected_{kind}"][idx].to(device)
         with torch.no_grad(), self.reference() as model:
-            out = pair_logprobs(model, pairs.select(idx), self.cfg.autocast_bf16)
+            out = pair_logprobs(model, pairs.select(idx), self.learner_autocast)
         return out[f"chosen_{kind}"], out[f"rejected_{kind}"]
 
     def pair_loss(self, pairs: PairTensors, idx: Tensor,
@@ -198,7 +199,7 @@ class DPOTrainer(Trainer):
         """2-4 for the pairs ``idx``: per-pair loss [n] and detached metrics."""
         cfg = self.cfg
         kind = "mean" if cfg.loss_type == "ipo" else "sum"
-        policy = pair_logprobs(self.model, pairs.select(idx), cfg.autocast_bf16)  # 2
+        policy = pair_logprobs(self.learner(), pairs.select(idx), self.learner_autocast)  # 2
         ref_chosen, ref_rejected = self.reference_logps(pairs, idx, table)  # 3
         chosen, rejected = policy[f"chosen_{kind}"], policy[f"rejected_{kind}"]  # [n], [n]
         loss, metrics = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=cfg.beta,

@@ -67,6 +67,7 @@ class GRPOTrainer(Trainer):
     """Group-relative policy optimisation on a prompt dataset with reward functions."""
 
     name = "grpo"
+    supports_bf16_compute = True
     config_class = GRPOConfig
     progress_keys = ("reward/mean", "reward/accuracy")
     cfg: GRPOConfig
@@ -214,7 +215,7 @@ class GRPOTrainer(Trainer):
         if off_policy or kl_in_reward:
             # old log-probs: the sampler's where they equal the learner's forward (fp32), else
             # one learner forward, so a ratio or a KL starts at exactly 0 in every precision
-            reuse = cfg.old_logprobs == "rollout" and not cfg.autocast_bf16
+            reuse = cfg.old_logprobs == "rollout" and not (cfg.autocast_bf16 or cfg.bf16_compute)
             rollout.old_logprobs = rollout.logprobs if reuse else self.policy_logprobs(rollout)
         if cfg.kl_coef > 0:
             with self.reference() as ref:
@@ -287,10 +288,10 @@ class GRPOTrainer(Trainer):
         """[N, T] no-grad log-probs of the rollout's tokens under `model` (default the policy)."""
         cfg = self.cfg
         with self.gathered():
-            return batched_logprobs(model or self.model, rollout.prompt_ids,
+            return batched_logprobs(model or self.learner(), rollout.prompt_ids,
                                     rollout.prompt_mask, rollout.completion_ids,
                                     rollout.response_mask, cfg.micro_batch_size,
-                                    cfg.temperature, cfg.autocast_bf16)
+                                    cfg.temperature, self.learner_autocast)
 
     def loss_mask(self, rollout: Rollout) -> Tensor:
         """[N, T] tokens that count in the loss."""
@@ -350,8 +351,9 @@ class GRPOTrainer(Trainer):
         """Forward + backward of one micro-batch; the loss is normalised over the whole step."""
         cfg = self.cfg
         logprobs, entropy = completion_logprobs(
-            self.model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-            batch.response_mask, cfg.temperature, cfg.autocast_bf16, with_entropy=True)  # [n, T]
+            self.learner(), batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+            batch.response_mask, cfg.temperature, self.learner_autocast,
+            with_entropy=True)  # [n, T]
         old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
         loss, metrics = policy_loss(
             logprobs, old, batch.advantages, mask, ratio_level=cfg.ratio_level,

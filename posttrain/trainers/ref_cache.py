@@ -32,7 +32,8 @@ def model_fingerprint(model: str) -> str:
 def ref_cache_path(cfg: DPOConfig, source: str, pairs: PairTensors) -> Path:
     """Where the reference table of ``pairs`` (loaded from ``source``) is cached."""
     h = hashlib.sha256()
-    for part in (model_fingerprint(cfg.model), cfg.dtype, str(cfg.autocast_bf16), pairs.digest()):
+    precision = [str(cfg.autocast_bf16)] + (["bf16_compute"] if cfg.bf16_compute else [])
+    for part in (model_fingerprint(cfg.model), cfg.dtype, *precision, pairs.digest()):
         h.update(part.encode())
         h.update(b"\0")
     src = Path(source)

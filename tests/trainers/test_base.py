@@ -18,6 +18,8 @@ from posttrain.trainers.sft import SFTTrainer
 from tests.trainers.toy_rewards import sevens
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+PRECISIONS = {"fp32": {}, "autocast": {"autocast_bf16": True},
+              "bf16_compute": {"bf16_compute": True}}
 COMMON = {"progress": False, "threads": 1, "report_to": [], "seed": 0}
 
 
@@ -42,14 +44,15 @@ def pairs(n: int = 8) -> list[dict[str, str]]:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("autocast", [False, True])
-def test_one_step_of_each_trainer_on_every_device(tok, tmp_path, device, autocast):
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_one_step_of_each_trainer_on_every_device(tok, tmp_path, device, precision):
     """SFT, GRPO and DPO each run a step with the model on `device` (CPU here; CUDA where one
     is present: scripts/gpu_smoke.sh runs the same through the CLI)."""
-    kw = {**COMMON, "device": device, "autocast_bf16": autocast}
-    sft = SFTTrainer(model=tiny(tok), tokenizer=tok, train_data=sft_rows(16), rewards=[],
-                     out_dir=str(tmp_path / "sft"), batch_size=8, **kw)
-    assert sft.step(1)["loss/sft"] > 0
+    kw = {**COMMON, "device": device, **PRECISIONS[precision]}
+    if precision != "bf16_compute":  # grpo and dpo only
+        sft = SFTTrainer(model=tiny(tok), tokenizer=tok, train_data=sft_rows(16), rewards=[],
+                         out_dir=str(tmp_path / "sft"), batch_size=8, **kw)
+        assert sft.step(1)["loss/sft"] > 0
     grpo = GRPOTrainer(model=tiny(tok), tokenizer=tok, train_data=prompt_rows(8, seed=1),
                        out_dir=str(tmp_path / "grpo"), group_size=2, prompts_per_step=2,
                        max_new_tokens=6, kl_coef=0.1, mini_batches=2, **kw)
@@ -91,15 +94,16 @@ def _grpo(tok, tmp_path, **kw) -> GRPOTrainer:
                        rewards=[sevens], **{**base, **kw})
 
 
-@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
 @pytest.mark.parametrize("placement", ["loss", "reward"])
-def test_kl_is_zero_at_the_first_step(tok, tmp_path, placement, estimator, autocast):
+def test_kl_is_zero_at_the_first_step(tok, tmp_path, placement, estimator, precision):
     """Before any update the policy IS the reference: KL must be 0 (float tolerance) for every
     placement, estimator and precision. Under bf16 the sampler's log-probs come from a cached
-    bf16 decode; comparing them with the reference's training forward gave KL ~1e-2 here."""
+    bf16 decode; comparing them with the reference's training forward gave KL ~1e-2 here.
+    Under bf16_compute the reference is a bf16 copy built like the learner's."""
     trainer = _grpo(tok, tmp_path, kl_coef=0.1, kl_placement=placement, kl_estimator=estimator,
-                    autocast_bf16=autocast)
+                    **PRECISIONS[precision])
     metrics = trainer.step(1)
     key = "kl/token_mean" if placement == "loss" else "kl/seq_mean"
     assert abs(metrics[key]) < 1e-5, metrics[key]

@@ -176,6 +176,18 @@ def test_off_policy_first_update_starts_at_ratio_one(toy_world, tmp_path, autoca
     assert abs(out["policy/ratio_mean"] - 1.0) < 1e-4 and abs(out["policy/approx_kl"]) < 1e-5
 
 
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_bf16_compute_learns_and_keeps_fp32_masters(toy_world, tmp_path, compiled):
+    """bf16_compute (optionally with torch_compile): the bf16 learner copy trains the fp32
+    master weights, which stay fp32 and are what is saved; the reward rises as in fp32."""
+    trainer = GRPOTrainer(_cfg(toy_world, str(tmp_path), bf16_compute=True,
+                               torch_compile=compiled, kl_coef=0.04))
+    trainer.train()
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    assert trainer.learner() is not trainer.model
+    _assert_learns(_reward_curve(str(tmp_path)))
+
+
 def test_bf16_sampler_weights_follow_the_policy(toy_world, tmp_path):
     """Under autocast_bf16 rollouts come from a bf16 copy that equals the policy's current
     weights at every generation (fp32 master weights are what the optimizer updates); the
