@@ -73,3 +73,32 @@ def test_not_supported_for_peft_models():
 
     lora = get_peft_model(policy, LoraConfig(r=2, target_modules=["q_proj"]))
     assert not bf16_sampler_supported(lora)
+
+
+def test_packed_linears_sample_exactly_what_plain_linears_do():
+    """Where oneDNN's packed bf16 linear is used (CPU), the copy's samples and log-probs equal
+    those of the same copy with plain ``nn.Linear`` calls, also after a sync (re-packed)."""
+    from posttrain.rollout.sampler_copy import packed_linear_supported
+
+    policy, tok = _tiny()
+    sampler = BF16Sampler(policy)
+    if not packed_linear_supported():
+        assert not sampler._packed  # nothing packed where it is not exact
+        return
+    assert len(sampler._packed) == 2 * 7  # q, k, v, o, gate, up, down per layer; not the head
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.mul_(1.5)
+    sampler.sync()
+
+    def run():
+        return generate(sampler.model, tok, ["12+7\n", "5\n"], group_size=3,
+                        params=SamplingParams(max_new_tokens=8), seeds=list(range(6)))
+
+    packed = run()
+    plain = {m: m.__dict__.pop("forward") for m in sampler._linears}  # back to nn.Linear
+    unpacked = run()
+    for m, fwd in plain.items():
+        m.forward = fwd
+    assert torch.equal(packed.completion_ids, unpacked.completion_ids)
+    assert torch.equal(packed.logprobs, unpacked.logprobs)
