@@ -86,11 +86,14 @@ def test_config_errors(world, tmp_path):
 
 
 @pytest.mark.slow
-def test_dpo_learns_the_train_pairs(world, tmp_path):
-    """Implicit-reward accuracy on the train pairs goes from 0 (policy == reference) to > 0.9."""
+@pytest.mark.parametrize("bf16_compute", [False, True])
+def test_dpo_learns_the_train_pairs(world, tmp_path, bf16_compute):
+    """Implicit-reward accuracy on the train pairs goes from 0 (policy == reference) to > 0.9,
+    in fp32 and with the bf16 learner copy (the reference table then comes from it too)."""
     torch.manual_seed(0)
     cfg = _cfg(world, tmp_path / "run", max_steps=25, batch_size=16, micro_batch_size=32,
-               eval_pref_data=world["pairs"], beta=0.5, lr=3e-3, seed=0)
+               eval_pref_data=world["pairs"], beta=0.5, lr=3e-3, seed=0,
+               bf16_compute=bf16_compute)
     summary = DPOTrainer(cfg).train()
     assert summary["implicit_acc_before"] == 0.0  # all margins are exactly 0 at the start
     assert summary["implicit_acc_after"] > 0.9
