@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Smoke test on an accelerator: one step of each trainer on DEVICE, fp32 and bf16 autocast,
+# Smoke test on an accelerator: one step of each trainer on DEVICE, fp32 and bf16 autocast
+# (and GRPO/DPO with bf16_compute, GRPO compiled),
 # plus the sampler/learner device tests. Prints one PASS/FAIL line per part and exits non-zero
 # when any part fails.
 #   bash scripts/gpu_smoke.sh                 # DEVICE=cuda (default)
@@ -59,14 +60,21 @@ COMMON=(model="$WORK/init" device="$DEVICE" max_steps=1 threads=1 seed=0)
 for bf16 in false true; do
   tag=$([ "$bf16" = true ] && echo "_bf16" || echo "")
   part "sft$tag" "$PY" -m posttrain.cli sft "${COMMON[@]}" autocast_bf16=$bf16 \
-    out_dir="$WORK/sft$tag" train_data="$WORK/sft.jsonl" batch_size=8 max_len=96
+    out_dir="$WORK/sft$tag" train_data="$WORK/sft.jsonl" batch_size=8 max_seq_len=96
   part "grpo$tag" "$PY" -m posttrain.cli grpo "${COMMON[@]}" autocast_bf16=$bf16 \
     out_dir="$WORK/grpo$tag" train_data="$WORK/prompts.jsonl" eval_data="$WORK/heldout.jsonl" \
     eval_size=8 prompts_per_step=2 group_size=4 max_new_tokens=16 eval_max_new_tokens=16
   part "dpo$tag" "$PY" -m posttrain.cli dpo "${COMMON[@]}" autocast_bf16=$bf16 \
     out_dir="$WORK/dpo$tag" train_data="$WORK/pairs.jsonl" batch_size=8 micro_batch_size=4 \
-    max_len=96
+    max_seq_len=96
 done
+# bf16 learner and reference copies (fp32 masters), compiled
+part grpo_bf16_compute "$PY" -m posttrain.cli grpo "${COMMON[@]}" bf16_compute=true \
+  torch_compile=true kl_coef=0.04 out_dir="$WORK/grpo_bf16c" train_data="$WORK/prompts.jsonl" \
+  prompts_per_step=2 group_size=4 max_new_tokens=16
+part dpo_bf16_compute "$PY" -m posttrain.cli dpo "${COMMON[@]}" bf16_compute=true \
+  out_dir="$WORK/dpo_bf16c" train_data="$WORK/pairs.jsonl" batch_size=8 micro_batch_size=4 \
+  max_seq_len=96
 
 # sampler/learner tests: parametrised over cpu and (when available) cuda
 part pytest_devices "$PY" -m pytest -q -p no:cacheprovider tests/test_rollout.py \
