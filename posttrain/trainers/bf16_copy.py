@@ -20,7 +20,7 @@ on the CPU the casts and the fp32 element-wise work took as long as the matrix m
 
 On the CPU both copies use transformers' eager attention: PyTorch's CPU flash-attention backward
 is slow in bf16, and the reference must take the same path as the learner for the KL to start
-at 0. Not supported: PEFT/LoRA models and FSDP2-sharded parameters (`bf16_copy_supported`).
+at 0. Not supported: PEFT/LoRA models and FSDP2-sharded parameters (`bf16_sampler_supported`).
 
 With ``compile_body`` (`torch_compile: true`) the transformer body's forward is compiled
 (`torch.compile`, dynamic shapes): inductor fuses the element-wise work around the matrix
@@ -38,18 +38,10 @@ from typing import Any
 
 import torch
 
-from posttrain.rollout.logits import embeddings, patched_forward
+from posttrain.rollout.logits import patched_forward
+from posttrain.rollout.sampler_copy import bf16_sampler_supported
 
-__all__ = ["BF16Copy", "bf16_copy_supported"]
-
-
-def bf16_copy_supported(model: torch.nn.Module) -> bool:
-    """A plain (non-PEFT, non-sharded) model with an ``nn.Linear`` output embedding."""
-    if hasattr(model, "get_base_model") or hasattr(model, "peft_config"):
-        return False
-    if any(type(p) is not torch.nn.Parameter for p in model.parameters()):  # DTensor (FSDP2)
-        return False
-    return isinstance(embeddings(model)[1], torch.nn.Linear)
+__all__ = ["BF16Copy"]
 
 
 class BF16Copy:
@@ -57,7 +49,7 @@ class BF16Copy:
 
     def __init__(self, source: torch.nn.Module, trainable: bool = False,
                  compile_body: bool = False) -> None:
-        if not bf16_copy_supported(source):
+        if not bf16_sampler_supported(source):  # same needs as the sampler copy
             raise ValueError("bf16_compute needs a plain model with an nn.Linear LM head "
                              "(not PEFT/LoRA, not FSDP-sharded)")
         self.model = copy.deepcopy(source)
