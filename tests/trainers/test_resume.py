@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,9 +134,10 @@ def _crash_at(trainer, at: int):
     return trainer
 
 
-@pytest.mark.parametrize("kind", ["sft", "dpo"])
+@pytest.mark.parametrize("kind", ["sft", "dpo", "dpo_bf16_compute"])
 def test_same_process_resume_matches_uninterrupted(world, tmp_path, kind):
-    """Crash in step 6 (checkpoint at 4, step 5 logged), resume: identical rows and weights."""
+    """Crash in step 6 (checkpoint at 4, step 5 logged), resume: identical rows and weights
+    (with bf16_compute the resumed run's bf16 learner copy is rebuilt from the checkpoint)."""
     if kind == "sft":
         cls, config = SFTTrainer, SFTConfig
         keys = {"train_data": world["sft"], "batch_size": 16, "micro_batch_size": 8,
@@ -143,7 +145,8 @@ def test_same_process_resume_matches_uninterrupted(world, tmp_path, kind):
     else:
         cls, config = DPOTrainer, DPOConfig
         keys = {"train_data": world["pairs"], "batch_size": 6, "micro_batch_size": 4,
-                "lr": 1e-3, "max_seq_len": 128, "rewards": []}
+                "lr": 1e-3, "max_seq_len": 128, "rewards": [],
+                "bf16_compute": kind == "dpo_bf16_compute"}
     keys.update({"model": world["model"], "max_steps": 8, "save_every": 2, "threads": 1,
                  "progress": False, "report_to": ["tensorboard"], "lr_schedule": "linear",
                  "warmup_steps": 3, "keep_checkpoints": 1})
@@ -155,6 +158,10 @@ def test_same_process_resume_matches_uninterrupted(world, tmp_path, kind):
     with pytest.raises(_CrashAt):
         _crash_at(cls(cfg(tmp_path / "run")), 6).train()
     assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [4]  # keep_checkpoints: 1
+    if kind == "dpo_bf16_compute":  # recompute the reference table: the learner copy then
+        # exists before the checkpoint loads, and must follow the loaded weights
+        for cache in Path(world["pairs"]).parent.glob("*.refcache"):
+            shutil.rmtree(cache)
     resumed = cls(cfg(tmp_path / "run", resume_from="latest"))
     assert resumed.start_step == 4
     resumed.train()
