@@ -176,3 +176,22 @@ def test_compiled_body_keeps_reference_learner_and_no_grad_passes_identical(tok)
         cos = torch.nn.functional.cosine_similarity(a.grad.flatten(), b.grad.flatten(), dim=0)
         assert cos > 0.99, float(cos)
     assert all(q.grad is None for q in ref.model.parameters())
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_fused_head_path_reads_the_fp32_master_head(tok, tie):
+    """The fused chunked LM head (used at large vocabularies) through the copy: it sees the
+    master's fp32 head weight, and log-probs and master gradients equal the unfused path's
+    (float summation order)."""
+    grads, lps = [], []
+    for fused in (False, True):
+        master = tiny(tok, tie)
+        learner = BF16Copy(master, trainable=True)
+        p, pm, c, m = batch()
+        lp, _ = completion_logprobs(learner.model, p, pm, c, m, fused=fused)
+        (-(lp * m).sum()).backward()
+        lps.append(lp.detach())
+        grads.append([q.grad.clone() for q in master.parameters()])
+    torch.testing.assert_close(lps[0], lps[1], rtol=0.0, atol=1e-5)
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
