@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install posttrain into ./.venv on a fresh machine (idempotent).
 #   bubblewrap: the sandbox for model-written code (Debian/Ubuntu package; skipped if present).
+#   g++:        torch.compile's CPU code generation (`torch_compile: true`; skipped if present).
 #   torch:      TORCH_SPEC (default torch==2.13.0, the CPU build); set it for your CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,14 @@ if ! command -v bwrap >/dev/null 2>&1; then
       echo "install.sh: could not install bubblewrap; code rewards run with limits only" >&2
   else
     echo "install.sh: bubblewrap not found; install it (apt-get install bubblewrap) for the code sandbox" >&2
+  fi
+fi
+if ! command -v g++ >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && apt-get install -y -qq g++) >/dev/null || \
+      echo "install.sh: could not install g++; torch_compile: true will not work on the CPU" >&2
+  else
+    echo "install.sh: g++ not found; torch_compile: true needs it on the CPU" >&2
   fi
 fi
 PY=${PYTHON:-python3}
