@@ -49,6 +49,16 @@ class RMConfig(_ScorerConfig):
     """Bradley-Terry on preference pairs, or binary correctness of single completions."""
     margin: float = 0.0
     """Bradley-Terry margin m in -log sigmoid(r_w - r_l - m); added to a row's `margin`."""
+    token_level: bool = False
+    """objective=binary only: the label is predicted at EVERY completion token (BCE averaged over
+    a row's completion tokens, Cobbe et al. 2021), not at the last token only. The score is still
+    read at the last real token, so the saved model is used the same way."""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.token_level and self.objective != "binary":
+            raise ConfigError("config key 'token_level': needs objective=binary (got "
+                              f"objective={self.objective!r})")
 
 
 @dataclass

@@ -155,11 +155,24 @@ def sequence_scores(model: Any, input_ids: Tensor, attention_mask: Tensor) -> Te
     """
     mask = attention_mask.bool()
     hidden = _decoder_hidden(model, input_ids, mask.long())  # [B, T, H]
-    T = mask.shape[1]
-    positions = torch.arange(T, device=mask.device).expand_as(mask)  # [B, T]
-    last = torch.where(mask, positions, -1).amax(-1).clamp(min=0)  # [B]
+    last = last_positions(mask)  # [B]
     pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # [B, H]
     return model.score(pooled).squeeze(-1).float()  # [B]
+
+
+def last_positions(mask: Tensor) -> Tensor:
+    """Index [B] of each row's last True position in ``mask`` [B, T] (0 for an empty row)."""
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)  # [B, T]
+    return torch.where(mask, positions, -1).amax(-1).clamp(min=0)  # [B]
+
+
+def position_scores(model: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """ORM score head at EVERY position, [B, T] fp32 (the token-level objective's input).
+
+    Position ``last_positions(attention_mask)`` of each row equals :func:`sequence_scores`.
+    """
+    hidden = _decoder_hidden(model, input_ids, attention_mask.long())  # [B, T, H]
+    return model.score(hidden).squeeze(-1).float()  # [B, T]
 
 
 def token_logits(model: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

@@ -1,7 +1,7 @@
-"""Preference losses: DPO and variants, Bradley-Terry reward model.
+"""Preference and reward-model losses: DPO and variants, Bradley-Terry, token-level outcome BCE.
 
-Papers: DPO (Rafailov et al. 2023) and variants, Bradley-Terry RM (Ouyang et al. 2022, eq. 1);
-the paper index is docs/algorithms.md.
+Papers: DPO (Rafailov et al. 2023) and variants, Bradley-Terry RM (Ouyang et al. 2022, eq. 1),
+the token-level verifier objective (Cobbe et al. 2021); the paper index is docs/algorithms.md.
 
 Notation: B preference pairs (chosen y_w, rejected y_l), T response tokens, V vocab.
 
@@ -116,3 +116,27 @@ def bradley_terry_loss(
     if margin is not None:
         diff = diff - margin  # [B]
     return -F.logsigmoid(diff).mean()  # []
+
+
+def token_outcome_loss(scores: Tensor, labels: Tensor, response_mask: Tensor) -> Tensor:
+    """Token-level outcome (verifier) loss: BCE of ``sigmoid(score_t)`` against the solution's
+    label at EVERY completion token, averaged over a row's tokens, then over rows.
+
+    Cobbe et al. 2021 ("Training Verifiers to Solve Math Word Problems", arXiv:2110.14168,
+    sec. 4.2): the verifier predicts the final correctness after each token, a value-function-like
+    target that they found better and less prone to overfitting than one prediction per solution.
+
+    Args:
+        scores: [B, T] logits at every position. labels: [B] 1.0 correct / 0.0 wrong.
+        response_mask: [B, T] True on the completion tokens that count (at least one per row).
+
+    Returns:
+        [] mean over rows of each row's masked-mean BCE.
+    """
+    mask = response_mask.bool()  # [B, T]
+    target = labels.to(scores.dtype)[:, None].expand_as(scores)  # [B, T]
+    safe = torch.where(mask, scores, torch.zeros_like(scores))  # masked: no value, no gradient
+    bce = F.binary_cross_entropy_with_logits(safe, target, reduction="none")  # [B, T]
+    bce = torch.where(mask, bce, torch.zeros_like(bce))  # [B, T]
+    per_row = bce.sum(-1) / mask.sum(-1).clamp(min=1).to(bce.dtype)  # [B]
+    return per_row.mean()  # []

@@ -10,7 +10,9 @@ The model is ``AutoModelForSequenceClassification`` with one label on the policy
   (the Llama-2 variant, Touvron et al. 2023, arXiv:2307.09288).
 * ``binary`` on outcome rows ``{"prompt", "completion", "label": 1 | 0}``: binary cross-entropy
   of ``sigmoid(r)`` against the label, what "Let's Verify Step by Step" (Lightman et al. 2023,
-  arXiv:2305.20050) trains its ORM on.
+  arXiv:2305.20050) trains its ORM on. With ``token_level: true`` the label is predicted at
+  every completion token (``posttrain.ops.token_outcome_loss``; Cobbe et al. 2021,
+  arXiv:2110.14168); the score used everywhere else is still the last real token's.
 
 One step: 1 next batch of rows -> 2 scores at the last real token (one forward over chosen and
 rejected together) -> 3 the loss, backward per micro-batch normalised over the whole step,
@@ -31,8 +33,14 @@ from torch import Tensor
 from posttrain.config import RMConfig
 from posttrain.data import DataError, load_rows, render_prompt, validate_rows
 from posttrain.models.loading import load_tokenizer
-from posttrain.models.reward import build_scorer, pad_right, sequence_scores
-from posttrain.ops import bradley_terry_loss
+from posttrain.models.reward import (
+    build_scorer,
+    last_positions,
+    pad_right,
+    position_scores,
+    sequence_scores,
+)
+from posttrain.ops import bradley_terry_loss, token_outcome_loss
 from posttrain.trainers.base import Trainer
 
 KIND = {"bradley_terry": "preferences", "binary": "outcomes"}
@@ -61,6 +69,22 @@ def encode(tokenizer: Any, rows: list[dict[str, Any]], field: str, max_len: int,
             raise DataError(source, i + 1, field, f"prompt + {field} is {len(ids)} tokens, over "
                             f"max_seq_len={max_len} (raise it or drop the row)")
     return seqs
+
+
+def completion_starts(tokenizer: Any, rows: list[dict[str, Any]],
+                      seqs: list[list[int]]) -> list[int]:
+    """Index of each sequence's first completion token: the length of the common prefix of the
+    rendered prompt's own ids and the sequence (exact even when a tokenizer merges across the
+    prompt/completion boundary: the merged token counts as completion)."""
+    texts = [render_prompt(tokenizer, r["prompt"]) for r in rows]
+    starts = []
+    prompts = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    for prompt_ids, ids in zip(prompts, seqs, strict=True):
+        n = 0
+        while n < min(len(prompt_ids), len(ids) - 1) and prompt_ids[n] == ids[n]:
+            n += 1
+        starts.append(n)
+    return starts
 
 
 class RewardModelTrainer(Trainer):
@@ -105,8 +129,9 @@ class RewardModelTrainer(Trainer):
     def tokenize(self, rows: list[dict[str, Any]], source: str) -> dict[str, Any]:
         cfg, tok = self.cfg, self.tokenizer
         if cfg.objective == "binary":
-            return {"seqs": encode(tok, rows, "completion", cfg.max_seq_len, source),
-                    "labels": torch.tensor([float(r["label"]) for r in rows])}
+            seqs = encode(tok, rows, "completion", cfg.max_seq_len, source)
+            return {"seqs": seqs, "labels": torch.tensor([float(r["label"]) for r in rows]),
+                    "starts": torch.tensor(completion_starts(tok, rows, seqs))}
         for i, r in enumerate(rows):
             if r["chosen"] == r["rejected"]:
                 raise DataError(source, i + 1, "rejected", "identical to 'chosen'; a preference "
@@ -121,13 +146,23 @@ class RewardModelTrainer(Trainer):
         return max(1, self.cfg.micro_batch_size // per_row)
 
     def scores(self, data: dict[str, Any], idx: list[int]) -> dict[str, Tensor]:
-        """2: scores of rows ``idx``: {"chosen", "rejected"} [n] each, or {"score"} [n]."""
+        """2: scores of rows ``idx``: {"chosen", "rejected"} [n] each, or {"score"} [n] (with
+        ``token_level``, also {"positions"} [n, T] and the completion mask {"response_mask"})."""
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         if self.cfg.objective == "binary":
             seqs = [data["seqs"][i] for i in idx]
         else:
             seqs = [data["chosen"][i] for i in idx] + [data["rejected"][i] for i in idx]
         ids, mask = pad_right(seqs, pad)  # [n or 2n, T]
+        if self.cfg.token_level:
+            with self.autocast():
+                per_pos = position_scores(self.model, ids.to(self.device), mask.to(self.device))
+            mask = mask.to(self.device)
+            last = last_positions(mask)  # [n]
+            cols = torch.arange(mask.shape[1], device=self.device)[None, :]  # [1, T]
+            starts = data["starts"][idx].to(self.device)[:, None]  # [n, 1]
+            return {"score": per_pos[torch.arange(len(idx), device=self.device), last],
+                    "positions": per_pos, "response_mask": mask & (cols >= starts)}
         with self.autocast():
             r = sequence_scores(self.model, ids.to(self.device), mask.to(self.device))
         if self.cfg.objective == "binary":
@@ -139,7 +174,10 @@ class RewardModelTrainer(Trainer):
         s = self.scores(data, idx)
         if self.cfg.objective == "binary":
             labels = data["labels"][idx].to(self.device)  # [n]
-            loss = F.binary_cross_entropy_with_logits(s["score"], labels)
+            if self.cfg.token_level:
+                loss = token_outcome_loss(s["positions"], labels, s["response_mask"])
+            else:
+                loss = F.binary_cross_entropy_with_logits(s["score"], labels)
             return loss, {"score": s["score"].detach(), "label": labels}
         margin = data["margin"][idx].to(self.device)  # [n]
         use_margin = margin if bool(margin.any()) else None

@@ -1,11 +1,11 @@
-"""DPO variants and Bradley-Terry (formulas.md sections 8-9)."""
+"""DPO variants, Bradley-Terry (formulas.md sections 8-9) and the token-level outcome loss."""
 
 import math
 
 import pytest
 import torch
 
-from posttrain.ops import bradley_terry_loss, dpo_loss
+from posttrain.ops import bradley_terry_loss, dpo_loss, token_outcome_loss
 
 # chosen -1 vs ref -2, rejected -3 vs ref -2, beta 0.5:
 # chosen reward 0.5*(+1) = 0.5, rejected reward 0.5*(-1) = -0.5, h = 1
@@ -75,3 +75,38 @@ def test_bradley_terry_golden():
     # margin 0.5: -log sigmoid(0.5) = log(1 + e^-0.5) = log(1.60653) = 0.47408
     loss = bradley_terry_loss(chosen, rejected, margin=torch.tensor([0.5, 0.5]))
     assert loss.item() == pytest.approx(0.47408, abs=1e-5)
+
+
+def test_token_outcome_loss_golden():
+    # row 0, label 1, completion scores (0, 2): BCE(0 vs 1) = log 2 = 0.693147,
+    #   BCE(2 vs 1) = log(1 + e^-2) = 0.126928 -> row mean (0.693147 + 0.126928) / 2 = 0.410038
+    # row 1, label 0, one completion score -1: BCE(-1 vs 0) = log(1 + e^-1) = 0.313262
+    # mean over rows: (0.410038 + 0.313262) / 2 = 0.361650
+    scores = torch.tensor([[5.0, 0.0, 2.0], [-1.0, 7.0, 9.0]])
+    mask = torch.tensor([[False, True, True], [True, False, False]])
+    loss = token_outcome_loss(scores, torch.tensor([1.0, 0.0]), mask)
+    assert loss.item() == pytest.approx(0.361650, abs=1e-5)
+
+
+def test_token_outcome_loss_masked_positions_have_no_effect():
+    torch.manual_seed(0)
+    scores = torch.randn(3, 5)
+    mask = torch.rand(3, 5) > 0.4
+    mask[:, 0] = True
+    labels = torch.tensor([1.0, 0.0, 1.0])
+    want = token_outcome_loss(scores, labels, mask)
+    junk = scores.clone()
+    junk[~mask] = torch.tensor([float("inf"), float("nan"), -1e30]).repeat(15)[:int((~mask).sum())]
+    junk.requires_grad_(True)
+    got = token_outcome_loss(junk, labels, mask)
+    got.backward()
+    torch.testing.assert_close(got.detach(), want)
+    assert (junk.grad[~mask] == 0).all() and (junk.grad[mask] != 0).all()
+
+
+def test_token_outcome_loss_one_token_is_plain_bce():
+    # only the last position counted: the solution-level binary objective
+    scores, labels = torch.tensor([[0.3, -2.0], [1.0, 0.5]]), torch.tensor([0.0, 1.0])
+    mask = torch.tensor([[False, True], [False, True]])
+    want = torch.nn.functional.binary_cross_entropy_with_logits(scores[:, -1], labels)
+    torch.testing.assert_close(token_outcome_loss(scores, labels, mask), want)

@@ -7,11 +7,17 @@ import torch
 from posttrain.config import ConfigError, RMConfig, build_config
 from posttrain.data import DataError
 from posttrain.models import build_char_tokenizer, build_tiny_llama
-from posttrain.models.reward import ScorerError, check_scorer_dir, load_scorer, sequence_scores
+from posttrain.models.reward import (
+    ScorerError,
+    check_scorer_dir,
+    load_scorer,
+    position_scores,
+    sequence_scores,
+)
 from posttrain.tasks.arithmetic import write_jsonl
 from posttrain.tasks.preferences import offline_pairs
 from posttrain.trainers.common import save_checkpoint
-from posttrain.trainers.reward_model import RewardModelTrainer, roc_auc
+from posttrain.trainers.reward_model import RewardModelTrainer, completion_starts, encode, roc_auc
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +63,21 @@ def test_score_is_read_at_the_last_real_token(world):
         left = sequence_scores(model, torch.tensor([[0, 0, 5, 6]]), torch.tensor([[0, 0, 1, 1]]))
     torch.testing.assert_close(batched[1:], alone)  # padding changes nothing
     torch.testing.assert_close(left, alone, atol=1e-5, rtol=1e-5)  # either padding side
+    with torch.no_grad():  # the token-level objective's scores: the same head at every position
+        every = position_scores(model, ids, mask)  # [2, 4]
+    torch.testing.assert_close(every[:, [3, 1]].diagonal(), batched, atol=1e-5, rtol=1e-5)
+
+
+def test_completion_starts(world):
+    from posttrain.models.loading import load_tokenizer
+
+    tok = load_tokenizer(world["model"])
+    rows = [{"prompt": "1+2", "completion": "<answer>3</answer>"},
+            {"prompt": "10-4", "completion": "x"}]
+    seqs = encode(tok, rows, "completion", 128, "rows")
+    starts = completion_starts(tok, rows, seqs)
+    for seq, start, row in zip(seqs, starts, rows, strict=True):
+        assert tok.decode(seq[start:], skip_special_tokens=True) == row["completion"]
 
 
 def test_bad_rows_fail_before_the_model_loads(tmp_path):
@@ -88,6 +109,8 @@ def test_config_errors(world, tmp_path):
             _cfg(world, tmp_path, **{key: value})
     with pytest.raises(ConfigError, match="objective"):
         _cfg(world, tmp_path, objective="hinge")
+    with pytest.raises(ConfigError, match="'token_level': needs objective=binary"):
+        _cfg(world, tmp_path, token_level=True)
 
 
 def test_orm_learns_pairs_above_chance(world, tmp_path):
@@ -114,19 +137,36 @@ def test_orm_learns_pairs_above_chance(world, tmp_path):
 
 
 def test_binary_objective_learns(world, tmp_path):
+    data = _outcome_rows(world, tmp_path)
+    torch.manual_seed(0)
+    cfg = _cfg(world, tmp_path / "bin", objective="binary", train_data=data,
+               eval_data=data, max_steps=40)
+    summary = RewardModelTrainer(cfg).train()
+    after = summary["eval_after_detail"]
+    assert after["auc"] > 0.8 and after["accuracy"] > 0.7
+    assert after["positive_mean"] > after["negative_mean"]
+
+
+def _outcome_rows(world: dict[str, str], tmp_path: Path) -> str:
     rows = []
     for line in Path(world["train"]).read_text().splitlines():
         r = json.loads(line)
         rows += [{"prompt": r["prompt"], "completion": r["chosen"], "label": 1},
                  {"prompt": r["prompt"], "completion": r["rejected"], "label": 0}]
-    data = write_jsonl(rows, tmp_path / "outcomes.jsonl")
+    return str(write_jsonl(rows, tmp_path / "outcomes.jsonl"))
+
+
+def test_token_level_objective_learns(world, tmp_path):
+    """token_level: the label at every completion token; the last-token score ranks."""
+    data = _outcome_rows(world, tmp_path)
     torch.manual_seed(0)
-    cfg = _cfg(world, tmp_path / "bin", objective="binary", train_data=str(data),
-               eval_data=str(data), max_steps=40)
+    cfg = _cfg(world, tmp_path / "tok", objective="binary", token_level=True, train_data=data,
+               eval_data=data, max_steps=40)
     summary = RewardModelTrainer(cfg).train()
     after = summary["eval_after_detail"]
     assert after["auc"] > 0.8 and after["accuracy"] > 0.7
     assert after["positive_mean"] > after["negative_mean"]
+    check_scorer_dir(Path(cfg.out_dir) / "final", "orm")
 
 
 def test_cli_and_python_api(world, tmp_path, capsys):
