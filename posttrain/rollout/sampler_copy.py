@@ -29,7 +29,7 @@ import torch
 
 from posttrain.rollout.logits import embeddings, patched_forward
 
-__all__ = ["BF16Sampler", "bf16_sampler_supported"]
+__all__ = ["BF16Sampler", "bf16_clone", "bf16_sampler_supported", "fp32_input"]
 
 
 def bf16_sampler_supported(model: torch.nn.Module) -> bool:
@@ -39,6 +39,27 @@ def bf16_sampler_supported(model: torch.nn.Module) -> bool:
     if any(type(p) is not torch.nn.Parameter for p in model.parameters()):  # DTensor (FSDP2)
         return False
     return isinstance(embeddings(model)[1], torch.nn.Linear)
+
+
+def bf16_clone(source: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of `source` with every floating-point parameter cast to bf16 and frozen
+    (buffers such as rotary ``inv_freq`` keep their dtype)."""
+    clone = copy.deepcopy(source)
+    # an instance-level forward (a wrapper someone put on `source`) would call the source
+    clone.__dict__.pop("forward", None)
+    clone.requires_grad_(False)
+    for p in clone.parameters():
+        if p.is_floating_point():
+            p.data = p.data.to(torch.bfloat16)
+    return clone
+
+
+def fp32_input(head: Any, weight: torch.Tensor) -> Any:
+    """A forward that calls `head` (an LM head's forward) on the hidden state cast to the
+    dtype of its `weight` (fp32)."""
+    def forward(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return head(hidden.to(weight.dtype), *args, **kwargs)
+    return forward
 
 
 class BF16Sampler:
@@ -52,21 +73,12 @@ class BF16Sampler:
             raise ValueError("BF16Sampler needs a plain model with an nn.Linear LM head "
                              "(not PEFT, not FSDP-sharded)")
         self.policy = policy
-        self.model = copy.deepcopy(policy)
-        self.model.requires_grad_(False)
-        for p in self.model.parameters():
-            if p.is_floating_point():
-                p.data = p.data.to(torch.bfloat16)
+        self.model = bf16_clone(policy)
         self._pairs = list(zip(self.model.parameters(), policy.parameters(), strict=True))
         head = policy.get_output_embeddings()
-
-        def fp32_head(_inner: Any) -> Any:
-            def forward(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-                return head(hidden.to(head.weight.dtype), *args, **kwargs)
-            return forward
-
         # kept for the copy's lifetime: its head module now runs the policy's head
-        self._head_ctx = patched_forward(self.model.get_output_embeddings(), fp32_head)
+        self._head_ctx = patched_forward(self.model.get_output_embeddings(),
+                                         lambda _inner: fp32_input(head, head.weight))
         self._head_ctx.__enter__()
         self._packed: dict[torch.nn.Linear, torch.Tensor] = {}  # body linear -> packed weight
         self._linears: list[torch.nn.Linear] = []

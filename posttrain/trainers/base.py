@@ -264,7 +264,8 @@ class Trainer:
         elif self._learner_stale:
             self._learner.sync()
         self._learner_stale = False
-        self._learner.model.train(self.model.training)
+        if self._learner.model.training != self.model.training:  # a module walk: only on change
+            self._learner.model.train(self.model.training)
         return self._learner.model
 
     @property

@@ -33,13 +33,13 @@ before an update, and no-grad log-probs equal the ones the loss differentiates.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 
 from posttrain.rollout.logits import patched_forward
-from posttrain.rollout.sampler_copy import bf16_sampler_supported
+from posttrain.rollout.sampler_copy import bf16_clone, bf16_sampler_supported, fp32_input
+from posttrain.trainers.forward import sdpa_switchable
 
 __all__ = ["BF16Copy"]
 
@@ -52,9 +52,7 @@ class BF16Copy:
         if not bf16_sampler_supported(source):  # same needs as the sampler copy
             raise ValueError("bf16_compute needs a plain model with an nn.Linear LM head "
                              "(not PEFT/LoRA, not FSDP-sharded)")
-        self.model = copy.deepcopy(source)
-        # an instance-level forward (a wrapper someone put on `source`) would call the source
-        self.model.__dict__.pop("forward", None)
+        self.model = bf16_clone(source)
         src_head, head = source.get_output_embeddings(), self.model.get_output_embeddings()
         head.weight = src_head.weight  # the fp32 master head (unties a tied copy's embedding)
         if src_head.bias is not None:
@@ -66,7 +64,6 @@ class BF16Copy:
             if id(p) in shared:
                 continue
             master = masters[name]
-            p.data = p.data.to(torch.bfloat16) if p.is_floating_point() else p.data
             # a compiled frozen copy still takes the differentiable graph (see above); its
             # outputs are detached, so no gradient ever reaches it
             p.requires_grad_(master.requires_grad if trainable else compile_body)
@@ -74,11 +71,9 @@ class BF16Copy:
             if p.requires_grad and trainable:
                 p.register_post_accumulate_grad_hook(self._to_master(master))
         # kept for the copy's lifetime: the head runs on the hidden state cast to fp32
-        self._head_ctx = patched_forward(head, lambda inner: _fp32_input(inner, head.weight))
+        self._head_ctx = patched_forward(head, lambda inner: fp32_input(inner, head.weight))
         self._head_ctx.__enter__()
-        if next(source.parameters()).device.type == "cpu" and callable(
-                getattr(self.model, "set_attn_implementation", None)) and getattr(
-                self.model.config, "_attn_implementation", None) == "sdpa":
+        if next(source.parameters()).device.type == "cpu" and sdpa_switchable(self.model):
             self.model.set_attn_implementation("eager")
         self.model.train(source.training)
         if compile_body:
@@ -101,13 +96,6 @@ class BF16Copy:
         """Copy the source's current parameters into the copy (cast to bf16)."""
         for mine, master in self._pairs:
             mine.copy_(master)
-
-
-def _fp32_input(inner: Any, weight: torch.Tensor) -> Any:
-    """The head's forward on the hidden state cast to the head weight's dtype (fp32)."""
-    def forward(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return inner(hidden.to(weight.dtype), *args, **kwargs)
-    return forward
 
 
 def _always_differentiable(compiled: Any) -> Any:

@@ -65,6 +65,13 @@ def _inputs(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
     return ids, attn, pos, c_ids
 
 
+def sdpa_switchable(model: torch.nn.Module) -> bool:
+    """Whether the model runs transformers' ``sdpa`` attention and can switch to ``eager``."""
+    config = getattr(model, "config", None)
+    return (getattr(config, "_attn_implementation", None) == "sdpa"
+            and callable(getattr(model, "set_attn_implementation", None)))
+
+
 @contextlib.contextmanager
 def learner_attention(model: torch.nn.Module, autocast: bool,
                       device: torch.device | str) -> Iterator[None]:
@@ -75,10 +82,8 @@ def learner_attention(model: torch.nn.Module, autocast: bool,
     per layer for 64 x 49 tokens); transformers' eager attention (matmul, fp32 softmax, matmul)
     differentiates several times faster at these lengths (docs/performance.md).
     """
-    config = getattr(model, "config", None)
     switch = (autocast and torch.is_grad_enabled() and torch.device(device).type == "cpu"
-              and getattr(config, "_attn_implementation", None) == "sdpa"
-              and callable(getattr(model, "set_attn_implementation", None)))
+              and sdpa_switchable(model))
     if not switch:
         yield
         return
