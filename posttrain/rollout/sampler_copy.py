@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from posttrain.rollout.fast_decode import register_lean_decoder
 from posttrain.rollout.logits import embeddings, patched_forward
 
 __all__ = ["BF16Sampler", "bf16_clone", "bf16_sampler_supported", "fp32_input"]
@@ -90,6 +91,8 @@ class BF16Sampler:
             for module in self._linears:
                 module.forward = _packed_forward(module, self._packed)
             self._pack()
+        # the lean decode step (`posttrain.rollout.fast_decode`) where the model supports it
+        self.lean = register_lean_decoder(self.model)
 
     def _pack(self) -> None:
         """(Re-)pack every body linear's current bf16 weight into oneDNN's layout."""
@@ -103,6 +106,8 @@ class BF16Sampler:
         for mine, theirs in self._pairs:
             mine.copy_(theirs)
         self._pack()
+        if self.lean is not None:
+            self.lean.pack()
 
 
 _PACK_ROWS = 64  # oneDNN's batch-size hint for the packed layout (any row count works)
