@@ -6,17 +6,19 @@ computation needs. The transformers forward spends most of a small model's decod
 its matrix multiplies (19M Llama, 64 rows: ~22 ms a call, of which ~8 ms are matmuls): mask
 creation, rotary embeddings per layer, output dataclasses and many small ops. Here:
 
-- the query/key/value and the gate/up projections are each one fused linear, pre-packed for
-  oneDNN (``torch.ops.mkldnn._linear_pointwise``) where `packed_linear_supported`, re-packed at
-  every `LeanDecoder.pack` (the sampler's ``sync``);
+- the query/key/value and the gate/up projections are each one fused linear, with the
+  preceding RMSNorm weight folded into their input columns; on a CPU with oneDNN bf16 support
+  every weight is pre-packed for ``torch.ops.mkldnn._linear_pointwise`` (as `BF16Sampler`
+  does) and the residual adds after o_proj / down_proj are fused into those calls. The weights
+  are rebuilt at every `LeanDecoder.pack` (the sampler's ``sync``);
 - cos/sin are computed once per step for all layers, by the model's own ``rotary_emb`` (so any
   rope type it supports), and applied to queries and keys together;
 - keys/values are written in place into the `PreallocatedLayer` buffers ``[n, H_kv, capacity,
   D]`` the prefill filled (row compaction and group repeat act on those buffers);
 - attention is one ``scaled_dot_product_attention`` call per layer with an additive padding mask,
   grouped-query attention by viewing the queries as ``[n, H_kv, H / H_kv, D]`` (no K/V repeat);
-- RMSNorm is ``F.rms_norm`` without weight then the weight multiply, which rounds like
-  transformers' ``LlamaRMSNorm`` (fp32 normalisation, bf16 cast, bf16 weight product);
+- RMSNorm is ``F.rms_norm`` without weight (fp32 normalisation then a bf16 cast, bit-equal to
+  transformers' ``LlamaRMSNorm`` before its weight product, which is folded as said above);
 - the logits come from the model's output embedding (the sampler copy's is the policy's fp32
   head).
 
@@ -101,21 +103,24 @@ def lean_decoder(model: torch.nn.Module, cache: Any) -> LeanDecoder | None:
 
 @dataclass
 class _Linear:
-    """A (possibly fused) bf16 linear: the oneDNN-packed weight, or the plain one."""
+    """A (possibly fused) bf16 linear on oneDNN's pre-packed weight, or on the plain one."""
 
     weight: Tensor  # [out, in] plain, or oneDNN's packed layout
-    bias: Tensor | None
+    bias: Tensor | None  # [out]
     packed: bool
 
     def __call__(self, x: Tensor) -> Tensor:
+        """x: [n, in] -> [n, out]."""
         if self.packed:
             return _LINEAR(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
     def add(self, x: Tensor, residual: Tensor) -> Tensor:
-        """``residual + self(x)``; packed: one oneDNN call with a fused add (one rounding)."""
+        """``residual + self(x)`` in one call (one rounding) where it can be fused."""
         if self.packed:
             return _LINEAR_ADD(x, residual, self.weight, self.bias, "add")
+        if self.bias is None:
+            return torch.addmm(residual, x, self.weight.t())
         return residual + F.linear(x, self.weight, self.bias)
 
 
@@ -124,29 +129,29 @@ _LINEAR_ADD = torch.ops.mkldnn._linear_pointwise.binary
 
 
 def _fused(mods: list[torch.nn.Linear], pack: bool, norm: Tensor | None = None) -> _Linear:
-    """The linears' weights stacked along the output dimension (one matmul for all), times the
-    preceding RMSNorm's `norm` weight [in] folded into the input columns when given."""
-    weight = torch.cat([m.weight.detach() for m in mods]) if len(mods) > 1 else mods[0].weight
+    """The linears stacked along the output dimension (one matmul for all), the preceding
+    RMSNorm's `norm` weight [in] folded into the input columns when given (a bf16 product,
+    rounded as transformers rounds ``weight * x``), packed for oneDNN when `pack`."""
+    weight = torch.cat([m.weight for m in mods]) if len(mods) > 1 else mods[0].weight
     if norm is not None:
-        weight = (weight.float() * norm.float()).to(weight.dtype)
+        weight = weight * norm
     bias = None
     if any(m.bias is not None for m in mods):
-        bias = torch.cat([m.bias.detach() if m.bias is not None
-                          else m.weight.new_zeros(m.out_features) for m in mods])
+        bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features)
+                          for m in mods])
     if pack:
         from posttrain.rollout.sampler_copy import _PACK_ROWS
 
-        return _Linear(torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACK_ROWS),
-                       bias, True)
-    return _Linear(weight.detach(), bias, False)
+        weight = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS)
+    return _Linear(weight.detach(), None if bias is None else bias.detach(), pack)
 
 
 @dataclass
 class _Layer:
-    qkv: _Linear
-    o: _Linear
-    gate_up: _Linear
-    down: _Linear
+    qkv: _Linear  # [(H + 2 H_kv) D, E], input_layernorm's weight folded in
+    o: _Linear  # [E, H D]
+    gate_up: _Linear  # [2 I, E], post_attention_layernorm's weight folded in
+    down: _Linear  # [E, I]
 
 
 class LeanDecoder:
@@ -168,7 +173,7 @@ class LeanDecoder:
 
     @torch.no_grad()
     def pack(self) -> None:
-        """(Re-)build the fused and packed weights from the model's current ones."""
+        """(Re-)build the fused (and packed) weights from the model's current ones."""
         from posttrain.rollout.sampler_copy import packed_linear_supported
 
         pack = self.device.type == "cpu" and packed_linear_supported()
@@ -176,11 +181,10 @@ class LeanDecoder:
         for layer in self.body.layers:
             a, m = layer.self_attn, layer.mlp
             self.layers.append(_Layer(
-                qkv=_fused([a.q_proj, a.k_proj, a.v_proj], pack,
-                           layer.input_layernorm.weight.detach()),
+                qkv=_fused([a.q_proj, a.k_proj, a.v_proj], pack, layer.input_layernorm.weight),
                 o=_fused([a.o_proj], pack),
                 gate_up=_fused([m.gate_proj, m.up_proj], pack,
-                               layer.post_attention_layernorm.weight.detach()),
+                               layer.post_attention_layernorm.weight),
                 down=_fused([m.down_proj], pack)))
 
     @torch.no_grad()
