@@ -124,8 +124,11 @@ class _Linear:
         return residual + F.linear(x, self.weight, self.bias)
 
 
-_LINEAR = torch.ops.mkldnn._linear_pointwise
-_LINEAR_ADD = torch.ops.mkldnn._linear_pointwise.binary
+try:
+    _LINEAR = torch.ops.mkldnn._linear_pointwise
+    _LINEAR_ADD = _LINEAR.binary
+except (AttributeError, RuntimeError):  # a build without oneDNN: nothing is packed then
+    _LINEAR = _LINEAR_ADD = None
 
 
 def _fused(mods: list[torch.nn.Linear], pack: bool, norm: Tensor | None = None) -> _Linear:
