@@ -119,6 +119,18 @@ def test_lean_logits_follow_transformers(family: str, padded: bool):
     assert worst < LOGIT_TOL, worst
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2", "llama_bias"])
+def test_lean_logits_on_plain_weights(family: str, monkeypatch):
+    """Where oneDNN's packed linear is not available (other devices, other builds) the lean step
+    runs ``F.linear`` / ``addmm`` on the fused weights, to the same tolerance."""
+    from posttrain.rollout import sampler_copy
+
+    monkeypatch.setattr(sampler_copy, "packed_linear_supported", lambda: False)
+    sampler = BF16Sampler(_policy(family))
+    assert not sampler.lean.layers[0].qkv.packed and not sampler._packed
+    assert _compare_steps(sampler, padded=True) < LOGIT_TOL
+
+
 def test_lean_step_follows_sync():
     """After an optimizer step and `sync`, the lean step runs on the new weights."""
     policy = _policy("qwen2")
