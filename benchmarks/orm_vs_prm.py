@@ -47,8 +47,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "full": {"sft_steps": 1500, "train_problems": 16000, "train_samples": 8, "heldout": 200,
              "n_max": 64, "rm_steps": 2000, "rm_batch": 64, "rm_lr": 7e-4, "beam_width": 16,
              "expansions": 4, "max_new_tokens": 48},
-    "quick": {"sft_steps": 1500, "train_problems": 1000, "train_samples": 8, "heldout": 64,
-              "n_max": 64, "rm_steps": 400, "rm_batch": 32, "rm_lr": 5e-4, "beam_width": 16,
+    "quick": {"sft_steps": 1500, "train_problems": 8000, "train_samples": 8, "heldout": 64,
+              "n_max": 64, "rm_steps": 800, "rm_batch": 64, "rm_lr": 7e-4, "beam_width": 16,
               "expansions": 4, "max_new_tokens": 48},
 }
 N_VALUES = (1, 4, 16, 64)
@@ -92,29 +92,51 @@ def verifier_rows(policy: Any, tok: Any, s: dict[str, Any], seed: int, data: Pat
             "dropped_truncated": s["train_problems"] * s["train_samples"] - len(rows)}
 
 
-def train_verifiers(init: Path, train: dict[str, Any], s: dict[str, Any], out: Path, seed: int,
-                    threads: int) -> dict[str, Any]:
-    """Stage 3: ORM and PRM from the same checkpoint ``init``, same steps / batch / lr."""
+def train_one(kind: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Train one verifier, ``kind`` "orm" (binary correctness) or "prm", in this process;
+    returns its last logged metrics and wall seconds (a process-pool task: picklable in/out)."""
     from posttrain.config import PRMConfig, RMConfig, build_config
     from posttrain.trainers.prm import PRMTrainer
     from posttrain.trainers.reward_model import RewardModelTrainer
 
-    common = {"model": str(init), "seed": seed, "threads": threads, "max_steps": s["rm_steps"],
+    t0 = time.time()
+    if kind == "orm":
+        out = RewardModelTrainer(build_config(RMConfig, overrides=overrides)).train()
+    else:
+        out = PRMTrainer(build_config(PRMConfig, overrides=overrides)).train()
+    return {"last": out.get("history", [{}])[-1], "seconds": round(time.time() - t0, 1)}
+
+
+def train_verifiers(init: Path, train: dict[str, Any], s: dict[str, Any], out: Path, seed: int,
+                    threads: int, jobs: int) -> dict[str, Any]:
+    """Stage 3: ORM and PRM from the same checkpoint ``init``, same steps / batch / lr.
+
+    ``jobs`` >= 2: the two train at the same time in two spawned processes with
+    ``max(1, threads // 2)`` threads each (the two jobs share nothing; on a 2-core machine this
+    halves the stage), else one after the other in this process with ``threads``.
+    """
+    common = {"model": str(init), "seed": seed, "max_steps": s["rm_steps"],
               "batch_size": s["rm_batch"], "micro_batch_size": s["rm_batch"], "lr": s["rm_lr"],
               "lr_schedule": "cosine", "warmup_steps": s["rm_steps"] // 10, "progress": False,
               "max_seq_len": 128}
-    t0 = time.time()
-    orm_cfg = build_config(RMConfig, overrides={**common, "objective": "binary",
-                                                "train_data": train["orm"],
-                                                "out_dir": str(out / "orm")})
-    orm = RewardModelTrainer(orm_cfg).train()
-    t1 = time.time()
-    prm_cfg = build_config(PRMConfig, overrides={**common, "train_data": train["prm"],
-                                                 "out_dir": str(out / "prm")})
-    prm = PRMTrainer(prm_cfg).train()
+    specs = {"orm": {**common, "objective": "binary", "train_data": train["orm"],
+                     "out_dir": str(out / "orm")},
+             "prm": {**common, "train_data": train["prm"], "out_dir": str(out / "prm")}}
+    if jobs >= 2:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        each = max(1, threads // 2)
+        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {k: pool.submit(train_one, k, {**v, "threads": each})
+                       for k, v in specs.items()}
+            done = {k: f.result() for k, f in futures.items()}
+    else:
+        done = {k: train_one(k, {**v, "threads": threads}) for k, v in specs.items()}
     return {"orm_dir": str(out / "orm" / "final"), "prm_dir": str(out / "prm" / "final"),
-            "orm_seconds": round(t1 - t0, 1), "prm_seconds": round(time.time() - t1, 1),
-            "orm_train": orm.get("history", [{}])[-1], "prm_train": prm.get("history", [{}])[-1]}
+            "orm_seconds": done["orm"]["seconds"], "prm_seconds": done["prm"]["seconds"],
+            "orm_train": done["orm"]["last"], "prm_train": done["prm"]["last"],
+            "parallel": jobs >= 2}
 
 
 def step_f1(prm: Any, samples: Any, separator: str) -> dict[str, float]:
@@ -253,7 +275,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--aggregate", default="prod", choices=["prod", "min", "last", "mean"],
                         help="PRM step-score aggregation (best-of-N, weighted vote, beam)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
+                        help="torch threads of the world/SFT, sampling and search stages")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                        help=">= 2: train the ORM and the PRM at the same time in two processes")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     s = dict(SETTINGS["quick" if args.quick else "full"], aggregate=args.aggregate)
@@ -286,7 +311,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         timings["verifier_data"] = round(time.time() - start - sum(timings.values()), 1)
         print(f"[orm_vs_prm] 3/4 training ORM and PRM ({train['samples']} samples, "
               f"{train['correct_rate']:.2f} correct)", flush=True)
-        verifiers = train_verifiers(init, train, s, out, args.seed, args.threads)
+        verifiers = train_verifiers(init, train, s, out, args.seed, args.threads,
+                                    args.jobs)
         timings["verifiers"] = round(time.time() - start - sum(timings.values()), 1)
     print("[orm_vs_prm] 4/4 held-out search", flush=True)
     results, details = evaluate(policy, tok, verifiers, s, args.seed)
@@ -295,7 +321,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    train=train, verifiers=verifiers,
                    stage_seconds=timings, total_seconds=round(time.time() - start, 1),
                    cpu_seconds=round(_cpu_seconds(), 1), load_average=os.getloadavg(),
-                   threads=args.threads, paper=PAPER)
+                   threads=args.threads, jobs=args.jobs, paper=PAPER)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "details.json").write_text(json.dumps(details, indent=2, default=str) + "\n")
     plot(results, details, out / "accuracy_vs_n.png")
