@@ -218,7 +218,7 @@ class LeanDecoder:
             kv._k.select(2, at).copy_(qk.narrow(1, H, Hkv))
             kv._v.select(2, at).copy_(qkv.narrow(1, H + Hkv, Hkv))
             kv.length = at + 1
-            kv.keys, kv.values = kv._k.narrow(2, 0, at + 1), kv._v.narrow(2, 0, at + 1)
+            kv._refresh()  # keys/values: the filled views, as after `PreallocatedLayer.update`
             q = qk.narrow(1, 0, H).unflatten(1, (Hkv, H // Hkv))  # [n, H_kv, H / H_kv, D]
             o = F.scaled_dot_product_attention(q, kv.keys, kv.values, attn_mask=mask,
                                                scale=D ** -0.5)  # [n, H_kv, H / H_kv, D]
