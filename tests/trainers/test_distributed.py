@@ -1,7 +1,8 @@
 """torchrun with 2 CPU ranks (gloo) equals one process: SFT, GRPO, DPO; data parallel, FSDP2.
 
 Tolerance: per-step losses within 1e-5 (absolute), grad norms within 1e-5 (relative), GRPO
-rewards equal to 1e-6, final weights within 1e-5. The runs compute the same sums in a
+rewards equal to 1e-6, final weights within 1e-5 (GRPO: within 1e-3 of each tensor's change,
+see the test). The runs compute the same sums in a
 different order (each rank sums its half of the batch, then the ranks' sums are added; the
 padding of a micro-batch differs), so they agree to float32 rounding (~1e-7 relative per
 operation), not bit for bit. GRPO samples are equal because each sequence draws from its own
@@ -113,7 +114,7 @@ def test_fsdp2_resume_under_torchrun(world, tmp_path):
     _assert_close(tmp_path / "one", tmp_path / "two", world["model"])
 
 
-GRPO = {"rewards": [{"name": "tests.trainers.toy_rewards:sevens", "weight": 1.0}],
+GRPO = {"rewards": [{"name": "tests.trainers.toy_rewards:digits", "weight": 1.0}],
         "group_size": 4, "prompts_per_step": 4, "max_new_tokens": 8, "lr": 3e-2,
         "kl_coef": 0.04, "micro_batch_size": 4, "num_iterations": 2, "temperature": 1.5}
 
@@ -135,9 +136,16 @@ def test_grpo_two_ranks_equal_one_process(world, tmp_path, fsdp):
             assert rb[k] == pytest.approx(ra[k], abs=1e-6), (ra["step"], k)
         assert rb["loss/total"] == pytest.approx(ra["loss/total"], abs=1e-5), ra["step"]
         assert rb["train/grad_norm"] == pytest.approx(ra["train/grad_norm"], rel=1e-5)
+    # final weights: relative to how far training moved them. Adam divides each element's
+    # gradient by its running RMS, so an element whose gradient is ~0 up to summation-order
+    # noise moves by up to lr (3e-2 here) either way: with a reward that scores (`digits`),
+    # 24 of 3,328 elements of one matrix differed by up to 6.6e-5 (AVX2 CPU), while a missing
+    # or doubled gradient sync moves every tensor by a share of its whole update
     wa, wb = _weights(tmp_path / "one" / "final"), _weights(tmp_path / "two" / "final")
+    start = _weights(Path(world["model"]))
     for k in wa:
-        torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=0)
+        moved = (wa[k] - start[k]).norm()
+        assert (wb[k] - wa[k]).norm() <= 1e-3 * moved + 1e-6, k
     # held-out greedy evaluation: each rank decodes half of the prompts; gathered, in order
     for when in ("before", "after"):
         one = (tmp_path / "one" / f"eval_{when}.jsonl").read_text().splitlines()

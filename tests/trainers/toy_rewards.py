@@ -21,6 +21,12 @@ def sevens(completion: str) -> float:
     return sum(ch == "7" for ch in head) / 8.0
 
 
+def digits(completion: str) -> float:
+    """Fraction of the first 8 characters that are digits: non-zero for some samples of an
+    untrained character model (about 1 character in 10), unlike `sevens` (1 in 100)."""
+    return sum(ch.isdigit() for ch in completion[:8]) / 8.0
+
+
 def crash_on_a(completion: str) -> float:
     """Raises on completions containing 'a' (tests error counting), else 1.0."""
     if "a" in completion:
