@@ -49,15 +49,18 @@ class PhaseClock:
     def __init__(self) -> None:
         self.now: dict[str, float] = defaultdict(float)
         self.stack: list[list[float]] = []
+        self.names: list[str] = []
 
     @contextlib.contextmanager
     def phase(self, name: str):
         self.stack.append([time.perf_counter(), 0.0])
+        self.names.append(name)
         with torch.profiler.record_function(name):
             try:
                 yield
             finally:
                 start, inner = self.stack.pop()
+                self.names.pop()
                 spent = time.perf_counter() - start
                 self.now[name] += spent - inner
                 if self.stack:
@@ -93,7 +96,7 @@ def instrument(trainer, clock: PhaseClock) -> None:
 
 def _timed_forward(inner_forward, clock: PhaseClock):
     def forward(*a, **k):
-        if not torch.is_grad_enabled() and k.get("use_cache"):  # a generation call
+        if clock.names[:1] == ["sampling"] and k.get("use_cache"):  # a generation call
             first = k.get("input_ids") is not None and k["input_ids"].shape[1] > 1
             with clock.phase("prefill" if first else "decode"):
                 return inner_forward(*a, **k)
@@ -115,6 +118,8 @@ def main() -> None:
     ap.add_argument("--ops", type=int, default=0, help="top operators to list (0: none)")
     ap.add_argument("--no-lean-decode", action="store_true",
                     help="decode with the transformers forward, not the lean step")
+    ap.add_argument("--no-share-prefix", action="store_true",
+                    help="share_prompt_prefix: false (every row runs its prompt)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     root = Path(args.root)
@@ -130,6 +135,7 @@ def main() -> None:
         "max_new_tokens": 32, "kl_coef": args.beta, "kl_estimator": "k3", "lr": 1e-6,
         "micro_batch_size": 64, "autocast_bf16": args.bf16 or args.bf16_compute,
         "bf16_compute": args.bf16_compute, "torch_compile": args.compile, "max_steps": 1,
+        "share_prompt_prefix": not args.no_share_prefix,
         "progress": False})
     trainer = GRPOTrainer(cfg)
     clock = PhaseClock()
@@ -156,7 +162,7 @@ def main() -> None:
             per_step.append(phases)
     print(f"# profile_step: {args.model} beta={args.beta} bf16={args.bf16} "
           f"bf16_compute={args.bf16_compute} compile={args.compile} "
-          f"threads={args.threads} steps={args.steps} "
+          f"threads={args.threads} steps={args.steps} share_prefix={trainer.share_prefix} "
           f"lean_decode={lean is not None and lean.enabled}")
     total = statistics.median(p["total"] for p in per_step)
     for name in (*PHASES, "total"):

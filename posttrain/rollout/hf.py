@@ -69,7 +69,7 @@ def stop_token_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
     return ids
 
 
-def _cache_kwarg(model: torch.nn.Module) -> str:
+def cache_kwarg(model: torch.nn.Module) -> str:
     """Name of the KV-cache argument: ``cache`` (transformers 5) or ``past_key_values`` (4.x)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
     params = inspect.signature(base.forward).parameters
@@ -181,7 +181,7 @@ def sample_tokens(
     generator = None if params.greedy else device_generator(generator, device)
     # written in place, not grown by torch.cat (the copy was half of a decode step on the CPU)
     cache = decode_cache(model, prompt_ids.shape[1] + params.max_new_tokens)
-    cache_kw = {_cache_kwarg(model): cache}
+    cache_kw = {cache_kwarg(model): cache}
     attn = prompt_mask.long()  # [B, P]
     # one region for prefill and every decode step: bf16 weight casts are cached
     with logits_context(model, autocast, device):

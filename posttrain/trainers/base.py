@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
@@ -66,6 +67,7 @@ from posttrain.trainers.common import (
     save_config,
     set_seed,
     setup_threads,
+    slow_bf16_warning,
     write_summary,
 )
 from posttrain.trainers.distributed import Dist, full_state, load_full_state
@@ -107,6 +109,8 @@ class Trainer:
         self.s.maybe_lora()
         self.s.dist = self.dist  # held-out evaluation: sharded by rank, gathered
         self.device = resolve_device(cfg.device)
+        if (warning := slow_bf16_warning(cfg, self.device)) and self.dist.is_main:
+            print(f"[{self.name}] warning: {warning}", file=sys.stderr)
         self._order: list[int] = []
         self._ref: Any = None
         self._sampler: BF16Sampler | None = None
@@ -273,6 +277,13 @@ class Trainer:
         """Whether the learner's forward passes run under bf16 autocast (not under bf16_compute:
         its copy is bf16 already)."""
         return self.cfg.autocast_bf16 and not self.cfg.bf16_compute
+
+    @property
+    def share_prefix(self) -> bool:
+        """Whether the learner's and the reference's forward passes run each distinct prompt
+        once (`share_prompt_prefix`; not under torch_compile, whose compiled body is traced
+        for the plain forward)."""
+        return self.cfg.share_prompt_prefix and not self.cfg.torch_compile
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast on this trainer's device type when `autocast_bf16` is set."""

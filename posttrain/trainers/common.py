@@ -185,3 +185,26 @@ def save_config(out_dir: str | Path, cfg: BaseConfig) -> None:
 
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     (Path(out_dir) / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def cpu_has_bf16_matmul() -> bool:
+    """Whether this CPU has bf16 matrix instructions (AVX512-BF16 or AMX); True when torch
+    cannot tell."""
+    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported",
+                                                          "_is_amx_tile_supported")]
+    if any(c is None for c in checks):
+        return True
+    return any(c() for c in checks)
+
+
+def slow_bf16_warning(cfg: BaseConfig, device: torch.device) -> str | None:
+    """A warning when `autocast_bf16` / `bf16_compute` will run on a CPU without bf16 matrix
+    instructions: PyTorch then emulates bf16 matrix multiplies, 40-80x slower than fp32 (an AMD
+    EPYC with AVX2 only: 1-2 GFLOP/s against 76-89 for fp32, docs/performance.md)."""
+    if device.type != "cpu" or not (cfg.autocast_bf16 or cfg.bf16_compute) \
+            or cpu_has_bf16_matmul():
+        return None
+    key = "bf16_compute" if cfg.bf16_compute else "autocast_bf16"
+    return (f"config key '{key}': this CPU has no bf16 matrix instructions (AVX512-BF16 or AMX; "
+            f"torch reports {torch.backends.cpu.get_cpu_capability()}), so bf16 matrix "
+            "multiplies are emulated, 40-80x slower than fp32; turn it off on this machine")

@@ -28,6 +28,7 @@ from posttrain.ops import entropy_from_logits, head_logprobs, token_logprobs
 from posttrain.ops.fused_head import DEFAULT_BLOCK_ELEMENTS
 from posttrain.ops.masked import trim_padding
 from posttrain.rollout.logits import autocast_ctx, embeddings, logits_context, patched_forward
+from posttrain.trainers.shared_prefix import shared_prefix_outputs, shared_prefix_supported
 
 # model types whose causal-LM forward is exactly ``lm_head(last_hidden_state)`` (no softcapping,
 # logit scaling or other transform after the head), checked against transformers' modeling code
@@ -65,6 +66,28 @@ def _inputs(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
     return ids, attn, pos, c_ids
 
 
+def _completion_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
+                        completion_ids: Tensor, response_mask: Tensor,
+                        share_prefix: bool) -> tuple[Tensor, Tensor]:
+    """The model's outputs [n, T', X] at the positions predicting each completion token (X = V
+    logits, or H when the head is the identity) and the trimmed completion ids [n, T'].
+
+    With `share_prefix` (and a model that `shared_prefix_supported`), each distinct prompt runs
+    once and its completions run on its KV cache (`posttrain.trainers.shared_prefix`).
+    """
+    if share_prefix and shared_prefix_supported(model):
+        p_ids, p_mask, c_ids, c_mask = trim_padding(prompt_ids, prompt_mask, completion_ids,
+                                                    response_mask)
+        out = shared_prefix_outputs(model, p_ids, p_mask, c_ids, c_mask)
+        if out is not None:
+            return out, c_ids
+    ids, attn, pos, c_ids = _inputs(prompt_ids, prompt_mask, completion_ids, response_mask)
+    T = c_ids.shape[1]
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
+                logits_to_keep=T + 1).logits  # [n, T'+1, X]
+    return out[:, :-1], c_ids
+
+
 def sdpa_switchable(model: torch.nn.Module) -> bool:
     """Whether the model runs transformers' ``sdpa`` attention and can switch to ``eager``."""
     config = getattr(model, "config", None)
@@ -75,15 +98,16 @@ def sdpa_switchable(model: torch.nn.Module) -> bool:
 @contextlib.contextmanager
 def learner_attention(model: torch.nn.Module, autocast: bool,
                       device: torch.device | str) -> Iterator[None]:
-    """Eager attention for a forward pass that will be differentiated on the CPU under bf16
-    autocast (the model's own ``sdpa`` otherwise, and always outside this context).
+    """Eager attention for the learner's and the reference's forward passes on the CPU under
+    bf16 autocast (the model's own ``sdpa`` otherwise, and always outside this context).
 
     PyTorch's CPU flash-attention backward in bf16 was 14-16% of a 19M GRPO step (95-195 ms
     per layer for 64 x 49 tokens); transformers' eager attention (matmul, fp32 softmax, matmul)
-    differentiates several times faster at these lengths (docs/performance.md).
+    differentiates several times faster at these lengths (docs/performance.md). No-grad passes
+    (the reference, old log-probs) take the same path so that before an update they equal the
+    learner's exactly: with sdpa for them the KL at step 1 was 1.4e-5, not 0, on an AVX2 CPU.
     """
-    switch = (autocast and torch.is_grad_enabled() and torch.device(device).type == "cpu"
-              and sdpa_switchable(model))
+    switch = autocast and torch.device(device).type == "cpu" and sdpa_switchable(model)
     if not switch:
         yield
         return
@@ -153,15 +177,14 @@ def tied_lookup_grad_in_place(model: torch.nn.Module) -> Iterator[None]:
 
 def _fused_logprobs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
                     completion_ids: Tensor, response_mask: Tensor, temperature: float,
-                    autocast: bool, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+                    autocast: bool, with_entropy: bool,
+                    share_prefix: bool = False) -> tuple[Tensor, Tensor | None]:
     """[n, T'] log-probs (and entropies) through the fused chunked head (no [n, T', V])."""
-    ids, attn, pos, c_ids = _inputs(prompt_ids, prompt_mask, completion_ids, response_mask)
     head = model.get_output_embeddings()
-    T = c_ids.shape[1]
-    with autocast_ctx(autocast, ids.device), _head_as_identity(head):  # bf16 body
-        hidden = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
-                       logits_to_keep=T + 1).logits  # [n, T'+1, H]: the head is the identity
-    return head_logprobs(hidden[:, :-1], head.weight, c_ids, bias=head.bias,
+    with autocast_ctx(autocast, prompt_ids.device), _head_as_identity(head):  # bf16 body
+        hidden, c_ids = _completion_outputs(model, prompt_ids, prompt_mask, completion_ids,
+                                            response_mask, share_prefix)  # [n, T', H]
+    return head_logprobs(hidden, head.weight, c_ids, bias=head.bias,
                          temperature=temperature, with_entropy=with_entropy,
                          grad_in_place=True)  # grad_W added into head.weight.grad
 
@@ -173,21 +196,21 @@ def completion_logits(
     completion_ids: Tensor,
     response_mask: Tensor,
     autocast: bool = False,
+    share_prefix: bool = False,
 ) -> Tensor:
     """Logits at the positions that predict each completion token.
 
     Args:
         prompt_ids, prompt_mask: [n, P] left padded; completion_ids, response_mask: [n, T].
+        share_prefix: run each distinct prompt once (see `_completion_outputs`).
     Returns:
         logits [n, T', V] with T' <= T (trailing all-padding columns removed); logits[:, t]
         predicts completion_ids[:, t].
     """
-    ids, attn, pos, c_ids = _inputs(prompt_ids, prompt_mask, completion_ids, response_mask)
-    T = c_ids.shape[1]
-    with logits_context(model, autocast, ids.device):
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
-                       logits_to_keep=T + 1).logits  # [n, T'+1, V]
-    return logits[:, :-1].float()  # no copy when the head is fp32
+    with logits_context(model, autocast, prompt_ids.device):
+        logits, _ = _completion_outputs(model, prompt_ids, prompt_mask, completion_ids,
+                                        response_mask, share_prefix)  # [n, T', V]
+    return logits.float()  # no copy when the head is fp32
 
 
 def completion_logprobs(
@@ -200,13 +223,16 @@ def completion_logprobs(
     autocast: bool = False,
     with_entropy: bool = False,
     fused: bool | None = None,
+    share_prefix: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs (and optionally entropies) of the completion tokens.
 
     `fused`: None (default) fuses the LM head and the log-softmax where `fused_head_supported`
     and the fp32 logits would hold more than `FUSE_MIN_ELEMENTS` (no [n, T, V] logits, same
     values up to float summation order); False always goes through `completion_logits`; True
-    fuses whenever supported (an error otherwise).
+    fuses whenever supported (an error otherwise). `share_prefix`: rows with the same prompt
+    share one forward pass over it (`posttrain.trainers.shared_prefix`; same values up to float
+    summation order), where `shared_prefix_supported`.
 
     Returns:
         logprobs [n, T] fp32 (padded back to the input width, 0 past the trimmed columns) and
@@ -222,7 +248,7 @@ def completion_logprobs(
           else _unfused_logprobs)
     with learner_attention(model, autocast, prompt_ids.device), tied_lookup_grad_in_place(model):
         logprobs, entropy = fn(model, prompt_ids, prompt_mask, completion_ids, response_mask,
-                               temperature, autocast, with_entropy)
+                               temperature, autocast, with_entropy, share_prefix)
     T_full, T = completion_ids.shape[1], logprobs.shape[1]
     if T < T_full:
         pad = (0, T_full - T)
@@ -233,10 +259,11 @@ def completion_logprobs(
 
 def _unfused_logprobs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
                       completion_ids: Tensor, response_mask: Tensor, temperature: float,
-                      autocast: bool, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+                      autocast: bool, with_entropy: bool,
+                      share_prefix: bool = False) -> tuple[Tensor, Tensor | None]:
     """[n, T'] log-probs (and entropies) from the model's full logits (any family)."""
     logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, response_mask,
-                               autocast)  # [n, T', V]
+                               autocast, share_prefix)  # [n, T', V]
     T = logits.shape[1]
     logprobs = token_logprobs(logits, completion_ids[:, :T], temperature=temperature)  # [n, T']
     entropy = None
@@ -257,12 +284,14 @@ def batched_logprobs(
     temperature: float = 1.0,
     autocast: bool = False,
     fused: bool | None = None,
+    share_prefix: bool = False,
 ) -> Tensor:
     """No-grad log-probs over a large batch in micro-batches. Returns [N, T] fp32."""
     out = []
     for start in range(0, prompt_ids.shape[0], micro_batch_size):
         sl = slice(start, start + micro_batch_size)
         lp, _ = completion_logprobs(model, prompt_ids[sl], prompt_mask[sl], completion_ids[sl],
-                                    response_mask[sl], temperature, autocast, fused=fused)
+                                    response_mask[sl], temperature, autocast, fused=fused,
+                                    share_prefix=share_prefix)
         out.append(lp)
     return torch.cat(out)

@@ -291,7 +291,8 @@ class GRPOTrainer(Trainer):
             return batched_logprobs(model or self.learner(), rollout.prompt_ids,
                                     rollout.prompt_mask, rollout.completion_ids,
                                     rollout.response_mask, cfg.micro_batch_size,
-                                    cfg.temperature, self.learner_autocast)
+                                    cfg.temperature, self.learner_autocast,
+                                    share_prefix=self.share_prefix)
 
     def loss_mask(self, rollout: Rollout) -> Tensor:
         """[N, T] tokens that count in the loss."""
@@ -353,7 +354,7 @@ class GRPOTrainer(Trainer):
         logprobs, entropy = completion_logprobs(
             self.learner(), batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
             batch.response_mask, cfg.temperature, self.learner_autocast,
-            with_entropy=True)  # [n, T]
+            with_entropy=True, share_prefix=self.share_prefix)  # [n, T]
         old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
         loss, metrics = policy_loss(
             logprobs, old, batch.advantages, mask, ratio_level=cfg.ratio_level,

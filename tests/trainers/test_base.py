@@ -232,3 +232,20 @@ def test_freed_memory_is_released_before_the_first_optimizer_step_only(monkeypat
         model(input_ids=torch.tensor([[5, 6, 7]])).logits.square().mean().backward()
         common.clip_and_step(model, opt, sched, 1.0)
     assert calls == [1]
+
+
+def test_bf16_on_a_cpu_without_bf16_instructions_is_warned_about(monkeypatch):
+    """bf16 matmuls are emulated without AVX512-BF16/AMX (1-2 GFLOP/s on an AVX2-only EPYC):
+    the warning names the key; no warning for fp32, on CUDA, or where the CPU has them."""
+    from posttrain.config import GRPOConfig
+    from posttrain.trainers.common import slow_bf16_warning
+
+    cpu = torch.device("cpu")
+    for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        monkeypatch.setattr(torch.cpu, name, lambda: False)
+    assert slow_bf16_warning(GRPOConfig(), cpu) is None
+    assert "'autocast_bf16'" in slow_bf16_warning(GRPOConfig(autocast_bf16=True), cpu)
+    assert "'bf16_compute'" in slow_bf16_warning(GRPOConfig(bf16_compute=True), cpu)
+    assert slow_bf16_warning(GRPOConfig(autocast_bf16=True), torch.device("cuda")) is None
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert slow_bf16_warning(GRPOConfig(autocast_bf16=True), cpu) is None

@@ -93,10 +93,10 @@ def test_gradients_flow_through_the_head_context(family):
 
 
 def test_cpu_autocast_backward_uses_eager_attention_and_restores_sdpa():
-    """Under CPU bf16 autocast with grad the learner's attention is transformers' eager one
-    (faster to differentiate than SDPA's CPU flash kernel); the model is back on sdpa
-    afterwards, the no-grad and fp32 paths are untouched, and the log-probs agree with sdpa's
-    up to bf16 rounding."""
+    """Under CPU bf16 autocast the learner's attention is transformers' eager one (faster to
+    differentiate than SDPA's CPU flash kernel), with grad and without (the reference must
+    equal the learner before an update); the model is back on sdpa afterwards, the fp32 path is
+    untouched, and the log-probs agree with sdpa's up to bf16 rounding."""
     from transformers.integrations import sdpa_attention
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -121,17 +121,18 @@ def test_cpu_autocast_backward_uses_eager_attention_and_restores_sdpa():
     try:
         with torch.no_grad():
             ref, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, autocast=True)
-        assert seen, "the no-grad forward keeps sdpa"
-        seen.clear()
+        assert not seen, "the no-grad forward runs eager attention too"
         lp, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, autocast=True)
         assert not seen, "the differentiated forward runs eager attention"
+        assert torch.equal(lp.detach(), ref)  # the reference's path is the learner's
+        with torch.no_grad():
+            sdpa, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, autocast=False)
+        assert seen, "fp32 keeps sdpa"
         lp.sum().backward()
         assert model.config._attn_implementation == "sdpa"
-        completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, autocast=False)
-        assert seen, "fp32 keeps sdpa"
     finally:
         ALL_ATTENTION_FUNCTIONS["sdpa"] = real
-    assert (lp.detach() - ref).abs().max() < 0.05
+    assert (lp.detach() - sdpa).abs().max() < 0.05
 
 
 def test_tied_embedding_gradient_is_added_in_place_and_equals_autograds():

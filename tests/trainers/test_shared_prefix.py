@@ -1,0 +1,138 @@
+"""Shared-prefix forward: each distinct prompt runs once, its completions on its KV cache. Same
+log-probs and same gradients as the plain forward over every (prompt, completion) row."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from posttrain.trainers.forward import batched_logprobs, completion_logprobs
+from posttrain.trainers.shared_prefix import (
+    prefix_groups,
+    shared_prefix_outputs,
+    shared_prefix_supported,
+)
+
+V = 48
+SHAPE = {"vocab_size": V, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "pad_token_id": 0,
+         "eos_token_id": 1, "bos_token_id": 2}
+FAMILIES = {
+    "llama": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE)),
+    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE)),  # q/k/v biases
+    # a sliding window shorter than prompt + completion: the mask applies it in both paths
+    "mistral_window4": lambda: MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=4)),
+}
+
+
+def _model(family: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = FAMILIES[family]()
+    with torch.no_grad():  # logits of a few units, so differences would show
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(8.0)
+    return model
+
+
+def _batch(shuffle: bool = True) -> tuple[torch.Tensor, ...]:
+    """3 distinct left-padded prompts (lengths 6, 3, 5) x 3 completions each, rows shuffled,
+    right-padded completions of lengths 1..7; padding holds junk tokens (it must not matter)."""
+    g = torch.Generator().manual_seed(0)
+    lengths, P, T = [6, 3, 5], 6, 7
+    p_ids = torch.randint(3, V, (3, P), generator=g)
+    p_mask = torch.zeros(3, P, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        p_mask[i, P - n:] = True
+    rows = torch.arange(9) // 3  # [9]: each prompt 3 times
+    if shuffle:
+        rows = rows[torch.randperm(9, generator=g)]
+    c_ids = torch.randint(3, V, (9, T), generator=g)
+    c_len = torch.tensor([7, 1, 4, 6, 7, 2, 5, 3, 7])
+    c_mask = torch.arange(T)[None] < c_len[:, None]  # [9, T]
+    return p_ids[rows], p_mask[rows], c_ids, c_mask
+
+
+def test_prefix_groups_finds_each_distinct_prompt_once():
+    p_ids, p_mask, _, _ = _batch()
+    first, inverse = prefix_groups(p_ids, p_mask)
+    assert first.shape == (3,) and inverse.shape == (9,)
+    assert torch.equal(p_ids[first][inverse], p_ids) and torch.equal(p_mask[first][inverse], p_mask)
+    assert torch.equal(first[inverse][first], first)  # each prompt's representative is itself
+    # same tokens under a different padding are different prompts
+    ids = torch.tensor([[0, 5, 6], [0, 5, 6], [5, 5, 6]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1], [1, 1, 1]], dtype=torch.bool)
+    first, inverse = prefix_groups(ids, mask)
+    assert first.numel() == 3 and inverse.unique().numel() == 3
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_same_logprobs_and_gradients_as_the_plain_forward(family, fused):
+    model = _model(family).train()  # dropout is 0 in these configs
+    p_ids, p_mask, c_ids, c_mask = _batch()
+    grads = []
+    for share in (False, True):
+        model.zero_grad()
+        lp, ent = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, temperature=0.8,
+                                      with_entropy=True, fused=fused, share_prefix=share)
+        (lp * c_mask * torch.linspace(0.5, 1.5, 7)).sum().backward()
+        grads.append({k: p.grad.clone() for k, p in model.named_parameters()})
+        if not share:
+            want_lp, want_ent = lp.detach(), ent
+    assert (lp.detach() - want_lp)[c_mask].abs().max() < 1e-5
+    assert (ent - want_ent)[c_mask].abs().max() < 1e-5
+    assert want_lp[c_mask].std() > 0.3  # log-probs that vary: a wrong position would show
+    for k, g in grads[0].items():  # equal up to float summation order
+        assert g.abs().max() > 0, k
+        assert (grads[1][k] - g).abs().max() <= 1e-5 * g.abs().max(), k
+
+
+def test_the_prompt_is_embedded_once_per_distinct_prompt():
+    """3 prompts of 6 columns + 9 completions of 7: 3 x 6 + 9 x 7 = 81 token passes, against
+    9 x (6 + 7) = 117 for the plain forward."""
+    model = _model("llama").eval()
+    p_ids, p_mask, c_ids, c_mask = _batch()
+    seen = []
+    hook = model.get_input_embeddings().register_forward_hook(
+        lambda _m, inp, _o: seen.append(inp[0].numel()))
+    with torch.no_grad():
+        for share in (False, True):
+            seen.clear()
+            completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, share_prefix=share)
+            assert sum(seen) == (81 if share else 117)
+    hook.remove()
+
+
+def test_batched_no_grad_logprobs_match():
+    model = _model("qwen2").eval()
+    p_ids, p_mask, c_ids, c_mask = _batch()
+    plain = batched_logprobs(model, p_ids, p_mask, c_ids, c_mask, micro_batch_size=4)
+    shared = batched_logprobs(model, p_ids, p_mask, c_ids, c_mask, micro_batch_size=4,
+                              share_prefix=True)
+    assert (plain - shared)[c_mask].abs().max() < 1e-5
+
+
+def test_nothing_to_share_or_unsupported_runs_the_plain_forward():
+    model = _model("llama").eval()
+    p_ids, p_mask, c_ids, c_mask = _batch(shuffle=False)
+    firsts = torch.tensor([0, 3, 6])  # one row of each prompt
+    with torch.no_grad():
+        assert shared_prefix_outputs(model, p_ids[firsts], p_mask[firsts], c_ids[firsts],
+                                     c_mask[firsts]) is None
+    assert shared_prefix_supported(model)
+    model.gradient_checkpointing_enable()
+    model.train()
+    assert not shared_prefix_supported(model)  # the recomputed prefix would refill the cache
+    torch.manual_seed(0)
+    gpt2 = torch.nn.Module()
+    gpt2.config = type("C", (), {"model_type": "gpt2"})()
+    assert not shared_prefix_supported(gpt2)
