@@ -303,7 +303,7 @@ def _print_row(label: str, results: dict[tuple[str, str], list[dict]]) -> None:
     trl = {k: t for k, t in med.items() if k[0] == "trl"}
     print(f"| {label} | setting | s/step (median) | peak RSS MB | TRL-default / this | "
           "TRL-fastest / this |")
-    default = trl.get(("trl", "bf16")) or trl.get(("trl", "fp32_nockpt"))
+    default = trl.get(("trl", "bf16"))  # TRL's defaults (bf16 + checkpointing), if run
     fastest = min(trl.values()) if trl else None
     for (fw, setting), v in results.items():
         if (fw, setting) not in med:

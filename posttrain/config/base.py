@@ -71,12 +71,13 @@ class BaseConfig:
     (transformers' activation checkpointing, non-reentrant): less memory for one more forward
     of the layers; same gradients. TRL turns it on by default."""
     share_prompt_prefix: bool = True
-    """grpo and dpo: rows of a micro-batch with the same prompt (GRPO's G samples of a prompt,
-    DPO's chosen and rejected) run the prompt through the model once and their completions on
-    its KV cache, in the forward and the backward pass: the same log-probs and gradients up to
-    float summation order, (rows - distinct prompts) x prompt tokens fewer token passes.
-    Llama, Qwen2/3, Mistral, Phi-3 and OLMo-2 families; the plain forward runs with
-    gradient_checkpointing or torch_compile and for other families (docs/performance.md)."""
+    """grpo, dpo and ppo: rows of a micro-batch with the same prompt (the group_size samples of
+    a prompt, DPO's chosen and rejected) run the prompt through the model once and their
+    completions on its KV cache, in the forward and the backward pass: the same log-probs and
+    gradients up to float summation order, (rows - distinct prompts) x prompt tokens fewer
+    token passes (the PPO critic keeps the plain forward). Llama, Qwen2/3, Mistral, Phi-3 and
+    OLMo-2 families; the plain forward runs with gradient_checkpointing or torch_compile and
+    for other families (docs/performance.md)."""
     threads: int = 0
     """torch.set_num_threads; 0 keeps torch's default."""
     device: str = "auto"

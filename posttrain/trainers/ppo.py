@@ -250,12 +250,13 @@ class PPOTrainer(Trainer):
         c_ids, mask = rollout.completion_ids.to(dev), rollout.response_mask.to(dev)
         args = (p_ids, p_mask, c_ids, mask, cfg.micro_batch_size, cfg.temperature,
                 cfg.autocast_bf16)
-        old_logprobs = batched_logprobs(self.model, *args)  # [N, T]
+        share = {"share_prefix": self.share_prefix}  # group_size > 1: prompts repeat
+        old_logprobs = batched_logprobs(self.model, *args, **share)  # [N, T]
         values = self.batched_values(p_ids, p_mask, c_ids, mask)  # [N, T]
         beta, kl = self.kl_ctl.value, None
         if cfg.kl_coef > 0:
             with self.reference() as ref:
-                ref_logprobs = batched_logprobs(ref, *args)  # [N, T]
+                ref_logprobs = batched_logprobs(ref, *args, **share)  # [N, T]
             kl = keep(kl_penalty(old_logprobs, ref_logprobs, kind=cfg.kl_estimator), mask)
             seq_kl = kl.sum(-1)  # [N]
             metrics.update({"kl/mean": float(seq_kl.mean()),
@@ -367,7 +368,7 @@ class PPOTrainer(Trainer):
         cfg: PPOConfig = self.cfg
         logits = completion_logits(self.model, micro.prompt_ids, micro.prompt_mask,
                                    micro.completion_ids, micro.response_mask,
-                                   cfg.autocast_bf16)  # [n, T', V]
+                                   cfg.autocast_bf16, self.share_prefix)  # [n, T', V]
         t_cut, t_full = logits.shape[1], micro.completion_ids.shape[1]
         logprobs = token_logprobs(logits, micro.completion_ids[:, :t_cut], cfg.temperature)
         with torch.set_grad_enabled(cfg.ent_coef > 0 and torch.is_grad_enabled()):

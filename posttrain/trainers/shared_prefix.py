@@ -36,11 +36,13 @@ SHARED_PREFIX_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2
 
 
 def shared_prefix_supported(model: torch.nn.Module) -> bool:
-    """A listed family, not recomputing activations in the backward (gradient checkpointing
-    would re-run the prefix pass and append to the cache a second time)."""
+    """A listed family, not checkpointing activations: transformers' checkpointed decoder layers
+    drop the cache argument when they run with grad in training mode (the backward's replay
+    would write to it again), so the completions would not see the prompt at all."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    checkpointing = getattr(model, "is_gradient_checkpointing", False)
-    return model_type in SHARED_PREFIX_FAMILIES and not (checkpointing and model.training)
+    checkpointing = model.training and any(getattr(m, "gradient_checkpointing", False) is True
+                                           for m in model.modules())
+    return model_type in SHARED_PREFIX_FAMILIES and not checkpointing
 
 
 def prefix_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -129,9 +129,12 @@ def test_nothing_to_share_or_unsupported_runs_the_plain_forward():
         assert shared_prefix_outputs(model, p_ids[firsts], p_mask[firsts], c_ids[firsts],
                                      c_mask[firsts]) is None
     assert shared_prefix_supported(model)
-    model.gradient_checkpointing_enable()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    assert not shared_prefix_supported(model)  # the recomputed prefix would refill the cache
+    assert not shared_prefix_supported(model)  # checkpointed layers drop the cache argument
+    plain, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
+    asked, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, share_prefix=True)
+    assert torch.equal(asked, plain)  # the plain forward ran (sharing would lose the prompt)
     torch.manual_seed(0)
     gpt2 = torch.nn.Module()
     gpt2.config = type("C", (), {"model_type": "gpt2"})()
