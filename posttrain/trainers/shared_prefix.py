@@ -11,6 +11,10 @@ on top of it. The same function of the same weights; only float summation order 
 Compute saved: (n - u) x P token-passes of the body for u distinct prompts among n rows.
 (The idea is also known as shared-prefix or "prefix grouper" training.)
 
+The completions then run in a few groups of similar length (`length_buckets`), each padded only
+to its own longest completion instead of the micro-batch's: on the benchmark's GRPO work
+(completions of 1-32 tokens, mean 26) that drops ~10% of the completion positions.
+
 Used by `posttrain.trainers.forward.completion_logprobs` when asked to (``share_prefix``) and the
 model qualifies (`shared_prefix_supported`); otherwise the plain forward runs.
 
@@ -26,13 +30,19 @@ from transformers import DynamicCache
 
 from posttrain.rollout.hf import cache_kwarg
 
-__all__ = ["prefix_groups", "shared_prefix_outputs", "shared_prefix_supported"]
+__all__ = ["length_buckets", "prefix_groups", "shared_prefix_outputs", "shared_prefix_supported"]
 
 # decoder-only families whose forward takes a `DynamicCache` of plain (full) layers and whose
 # masks are built from the 2-D attention mask and the cache length, checked against
 # transformers' modeling code (sliding windows are applied by the mask, so they are fine)
 SHARED_PREFIX_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe",
                                     "qwen3_moe", "phi3", "olmo2"})
+# the completions run in length groups (`length_buckets`): at most this many, of at least this
+# many rows, and only a split that saves at least this share of the padded positions (a
+# smaller one would not pay for one more forward call on a small model)
+MAX_BUCKETS = 4
+MIN_BUCKET_ROWS = 4
+MIN_SAVING = 0.05
 
 
 def shared_prefix_supported(model: torch.nn.Module) -> bool:
@@ -75,17 +85,62 @@ def shared_prefix_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mas
         ``out[:, P - 1 : P + T - 1]``).
     """
     first, inverse = prefix_groups(prompt_ids, prompt_mask)
-    n, P = prompt_ids.shape
+    (n, P), T = prompt_ids.shape, completion_ids.shape[1]
     if first.shape[0] == n:
         return None
     attn = torch.cat([prompt_mask, response_mask], dim=1).long()  # [n, P+T]
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, P+T], as in the plain forward
     cache = DynamicCache()
-    kw = {cache_kwarg(model): cache, "use_cache": True}
     last = model(input_ids=prompt_ids[first], attention_mask=attn[first, :P],
-                 position_ids=pos[first, :P], logits_to_keep=1,
-                 **kw).logits  # [u, 1, X]: predicts each completion's first token
-    cache.batch_select_indices(inverse)  # every layer's keys/values [u, ...] -> [n, ...]
-    rest = model(input_ids=completion_ids, attention_mask=attn, position_ids=pos[:, P:],
-                 **kw).logits  # [n, T, X]
-    return torch.cat([last[inverse], rest[:, :-1]], dim=1)  # [n, T, X]
+                 position_ids=pos[first, :P], logits_to_keep=1, use_cache=True,
+                 **{cache_kwarg(model): cache}).logits  # [u, 1, X]: predicts each first token
+    prefix = [(layer.keys, layer.values) for layer in cache.layers]  # [u, H_kv, P, D] each
+    ends = (response_mask * torch.arange(1, T + 1, device=response_mask.device)).amax(-1)  # [n]
+    outs, groups = [], length_buckets(ends)
+    if len(groups) == 1:
+        groups = [torch.arange(n, device=ends.device)]  # all rows, in their own order
+    for rows in groups:
+        t = max(int(ends[rows].max()), 1)  # this group's columns: its longest completion
+        sub = DynamicCache()  # the prompt's keys/values, one copy per row of the group
+        for i, (k, v) in enumerate(prefix):
+            sub.update(k[inverse[rows]], v[inverse[rows]], i)
+        rest = model(input_ids=completion_ids[rows, :t], attention_mask=attn[rows, :P + t],
+                     position_ids=pos[rows, P:P + t], use_cache=True,
+                     **{cache_kwarg(model): sub}).logits  # [n_g, t, X]
+        out = torch.cat([last[inverse[rows]], rest[:, :-1]], dim=1)  # [n_g, t, X]
+        outs.append(torch.nn.functional.pad(out, (0, 0, 0, T - t)))  # zeros where all masked
+    if len(groups) == 1:
+        return outs[0]
+    return torch.cat(outs)[torch.argsort(torch.cat(groups))]  # [n, T, X] in row order
+
+
+def length_buckets(lengths: Tensor, max_buckets: int | None = None,
+                   min_rows: int | None = None) -> list[Tensor]:
+    """Rows grouped by length, so that each group is padded only to its own longest row.
+
+    Greedy: the rows sorted by length are split where one split saves the most padded token
+    positions, while a split saves at least `MIN_SAVING` of the single group's positions and
+    leaves every group `min_rows` rows (fewer, larger matrix multiplies otherwise), up to
+    `max_buckets` groups. Splitting [a, b) at s saves (s - a) x (l[b-1] - l[s-1]).
+
+    Args:
+        lengths: [n] each row's last counted position + 1.
+    Returns:
+        the row indices of each group (shortest group first); together a permutation of 0..n-1.
+    """
+    max_buckets = MAX_BUCKETS if max_buckets is None else max_buckets
+    min_rows = MIN_BUCKET_ROWS if min_rows is None else min_rows
+    order = torch.argsort(lengths, stable=True)
+    ls = lengths[order].tolist()
+    spans, floor = [(0, len(ls))], MIN_SAVING * len(ls) * (ls[-1] if ls else 0)
+    while len(spans) < max_buckets:
+        best = (0, -1, -1)  # (saving, span, split)
+        for k, (a, b) in enumerate(spans):
+            for s in range(a + min_rows, b - min_rows + 1):
+                best = max(best, ((s - a) * (ls[b - 1] - ls[s - 1]), k, s))
+        saving, k, s = best
+        if k < 0 or saving <= 0 or saving < floor:
+            break
+        a, b = spans[k]
+        spans[k:k + 1] = [(a, s), (s, b)]
+    return [order[a:b] for a, b in spans]

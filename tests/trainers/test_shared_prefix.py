@@ -14,8 +14,10 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from posttrain.trainers import shared_prefix
 from posttrain.trainers.forward import batched_logprobs, completion_logprobs
 from posttrain.trainers.shared_prefix import (
+    length_buckets,
     prefix_groups,
     shared_prefix_outputs,
     shared_prefix_supported,
@@ -74,9 +76,28 @@ def test_prefix_groups_finds_each_distinct_prompt_once():
     assert first.numel() == 3 and inverse.unique().numel() == 3
 
 
+def test_length_buckets_golden():
+    """Sorted lengths 1,2,3,4,5,6,7,7,7 (one group: 9 x 7 = 63 positions). Splits keeping 4+
+    rows a side: after 4 rows saves 4 x (7 - 4) = 12, after 5 saves 5 x (7 - 5) = 10: split
+    after 4 -> 4 x 4 + 5 x 7 = 51 positions; no group of 4-5 rows can split again."""
+    lengths = torch.tensor([7, 1, 4, 6, 7, 2, 5, 3, 7])
+    groups = length_buckets(lengths)
+    assert [sorted(lengths[g].tolist()) for g in groups] == [[1, 2, 3, 4], [5, 6, 7, 7, 7]]
+    assert sorted(torch.cat(groups).tolist()) == list(range(9))
+    assert len(length_buckets(lengths, max_buckets=1)) == 1
+    assert len(length_buckets(lengths, min_rows=5)) == 1  # 4 + 5 rows is the only split
+    # groups of 2+ rows, greedy, largest saving first: after 4 (12), then after 2 within
+    # 1..4 (2 x (4 - 2) = 4); after 6 within 5..7 would save 2 x (7 - 6) = 2 < 5% of 63 = 3.15
+    two = [sorted(lengths[g].tolist()) for g in length_buckets(lengths, min_rows=2)]
+    assert two == [[1, 2], [3, 4], [5, 6, 7, 7, 7]]
+    assert len(length_buckets(torch.full((16,), 5))) == 1  # equal lengths: nothing to save
+
+
+@pytest.mark.parametrize("buckets", [1, 4], ids=["one_group", "length_groups"])
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_same_logprobs_and_gradients_as_the_plain_forward(family, fused):
+def test_same_logprobs_and_gradients_as_the_plain_forward(family, fused, buckets, monkeypatch):
+    monkeypatch.setattr(shared_prefix, "MAX_BUCKETS", buckets)
     model = _model(family).train()  # dropout is 0 in these configs
     p_ids, p_mask, c_ids, c_mask = _batch()
     grads = []
@@ -96,9 +117,12 @@ def test_same_logprobs_and_gradients_as_the_plain_forward(family, fused):
         assert (grads[1][k] - g).abs().max() <= 1e-5 * g.abs().max(), k
 
 
-def test_the_prompt_is_embedded_once_per_distinct_prompt():
+@pytest.mark.parametrize(("buckets", "passes"), [(1, 81), (4, 69)])
+def test_the_prompt_is_embedded_once_per_distinct_prompt(buckets, passes, monkeypatch):
     """3 prompts of 6 columns + 9 completions of 7: 3 x 6 + 9 x 7 = 81 token passes, against
-    9 x (6 + 7) = 117 for the plain forward."""
+    9 x (6 + 7) = 117 for the plain forward; in two length groups (`test_length_buckets_golden`)
+    the completions take 4 x 4 + 5 x 7 = 51: 18 + 51 = 69."""
+    monkeypatch.setattr(shared_prefix, "MAX_BUCKETS", buckets)
     model = _model("llama").eval()
     p_ids, p_mask, c_ids, c_mask = _batch()
     seen = []
@@ -108,7 +132,7 @@ def test_the_prompt_is_embedded_once_per_distinct_prompt():
         for share in (False, True):
             seen.clear()
             completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, share_prefix=share)
-            assert sum(seen) == (81 if share else 117)
+            assert sum(seen) == (passes if share else 117)
     hook.remove()
 
 
