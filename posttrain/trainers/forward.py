@@ -235,8 +235,9 @@ def completion_logprobs(
     summation order), where `shared_prefix_supported`.
 
     Returns:
-        logprobs [n, T] fp32 (padded back to the input width, 0 past the trimmed columns) and
-        entropy [n, T] (detached) or None.
+        logprobs [n, T] fp32 (padded back to the input width, 0 past the trimmed columns; the
+        values at other positions outside `response_mask` carry no meaning) and entropy [n, T]
+        (detached) or None.
     """
     supported = fused_head_supported(model)
     if fused and not supported:

@@ -30,6 +30,9 @@ SHAPE = {"vocab_size": V, "hidden_size": 32, "intermediate_size": 64, "num_hidde
 FAMILIES = {
     "llama": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE)),
     "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE)),  # q/k/v biases
+    # the input embedding is the LM head: its lookup gradient is scattered in place by a hook,
+    # once per forward call (the prefix pass and every length group)
+    "qwen2_tied": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE, tie_word_embeddings=True)),
     # a sliding window shorter than prompt + completion: the mask applies it in both paths
     "mistral_window4": lambda: MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=4)),
 }
