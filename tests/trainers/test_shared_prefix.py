@@ -5,14 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
+import transformers as tf
 
 from posttrain.trainers import shared_prefix
 from posttrain.trainers.forward import batched_logprobs, completion_logprobs
@@ -24,17 +17,16 @@ from posttrain.trainers.shared_prefix import (
 )
 
 V = 48
-SHAPE = {"vocab_size": V, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "pad_token_id": 0,
-         "eos_token_id": 1, "bos_token_id": 2}
+SHAPE = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, eos_token_id=1)
 FAMILIES = {
-    "llama": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE)),
-    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE)),  # q/k/v biases
+    "llama": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**SHAPE)),
+    "qwen2": lambda: tf.Qwen2ForCausalLM(tf.Qwen2Config(**SHAPE)),  # q/k/v biases
     # the input embedding is the LM head: its lookup gradient is scattered in place by a hook,
     # once per forward call (the prefix pass and every length group)
-    "qwen2_tied": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE, tie_word_embeddings=True)),
+    "qwen2_tied": lambda: tf.Qwen2ForCausalLM(tf.Qwen2Config(**SHAPE, tie_word_embeddings=True)),
     # a sliding window shorter than prompt + completion: the mask applies it in both paths
-    "mistral_window4": lambda: MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=4)),
+    "mistral_window4": lambda: tf.MistralForCausalLM(tf.MistralConfig(**SHAPE, sliding_window=4)),
 }
 
 
