@@ -75,7 +75,8 @@ def prefix_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tens
 def shared_prefix_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
                           completion_ids: Tensor, response_mask: Tensor) -> Tensor | None:
     """The model's outputs at the positions that predict each completion token, or None when
-    every row has its own prompt (nothing to share: run the plain forward instead).
+    there is nothing to gain (every row has its own prompt and the completions form one length
+    group): run the plain forward instead.
 
     Args:
         prompt_ids, prompt_mask: [n, P] left padded; completion_ids, response_mask: [n, T],
@@ -86,7 +87,9 @@ def shared_prefix_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mas
     """
     first, inverse = prefix_groups(prompt_ids, prompt_mask)
     (n, P), T = prompt_ids.shape, completion_ids.shape[1]
-    if first.shape[0] == n:
+    ends = (response_mask * torch.arange(1, T + 1, device=response_mask.device)).amax(-1)  # [n]
+    groups = length_buckets(ends)
+    if first.shape[0] == n and len(groups) == 1:
         return None
     attn = torch.cat([prompt_mask, response_mask], dim=1).long()  # [n, P+T]
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, P+T], as in the plain forward
@@ -95,8 +98,7 @@ def shared_prefix_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mas
                  position_ids=pos[first, :P], logits_to_keep=1, use_cache=True,
                  **{cache_kwarg(model): cache}).logits  # [u, 1, X]: predicts each first token
     prefix = [(layer.keys, layer.values) for layer in cache.layers]  # [u, H_kv, P, D] each
-    ends = (response_mask * torch.arange(1, T + 1, device=response_mask.device)).amax(-1)  # [n]
-    outs, groups = [], length_buckets(ends)
+    outs = []
     if len(groups) == 1:
         groups = [torch.arange(n, device=ends.device)]  # all rows, in their own order
     for rows in groups:

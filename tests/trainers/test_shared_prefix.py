@@ -131,6 +131,29 @@ def test_the_prompt_is_embedded_once_per_distinct_prompt(buckets, passes, monkey
     hook.remove()
 
 
+def test_distinct_prompts_still_run_in_length_groups():
+    """Every row its own prompt (PPO with group_size 1): nothing to share, but the completions
+    (lengths 1-7) still run in two length groups, with the plain forward's log-probs and
+    gradients; one length group left -> the plain forward (None)."""
+    model = _model("llama").train()
+    _, _, c_ids, c_mask = _batch()
+    g = torch.Generator().manual_seed(3)
+    p_ids, p_mask = torch.randint(3, V, (9, 5), generator=g), torch.ones(9, 5, dtype=torch.bool)
+    with torch.no_grad():
+        assert shared_prefix_outputs(model, p_ids, p_mask, c_ids, c_mask) is not None
+        same = torch.ones_like(c_mask)  # all of length 7: one group
+        assert shared_prefix_outputs(model, p_ids, p_mask, c_ids, same) is None
+    lps, grads = [], []
+    for share in (False, True):
+        model.zero_grad()
+        lp, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, share_prefix=share)
+        (lp * c_mask).sum().backward()
+        lps.append(lp.detach())
+        grads.append(model.model.layers[0].mlp.down_proj.weight.grad.clone())
+    assert (lps[1] - lps[0])[c_mask].abs().max() < 1e-5
+    assert (grads[1] - grads[0]).abs().max() <= 1e-5 * grads[0].abs().max()
+
+
 def test_batched_no_grad_logprobs_match():
     model = _model("qwen2").eval()
     p_ids, p_mask, c_ids, c_mask = _batch()
@@ -143,7 +166,7 @@ def test_batched_no_grad_logprobs_match():
 def test_nothing_to_share_or_unsupported_runs_the_plain_forward():
     model = _model("llama").eval()
     p_ids, p_mask, c_ids, c_mask = _batch(shuffle=False)
-    firsts = torch.tensor([0, 3, 6])  # one row of each prompt
+    firsts = torch.tensor([0, 3, 6])  # one row of each prompt, too few rows to split by length
     with torch.no_grad():
         assert shared_prefix_outputs(model, p_ids[firsts], p_mask[firsts], c_ids[firsts],
                                      c_mask[firsts]) is None
