@@ -46,13 +46,23 @@ MIN_SAVING = 0.05
 
 
 def shared_prefix_supported(model: torch.nn.Module) -> bool:
-    """A listed family, not checkpointing activations: transformers' checkpointed decoder layers
-    drop the cache argument when they run with grad in training mode (the backward's replay
-    would write to it again), so the completions would not see the prompt at all."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    checkpointing = model.training and any(getattr(m, "gradient_checkpointing", False) is True
-                                           for m in model.modules())
-    return model_type in SHARED_PREFIX_FAMILIES and not checkpointing
+    """A listed family, not checkpointing activations and without active dropout.
+
+    transformers' checkpointed decoder layers drop the cache argument when they run with grad
+    in training mode (the backward's replay would write to it again), so the completions would
+    not see the prompt at all. Dropout in training mode would draw one mask for a prompt's
+    states where the plain forward draws one per row: a different random function.
+    """
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in SHARED_PREFIX_FAMILIES:
+        return False
+    if not model.training:
+        return True
+    dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0 or any(
+        isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+    checkpointing = any(getattr(m, "gradient_checkpointing", False) is True
+                        for m in model.modules())
+    return not (dropout or checkpointing)
 
 
 def prefix_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -177,6 +177,8 @@ def test_nothing_to_share_or_unsupported_runs_the_plain_forward():
     plain, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
     asked, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, share_prefix=True)
     assert torch.equal(asked, plain)  # the plain forward ran (sharing would lose the prompt)
+    dropped = tf.LlamaForCausalLM(tf.LlamaConfig(**SHAPE, attention_dropout=0.1))
+    assert shared_prefix_supported(dropped.eval()) and not shared_prefix_supported(dropped.train())
     torch.manual_seed(0)
     gpt2 = torch.nn.Module()
     gpt2.config = type("C", (), {"model_type": "gpt2"})()
