@@ -55,17 +55,6 @@ def _head_as_identity(head: torch.nn.Module) -> Iterator[None]:
         yield
 
 
-def _inputs(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
-            response_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Trimmed (ids, attention mask, position ids) [n, P'+T'] and completion ids [n, T']."""
-    p_ids, p_mask, c_ids, c_mask = trim_padding(prompt_ids, prompt_mask, completion_ids,
-                                                response_mask)
-    ids = torch.cat([p_ids, c_ids], dim=1)  # [n, P'+T']
-    attn = torch.cat([p_mask, c_mask], dim=1).long()  # [n, P'+T']
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, P'+T']
-    return ids, attn, pos, c_ids
-
-
 def _completion_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
                         completion_ids: Tensor, response_mask: Tensor,
                         share_prefix: bool) -> tuple[Tensor, Tensor]:
@@ -75,16 +64,17 @@ def _completion_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask:
     With `share_prefix` (and a model that `shared_prefix_supported`), each distinct prompt runs
     once and its completions run on its KV cache (`posttrain.trainers.shared_prefix`).
     """
+    p_ids, p_mask, c_ids, c_mask = trim_padding(prompt_ids, prompt_mask, completion_ids,
+                                                response_mask)
     if share_prefix and shared_prefix_supported(model):
-        p_ids, p_mask, c_ids, c_mask = trim_padding(prompt_ids, prompt_mask, completion_ids,
-                                                    response_mask)
         out = shared_prefix_outputs(model, p_ids, p_mask, c_ids, c_mask)
         if out is not None:
             return out, c_ids
-    ids, attn, pos, c_ids = _inputs(prompt_ids, prompt_mask, completion_ids, response_mask)
-    T = c_ids.shape[1]
+    ids = torch.cat([p_ids, c_ids], dim=1)  # [n, P'+T']
+    attn = torch.cat([p_mask, c_mask], dim=1).long()  # [n, P'+T']
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, P'+T']
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
-                logits_to_keep=T + 1).logits  # [n, T'+1, X]
+                logits_to_keep=c_ids.shape[1] + 1).logits  # [n, T'+1, X]
     return out[:, :-1], c_ids
 
 

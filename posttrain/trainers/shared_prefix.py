@@ -58,11 +58,11 @@ def shared_prefix_supported(model: torch.nn.Module) -> bool:
         return False
     if not model.training:
         return True
-    dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0 or any(
-        isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
-    checkpointing = any(getattr(m, "gradient_checkpointing", False) is True
-                        for m in model.modules())
-    return not (dropout or checkpointing)
+    if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
+        return False
+    return not any((isinstance(m, torch.nn.Dropout) and m.p > 0)
+                   or getattr(m, "gradient_checkpointing", False) is True
+                   for m in model.modules())
 
 
 def prefix_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -109,17 +109,16 @@ def shared_prefix_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mas
                  **{cache_kwarg(model): cache}).logits  # [u, 1, X]: predicts each first token
     prefix = [(layer.keys, layer.values) for layer in cache.layers]  # [u, H_kv, P, D] each
     outs = []
-    if len(groups) == 1:
-        groups = [torch.arange(n, device=ends.device)]  # all rows, in their own order
     for rows in groups:
         t = max(int(ends[rows].max()), 1)  # this group's columns: its longest completion
+        src = inverse[rows]  # [n_g] each row's prompt
         sub = DynamicCache()  # the prompt's keys/values, one copy per row of the group
         for i, (k, v) in enumerate(prefix):
-            sub.update(k[inverse[rows]], v[inverse[rows]], i)
+            sub.update(k[src], v[src], i)
         rest = model(input_ids=completion_ids[rows, :t], attention_mask=attn[rows, :P + t],
                      position_ids=pos[rows, P:P + t], use_cache=True,
                      **{cache_kwarg(model): sub}).logits  # [n_g, t, X]
-        out = torch.cat([last[inverse[rows]], rest[:, :-1]], dim=1)  # [n_g, t, X]
+        out = torch.cat([last[src], rest[:, :-1]], dim=1)  # [n_g, t, X]
         outs.append(torch.nn.functional.pad(out, (0, 0, 0, T - t)))  # zeros where all masked
     if len(groups) == 1:
         return outs[0]
@@ -138,13 +137,15 @@ def length_buckets(lengths: Tensor, max_buckets: int | None = None,
     Args:
         lengths: [n] each row's last counted position + 1.
     Returns:
-        the row indices of each group (shortest group first); together a permutation of 0..n-1.
+        the row indices of each group (shortest group first; one group: 0..n-1 in order);
+        together a permutation of 0..n-1.
     """
     max_buckets = MAX_BUCKETS if max_buckets is None else max_buckets
     min_rows = MIN_BUCKET_ROWS if min_rows is None else min_rows
     order = torch.argsort(lengths, stable=True)
     ls = lengths[order].tolist()
-    spans, floor = [(0, len(ls))], MIN_SAVING * len(ls) * (ls[-1] if ls else 0)
+    n = len(ls)
+    spans, floor = [(0, n)], MIN_SAVING * n * (ls[-1] if ls else 0)
     while len(spans) < max_buckets:
         best = (0, -1, -1)  # (saving, span, split)
         for k, (a, b) in enumerate(spans):
@@ -155,4 +156,6 @@ def length_buckets(lengths: Tensor, max_buckets: int | None = None,
             break
         a, b = spans[k]
         spans[k:k + 1] = [(a, s), (s, b)]
+    if len(spans) == 1:  # no split: all rows, in their own order
+        return [torch.arange(n, device=lengths.device)]
     return [order[a:b] for a, b in spans]
