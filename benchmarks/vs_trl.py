@@ -119,7 +119,7 @@ def run_ours(spec: dict, root: Path, out: Path) -> list[float]:
               "autocast_bf16": spec["setting"].startswith("bf16"),
               "bf16_compute": spec["setting"].startswith("bf16c"),
               "torch_compile": "compile" in spec["setting"],
-              "gradient_checkpointing": spec["setting"].endswith("_ckpt"),
+              "gradient_checkpointing": "_ckpt" in spec["setting"],
               "share_prompt_prefix": "noshare" not in spec["setting"]}
     if spec["algo"] == "dpo":
         cfg = build_config(DPOConfig, overrides={
@@ -259,8 +259,8 @@ def main() -> None:
     ap.add_argument("--our-settings", nargs="+", default=["fp32", "bf16"],
                     help="fp32, bf16 (autocast), bf16c (bf16_compute), bf16c_compile "
                     "(+ torch_compile), fp32_ckpt, bf16_ckpt "
-                    "(_ckpt: gradient_checkpointing), fp32_noshare, bf16_noshare "
-                    "(share_prompt_prefix off); "
+                    "(_ckpt: gradient_checkpointing), fp32_noshare, bf16_noshare, "
+                    "fp32_ckpt_noshare (share_prompt_prefix off); "
                     "the 152k rows run the fp32 ones")
     ap.add_argument("--no-dpo", dest="dpo", action="store_false")
     ap.add_argument("--threads", type=int, default=2)

@@ -77,8 +77,9 @@ class BaseConfig:
     gradients up to float summation order, (rows - distinct prompts) x prompt tokens fewer
     token passes (the PPO critic keeps the plain forward); the completions run in up to 4
     groups of similar length, each padded only to its own longest. Llama, Qwen2/3, Mistral,
-    Phi-3 and OLMo-2 families; the plain forward runs with gradient_checkpointing,
-    torch_compile or active dropout and for other families (docs/performance.md)."""
+    Phi-3 and OLMo-2 families, also with gradient_checkpointing (each checkpointed layer's
+    replay recomputes its part of the shared cache); the plain forward runs with torch_compile
+    or active dropout and for other families (docs/performance.md)."""
     threads: int = 0
     """torch.set_num_threads; 0 keeps torch's default."""
     device: str = "auto"

@@ -24,9 +24,14 @@ padded), X the width of the model's output (V logits, or H when the head is the 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from posttrain.rollout.hf import cache_kwarg
 
@@ -46,12 +51,15 @@ MIN_SAVING = 0.05
 
 
 def shared_prefix_supported(model: torch.nn.Module) -> bool:
-    """A listed family, not checkpointing activations and without active dropout.
+    """A listed family, without active dropout, and checkpointing activations (if at all)
+    without reentrant autograd.
 
-    transformers' checkpointed decoder layers drop the cache argument when they run with grad
-    in training mode (the backward's replay would write to it again), so the completions would
-    not see the prompt at all. Dropout in training mode would draw one mask for a prompt's
-    states where the plain forward draws one per row: a different random function.
+    Dropout in training mode would draw one mask for a prompt's states where the plain forward
+    draws one per row: a different random function. Under checkpointing the cache reaches the
+    decoder layers through `_cache_through_checkpoints`, and each layer's backward replay
+    recomputes the same keys/values (`OneCallLayer`); reentrant checkpointing would not carry
+    the gradient of the prompt's keys/values, which live in the cache, not in the layer's
+    arguments, so it keeps the plain forward.
     """
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) not in SHARED_PREFIX_FAMILIES:
@@ -60,9 +68,76 @@ def shared_prefix_supported(model: torch.nn.Module) -> bool:
         return True
     if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
         return False
-    return not any((isinstance(m, torch.nn.Dropout) and m.p > 0)
-                   or getattr(m, "gradient_checkpointing", False) is True
-                   for m in model.modules())
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout) and m.p > 0:
+            return False
+        if getattr(m, "gradient_checkpointing", False) is True and not _non_reentrant(m):
+            return False
+    return True
+
+
+def _non_reentrant(module: torch.nn.Module) -> bool:
+    """Whether a checkpointing module's function is non-reentrant ``torch.utils.checkpoint``
+    (a model whose flag is set but whose layers carry no function is fine: they carry it)."""
+    func = getattr(module, "_gradient_checkpointing_func", None)
+    if func is None:
+        return not isinstance(module, GradientCheckpointingLayer)
+    return getattr(func, "keywords", {}).get("use_reentrant") is False
+
+
+class OneCallLayer(DynamicLayer):
+    """A cache layer for a single forward call: a fixed prefix (or none) and the call's states.
+
+    `update` returns ``cat(prefix, new)`` like a ``DynamicLayer`` but keeps only what its first
+    call saw: a checkpointed decoder layer's backward replay calls it again with recomputed
+    states and must get the same shapes back, not a cache grown twice.
+
+    Args:
+        keys, values: [n, H_kv, P, D] the prefix, or None (the prompt pass).
+    """
+
+    def __init__(self, keys: Tensor | None = None, values: Tensor | None = None) -> None:
+        super().__init__()
+        self.prefix = None if keys is None or values is None else (keys, values)
+        self.written = False
+        if self.prefix is not None:
+            self.keys, self.values = self.prefix
+            self.device, self.is_initialized = keys.device, True  # type: ignore[union-attr]
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args: object,
+               **kwargs: object) -> tuple[Tensor, Tensor]:
+        if self.prefix is not None:
+            key_states = torch.cat([self.prefix[0], key_states], dim=-2)
+            value_states = torch.cat([self.prefix[1], value_states], dim=-2)
+        if not self.written:
+            self.keys, self.values, self.written = key_states, value_states, True
+            self.device, self.is_initialized = key_states.device, True
+        return key_states, value_states
+
+
+def _one_call_cache(prefix: list[tuple[Tensor, Tensor]] | None = None) -> DynamicCache:
+    """A ``DynamicCache`` of `OneCallLayer`s: empty ones made as the layers ask, or one per
+    (keys, values) of `prefix`."""
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = OneCallLayer
+    if prefix is not None:
+        cache.layers = [OneCallLayer(k, v) for k, v in prefix]
+    return cache
+
+
+@contextlib.contextmanager
+def _cache_through_checkpoints(model: torch.nn.Module) -> Iterator[None]:
+    """Let checkpointed decoder layers keep the cache argument (transformers drops it unless a
+    layer says its replay is safe, ``_can_checkpoint_with_cache``; `OneCallLayer` makes it so)."""
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)
+              and m.gradient_checkpointing]
+    for m in layers:
+        m._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for m in layers:
+            del m._can_checkpoint_with_cache  # the class's False again
 
 
 def prefix_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -103,21 +178,21 @@ def shared_prefix_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mas
         return None
     attn = torch.cat([prompt_mask, response_mask], dim=1).long()  # [n, P+T]
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, P+T], as in the plain forward
-    cache = DynamicCache()
-    last = model(input_ids=prompt_ids[first], attention_mask=attn[first, :P],
-                 position_ids=pos[first, :P], logits_to_keep=1, use_cache=True,
-                 **{cache_kwarg(model): cache}).logits  # [u, 1, X]: predicts each first token
+    cache = _one_call_cache()
+    with _cache_through_checkpoints(model):
+        last = model(input_ids=prompt_ids[first], attention_mask=attn[first, :P],
+                     position_ids=pos[first, :P], logits_to_keep=1, use_cache=True,
+                     **{cache_kwarg(model): cache}).logits  # [u, 1, X]: predicts each first token
     prefix = [(layer.keys, layer.values) for layer in cache.layers]  # [u, H_kv, P, D] each
     outs = []
     for rows in groups:
         t = max(int(ends[rows].max()), 1)  # this group's columns: its longest completion
         src = inverse[rows]  # [n_g] each row's prompt
-        sub = DynamicCache()  # the prompt's keys/values, one copy per row of the group
-        for i, (k, v) in enumerate(prefix):
-            sub.update(k[src], v[src], i)
-        rest = model(input_ids=completion_ids[rows, :t], attention_mask=attn[rows, :P + t],
-                     position_ids=pos[rows, P:P + t], use_cache=True,
-                     **{cache_kwarg(model): sub}).logits  # [n_g, t, X]
+        sub = _one_call_cache([(k[src], v[src]) for k, v in prefix])  # one copy per row
+        with _cache_through_checkpoints(model):
+            rest = model(input_ids=completion_ids[rows, :t],
+                         attention_mask=attn[rows, :P + t], position_ids=pos[rows, P:P + t],
+                         use_cache=True, **{cache_kwarg(model): sub}).logits  # [n_g, t, X]
         out = torch.cat([last[src], rest[:, :-1]], dim=1)  # [n_g, t, X]
         outs.append(torch.nn.functional.pad(out, (0, 0, 0, T - t)))  # zeros where all masked
     if len(groups) == 1:

@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from posttrain.ops.fused_head import DEFAULT_BLOCK_ELEMENTS
 from posttrain.rollout import SamplingParams
 from posttrain.rollout.hf import sample_tokens
+from posttrain.trainers.base import enable_checkpointing
 from posttrain.trainers.forward import batched_logprobs, completion_logprobs
 
 V, N, T = 65_536, 8, 64  # N * T * V = 33.6M floats (134 MB) per logits tensor
@@ -49,8 +50,9 @@ def big_vocab_llama():
     return LlamaForCausalLM(config)
 
 
-def _step(model: torch.nn.Module, fused: bool | None) -> None:
-    """Sample N x T tokens, reference log-probs, policy forward + backward."""
+def _step(model: torch.nn.Module, fused: bool | None, share: bool = False) -> None:
+    """Sample N x T tokens, reference log-probs, policy forward + backward (`share`: each
+    prompt once, its 2 completions on its cache)."""
     prompt_ids = torch.randint(3, V, (N // 2, 8))
     prompt_mask = torch.ones_like(prompt_ids, dtype=torch.bool)
     model.eval()
@@ -60,18 +62,26 @@ def _step(model: torch.nn.Module, fused: bool | None) -> None:
                                     group_size=2)
     mask[:, :] = True  # count every position (EOS is improbable at this vocabulary anyway)
     p_ids, p_mask = prompt_ids.repeat_interleave(2, 0), prompt_mask.repeat_interleave(2, 0)
-    ref = batched_logprobs(model, p_ids, p_mask, ids, mask, micro_batch_size=N, fused=fused)
+    ref = batched_logprobs(model, p_ids, p_mask, ids, mask, micro_batch_size=N, fused=fused,
+                           share_prefix=share)
     model.train()
     lp, ent = completion_logprobs(model, p_ids, p_mask, ids, mask, with_entropy=True,
-                                  fused=fused)
+                                  fused=fused, share_prefix=share)
     assert lp.shape == (N, T) and ent is not None
     ((lp - ref).exp() * mask).sum().backward()
     model.zero_grad()
 
 
-def test_no_full_fp32_logits_in_a_step(big_vocab_llama):
-    with _LargestVocabTensor() as rec:
-        _step(big_vocab_llama, fused=None)
+@pytest.mark.parametrize("share", [False, True], ids=["plain", "shared_checkpointed"])
+def test_no_full_fp32_logits_in_a_step(big_vocab_llama, share):
+    """Also on the shared-prompt forward under activation checkpointing (the memory setting)."""
+    if share:
+        enable_checkpointing(big_vocab_llama)
+    try:
+        with _LargestVocabTensor() as rec:
+            _step(big_vocab_llama, fused=None, share=share)
+    finally:
+        big_vocab_llama.gradient_checkpointing_disable()
     assert rec.largest <= DEFAULT_BLOCK_ELEMENTS < N * T * V // 3, rec.largest
 
 

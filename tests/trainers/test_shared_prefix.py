@@ -8,6 +8,7 @@ import torch
 import transformers as tf
 
 from posttrain.trainers import shared_prefix
+from posttrain.trainers.base import enable_checkpointing
 from posttrain.trainers.forward import batched_logprobs, completion_logprobs
 from posttrain.trainers.shared_prefix import (
     length_buckets,
@@ -88,15 +89,23 @@ def test_length_buckets_golden():
     assert len(length_buckets(torch.full((16,), 5))) == 1  # equal lengths: nothing to save
 
 
+@pytest.mark.parametrize("ckpt", [False, True], ids=["", "checkpointed"])
 @pytest.mark.parametrize("buckets", [1, 4], ids=["one_group", "length_groups"])
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_same_logprobs_and_gradients_as_the_plain_forward(family, fused, buckets, monkeypatch):
+def test_same_logprobs_and_gradients_as_the_plain_forward(family, fused, buckets, ckpt,
+                                                          monkeypatch):
+    """Also with non-reentrant activation checkpointing, where the cache goes through the
+    checkpointed layers and each layer's backward replays it (`OneCallLayer`); the plain
+    reference runs without checkpointing."""
     monkeypatch.setattr(shared_prefix, "MAX_BUCKETS", buckets)
     model = _model(family).train()  # dropout is 0 in these configs
     p_ids, p_mask, c_ids, c_mask = _batch()
     grads = []
     for share in (False, True):
+        if share and ckpt:
+            enable_checkpointing(model)
+            assert shared_prefix_supported(model)
         model.zero_grad()
         lp, ent = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, temperature=0.8,
                                       with_entropy=True, fused=fused, share_prefix=share)
@@ -154,6 +163,30 @@ def test_distinct_prompts_still_run_in_length_groups():
     assert (grads[1] - grads[0]).abs().max() <= 1e-5 * grads[0].abs().max()
 
 
+def test_checkpointed_layers_replay_the_shared_cache(monkeypatch):
+    """Under checkpointing each decoder layer runs again in the backward (its MLP's forward is
+    called for the prefix pass + 2 length groups = 2 layers x 3 times, twice that with the
+    replays; module hooks do not fire in a replay, so the forward itself is counted), and the
+    replay neither grows the cache nor loses the prompt (same gradients as without)."""
+    model = _model("llama").train()
+    p_ids, p_mask, c_ids, c_mask = _batch()
+    mlp_class = type(model.model.layers[0].mlp)
+    calls, forward = [], mlp_class.forward
+    monkeypatch.setattr(mlp_class, "forward", lambda m, x: calls.append(1) or forward(m, x))
+    grads = []
+    for ckpt in (False, True):
+        if ckpt:
+            enable_checkpointing(model)
+        model.zero_grad()
+        calls.clear()
+        lp, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, share_prefix=True)
+        (lp * c_mask).sum().backward()
+        assert len(calls) == (12 if ckpt else 6)
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for g0, g1 in zip(*grads, strict=True):
+        assert (g1 - g0).abs().max() <= 1e-6 * g0.abs().max()
+
+
 def test_batched_no_grad_logprobs_match():
     model = _model("qwen2").eval()
     p_ids, p_mask, c_ids, c_mask = _batch()
@@ -171,12 +204,15 @@ def test_nothing_to_share_or_unsupported_runs_the_plain_forward():
         assert shared_prefix_outputs(model, p_ids[firsts], p_mask[firsts], c_ids[firsts],
                                      c_mask[firsts]) is None
     assert shared_prefix_supported(model)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # reentrant checkpointing replays a layer from its arguments only: the prompt's keys/values
+    # in the cache would get no gradient, so the plain forward runs
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
     model.train()
-    assert not shared_prefix_supported(model)  # checkpointed layers drop the cache argument
-    plain, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
+    assert not shared_prefix_supported(model)
+    seen = []
+    model.get_input_embeddings().register_forward_hook(lambda _m, i, _o: seen.append(i[0].numel()))
     asked, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, share_prefix=True)
-    assert torch.equal(asked, plain)  # the plain forward ran (sharing would lose the prompt)
+    assert sum(seen) == 117  # 9 rows x (6 + 7): the plain forward ran
     dropped = tf.LlamaForCausalLM(tf.LlamaConfig(**SHAPE, attention_dropout=0.1))
     assert shared_prefix_supported(dropped.eval()) and not shared_prefix_supported(dropped.train())
     torch.manual_seed(0)
