@@ -77,8 +77,12 @@ def shared_prefix_supported(model: torch.nn.Module) -> bool:
 
 
 def _non_reentrant(module: torch.nn.Module) -> bool:
-    """Whether a checkpointing module's function is non-reentrant ``torch.utils.checkpoint``
-    (a model whose flag is set but whose layers carry no function is fine: they carry it)."""
+    """Whether a checkpointing module can keep the cache: non-reentrant
+    ``torch.utils.checkpoint``, in a transformers that lets a layer keep its cache argument
+    (``_can_checkpoint_with_cache``; older versions drop it). A model whose flag is set but
+    that carries no function itself is fine: its layers carry it."""
+    if not hasattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache"):
+        return False
     func = getattr(module, "_gradient_checkpointing_func", None)
     if func is None:
         return not isinstance(module, GradientCheckpointingLayer)
@@ -178,10 +182,12 @@ def shared_prefix_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mas
         return None
     attn = torch.cat([prompt_mask, response_mask], dim=1).long()  # [n, P+T]
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, P+T], as in the plain forward
+    # the caches are passed in; use_cache=True would only ask the model to make one (and, under
+    # checkpointing, make transformers warn that it turns caching off)
     cache = _one_call_cache()
     with _cache_through_checkpoints(model):
         last = model(input_ids=prompt_ids[first], attention_mask=attn[first, :P],
-                     position_ids=pos[first, :P], logits_to_keep=1, use_cache=True,
+                     position_ids=pos[first, :P], logits_to_keep=1, use_cache=False,
                      **{cache_kwarg(model): cache}).logits  # [u, 1, X]: predicts each first token
     prefix = [(layer.keys, layer.values) for layer in cache.layers]  # [u, H_kv, P, D] each
     outs = []
@@ -192,7 +198,7 @@ def shared_prefix_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mas
         with _cache_through_checkpoints(model):
             rest = model(input_ids=completion_ids[rows, :t],
                          attention_mask=attn[rows, :P + t], position_ids=pos[rows, P:P + t],
-                         use_cache=True, **{cache_kwarg(model): sub}).logits  # [n_g, t, X]
+                         use_cache=False, **{cache_kwarg(model): sub}).logits  # [n_g, t, X]
         out = torch.cat([last[src], rest[:, :-1]], dim=1)  # [n_g, t, X]
         outs.append(torch.nn.functional.pad(out, (0, 0, 0, T - t)))  # zeros where all masked
     if len(groups) == 1:
