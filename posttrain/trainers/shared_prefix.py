@@ -92,17 +92,23 @@ def _non_reentrant(module: torch.nn.Module) -> bool:
 class OneCallLayer(DynamicLayer):
     """A cache layer for a single forward call: a fixed prefix (or none) and the call's states.
 
-    `update` returns ``cat(prefix, new)`` like a ``DynamicLayer`` but keeps only what its first
-    call saw: a checkpointed decoder layer's backward replay calls it again with recomputed
-    states and must get the same shapes back, not a cache grown twice.
+    `update` returns ``cat(prefix, new)`` like a ``DynamicLayer``, but a layer without a prefix
+    (the prompt pass) keeps only what its first call saw and a layer with one keeps nothing: a
+    checkpointed decoder layer's backward replay calls it again with recomputed states and must
+    get the same shapes back, not a cache grown twice. The prefix rows are gathered in
+    `update`, inside the (checkpointed) layer, so that until the backward only the u distinct
+    prefixes stay alive, not one copy per row (nor the concatenated keys/values).
 
     Args:
-        keys, values: [n, H_kv, P, D] the prefix, or None (the prompt pass).
+        keys, values: [u, H_kv, P, D] the prefix, or None (the prompt pass).
+        rows: [n] the prefix row each row of the call continues.
     """
 
-    def __init__(self, keys: Tensor | None = None, values: Tensor | None = None) -> None:
+    def __init__(self, keys: Tensor | None = None, values: Tensor | None = None,
+                 rows: Tensor | None = None) -> None:
         super().__init__()
         self.prefix = None if keys is None or values is None else (keys, values)
+        self.rows = rows
         self.written = False
         if self.prefix is not None:
             self.keys, self.values = self.prefix
@@ -111,21 +117,24 @@ class OneCallLayer(DynamicLayer):
     def update(self, key_states: Tensor, value_states: Tensor, *args: object,
                **kwargs: object) -> tuple[Tensor, Tensor]:
         if self.prefix is not None:
-            key_states = torch.cat([self.prefix[0], key_states], dim=-2)
-            value_states = torch.cat([self.prefix[1], value_states], dim=-2)
+            keys, values = self.prefix
+            if self.rows is not None:
+                keys, values = keys[self.rows], values[self.rows]  # [n, H_kv, P, D]
+            return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
         if not self.written:
             self.keys, self.values, self.written = key_states, value_states, True
             self.device, self.is_initialized = key_states.device, True
         return key_states, value_states
 
 
-def _one_call_cache(prefix: list[tuple[Tensor, Tensor]] | None = None) -> DynamicCache:
+def _one_call_cache(prefix: list[tuple[Tensor, Tensor]] | None = None,
+                    rows: Tensor | None = None) -> DynamicCache:
     """A ``DynamicCache`` of `OneCallLayer`s: empty ones made as the layers ask, or one per
-    (keys, values) of `prefix`."""
+    (keys, values) of `prefix`, continued by `rows`."""
     cache = DynamicCache()
     cache.layer_class_to_replicate = OneCallLayer
     if prefix is not None:
-        cache.layers = [OneCallLayer(k, v) for k, v in prefix]
+        cache.layers = [OneCallLayer(k, v, rows) for k, v in prefix]
     return cache
 
 
@@ -194,7 +203,7 @@ def shared_prefix_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mas
     for rows in groups:
         t = max(int(ends[rows].max()), 1)  # this group's columns: its longest completion
         src = inverse[rows]  # [n_g] each row's prompt
-        sub = _one_call_cache([(k[src], v[src]) for k, v in prefix])  # one copy per row
+        sub = _one_call_cache(prefix, src)  # each row's prompt, gathered per layer
         with _cache_through_checkpoints(model):
             rest = model(input_ids=completion_ids[rows, :t],
                          attention_mask=attn[rows, :P + t], position_ids=pos[rows, P:P + t],

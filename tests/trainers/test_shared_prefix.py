@@ -3,9 +3,12 @@ log-probs and same gradients as the plain forward over every (prompt, completion
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 import transformers as tf
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from posttrain.trainers import shared_prefix
 from posttrain.trainers.base import enable_checkpointing
@@ -185,6 +188,45 @@ def test_checkpointed_layers_replay_the_shared_cache(monkeypatch):
         grads.append([p.grad.clone() for p in model.parameters()])
     for g0, g1 in zip(*grads, strict=True):
         assert (g1 - g0).abs().max() <= 1e-6 * g0.abs().max()
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Bytes of the storages that aten ops created and that are still alive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.live:
+                storage = t.untyped_storage()
+                self.live[storage.data_ptr()] = storage.nbytes()
+                weakref.finalize(storage, self.live.pop, storage.data_ptr(), None)
+        return out
+
+
+def test_checkpointed_shared_forward_holds_less_than_the_plain_one():
+    """Between forward and backward a checkpointed forward keeps each layer's input; the shared
+    one must not keep per-row copies of the prompt's keys/values (nor the concatenated ones) on
+    top: 4 prompts of 48 tokens x 4 completions of 8, it holds less than the plain forward
+    (measured: 0.38 MiB against 0.64 MiB; 0.79 MiB when the per-row copies and the
+    concatenated keys/values were held)."""
+    model = _model("llama").train()
+    enable_checkpointing(model)
+    g = torch.Generator().manual_seed(0)
+    p_ids = torch.randint(3, V, (4, 48), generator=g).repeat_interleave(4, 0)  # [16, 48]
+    p_mask = torch.ones_like(p_ids, dtype=torch.bool)
+    c_ids = torch.randint(3, V, (16, 8), generator=g)
+    c_mask = torch.ones_like(c_ids, dtype=torch.bool)
+    held = {}
+    for share in (False, True):
+        with _LiveBytes() as rec:
+            lp, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, share_prefix=share)
+            held[share] = sum(rec.live.values())
+        lp.sum().backward()  # the replays run after the mode is gone
+    assert held[True] < 0.75 * held[False], held
 
 
 def test_batched_no_grad_logprobs_match():
