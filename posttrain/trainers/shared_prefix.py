@@ -144,13 +144,17 @@ def _cache_through_checkpoints(model: torch.nn.Module) -> Iterator[None]:
     layer says its replay is safe, ``_can_checkpoint_with_cache``; `OneCallLayer` makes it so)."""
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)
               and m.gradient_checkpointing]
+    before = [m.__dict__.get("_can_checkpoint_with_cache") for m in layers]  # None: the class's
     for m in layers:
         m._can_checkpoint_with_cache = True
     try:
         yield
     finally:
-        for m in layers:
-            del m._can_checkpoint_with_cache  # the class's False again
+        for m, value in zip(layers, before, strict=True):
+            if value is None:
+                del m._can_checkpoint_with_cache
+            else:
+                m._can_checkpoint_with_cache = value
 
 
 def prefix_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -193,23 +197,21 @@ def shared_prefix_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mas
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, P+T], as in the plain forward
     # the caches are passed in; use_cache=True would only ask the model to make one (and, under
     # checkpointing, make transformers warn that it turns caching off)
-    cache = _one_call_cache()
+    cache, outs = _one_call_cache(), []
     with _cache_through_checkpoints(model):
         last = model(input_ids=prompt_ids[first], attention_mask=attn[first, :P],
                      position_ids=pos[first, :P], logits_to_keep=1, use_cache=False,
                      **{cache_kwarg(model): cache}).logits  # [u, 1, X]: predicts each first token
-    prefix = [(layer.keys, layer.values) for layer in cache.layers]  # [u, H_kv, P, D] each
-    outs = []
-    for rows in groups:
-        t = max(int(ends[rows].max()), 1)  # this group's columns: its longest completion
-        src = inverse[rows]  # [n_g] each row's prompt
-        sub = _one_call_cache(prefix, src)  # each row's prompt, gathered per layer
-        with _cache_through_checkpoints(model):
-            rest = model(input_ids=completion_ids[rows, :t],
-                         attention_mask=attn[rows, :P + t], position_ids=pos[rows, P:P + t],
-                         use_cache=False, **{cache_kwarg(model): sub}).logits  # [n_g, t, X]
-        out = torch.cat([last[src], rest[:, :-1]], dim=1)  # [n_g, t, X]
-        outs.append(torch.nn.functional.pad(out, (0, 0, 0, T - t)))  # zeros where all masked
+        prefix = [(layer.keys, layer.values) for layer in cache.layers]  # [u, H_kv, P, D] each
+        for rows in groups:
+            t = max(int(ends[rows].max()), 1)  # this group's columns: its longest completion
+            src = inverse[rows]  # [n_g] each row's prompt
+            sub = _one_call_cache(prefix, src)  # each row's prompt, gathered per layer
+            rest = model(input_ids=completion_ids[rows, :t], attention_mask=attn[rows, :P + t],
+                         position_ids=pos[rows, P:P + t], use_cache=False,
+                         **{cache_kwarg(model): sub}).logits  # [n_g, t, X]
+            out = torch.cat([last[src], rest[:, :-1]], dim=1)  # [n_g, t, X]
+            outs.append(torch.nn.functional.pad(out, (0, 0, 0, T - t)))  # zeros where masked
     if len(groups) == 1:
         return outs[0]
     return torch.cat(outs)[torch.argsort(torch.cat(groups))]  # [n, T, X] in row order

@@ -185,6 +185,8 @@ def test_checkpointed_layers_replay_the_shared_cache(monkeypatch):
         lp, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, share_prefix=True)
         (lp * c_mask).sum().backward()
         assert len(calls) == (12 if ckpt else 6)
+        # the keep-the-cache switch is only on during the forward calls
+        assert not any(m.__dict__.get("_can_checkpoint_with_cache") for m in model.modules())
         grads.append([p.grad.clone() for p in model.parameters()])
     for g0, g1 in zip(*grads, strict=True):
         assert (g1 - g0).abs().max() <= 1e-6 * g0.abs().max()
