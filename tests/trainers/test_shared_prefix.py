@@ -92,7 +92,7 @@ def test_length_buckets_golden():
     assert len(length_buckets(torch.full((16,), 5))) == 1  # equal lengths: nothing to save
 
 
-@pytest.mark.parametrize("ckpt", [False, True], ids=["", "checkpointed"])
+@pytest.mark.parametrize("ckpt", [False, True], ids=["plain", "checkpointed"])
 @pytest.mark.parametrize("buckets", [1, 4], ids=["one_group", "length_groups"])
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -255,7 +255,7 @@ def test_nothing_to_share_or_unsupported_runs_the_plain_forward():
     assert not shared_prefix_supported(model)
     seen = []
     model.get_input_embeddings().register_forward_hook(lambda _m, i, _o: seen.append(i[0].numel()))
-    asked, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, share_prefix=True)
+    completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, share_prefix=True)
     assert sum(seen) == 117  # 9 rows x (6 + 7): the plain forward ran
     dropped = tf.LlamaForCausalLM(tf.LlamaConfig(**SHAPE, attention_dropout=0.1))
     assert shared_prefix_supported(dropped.eval()) and not shared_prefix_supported(dropped.train())
