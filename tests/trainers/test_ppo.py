@@ -83,8 +83,11 @@ def test_values_at_masked_positions_never_matter():
 
 
 # ---- trainer-level -------------------------------------------------------------------------
-def test_first_update_has_ratio_one_and_zero_approx_kl(toy_world, tmp_path):
-    trainer = PPOTrainer(_cfg(toy_world, str(tmp_path)))
+@pytest.mark.parametrize("ckpt", [False, True], ids=["plain", "checkpointed"])
+def test_first_update_has_ratio_one_and_zero_approx_kl(toy_world, tmp_path, ckpt):
+    """Also with activation checkpointing (the group's shared prompt runs through the
+    checkpointed layers in the learner's pass, not in the no-grad old log-probs)."""
+    trainer = PPOTrainer(_cfg(toy_world, str(tmp_path), gradient_checkpointing=ckpt))
     rollout, scores, metrics = trainer.rollout_and_score()
     batch = trainer.prepare(rollout, scores, metrics)
     m = trainer.minibatch_backward(batch, train_policy=True)
