@@ -160,6 +160,25 @@ def test_gradient_accumulation_matches_one_big_batch(world, tmp_path):
     torch.testing.assert_close(params[0], params[1], atol=1e-6, rtol=1e-5)
 
 
+def test_gradient_checkpointing_gives_the_same_update(world, tmp_path):
+    """Checkpointed layers replay the shared-prompt forward (each pair's prompt runs once) in
+    the backward: the same update as without checkpointing."""
+    params = []
+    for ckpt in (False, True):
+        torch.manual_seed(0)
+        trainer = DPOTrainer(_cfg(world, tmp_path / str(ckpt), batch_size=16,
+                                  micro_batch_size=16, seed=1, precompute_ref=False,
+                                  gradient_checkpointing=ckpt))
+        assert trainer.share_prefix
+        trainer.model.train()
+        trainer.update(trainer.next_indices(16))
+        params.append(torch.cat([p.detach().flatten() for p in trainer.model.parameters()]))
+    moved = (params[0] - torch.cat([p.detach().flatten() for p in DPOTrainer(
+        _cfg(world, tmp_path / "init")).model.parameters()])).abs().max()
+    assert moved > 1e-4
+    torch.testing.assert_close(params[0], params[1], atol=1e-6, rtol=1e-5)
+
+
 def test_lora_reference_is_the_base_model(world, tmp_path):
     cfg = _cfg(world, tmp_path / "lora", lora_r=4, lora_target_modules=["q_proj", "v_proj"],
                precompute_ref=False, max_steps=3, lr=5e-2)
