@@ -90,6 +90,7 @@ def test_first_update_has_ratio_one_and_zero_approx_kl(toy_world, tmp_path, ckpt
     trainer = PPOTrainer(_cfg(toy_world, str(tmp_path), gradient_checkpointing=ckpt))
     rollout, scores, metrics = trainer.rollout_and_score()
     batch = trainer.prepare(rollout, scores, metrics)
+    trainer.model.train()  # as in `step`: checkpointing acts in training mode only
     m = trainer.minibatch_backward(batch, train_policy=True)
     assert abs(m["policy/ratio_max"] - 1.0) < 1e-5 and abs(m["policy/ratio_min"] - 1.0) < 1e-5
     assert abs(m["policy/approx_kl"]) < 1e-7 and m["policy/clipfrac"] == 0.0
