@@ -109,7 +109,6 @@ class OneCallLayer(DynamicLayer):
         super().__init__()
         self.prefix = None if keys is None or values is None else (keys, values)
         self.rows = rows
-        self.written = False
         if self.prefix is not None:
             self.keys, self.values = self.prefix
             self.device, self.is_initialized = keys.device, True  # type: ignore[union-attr]
@@ -121,8 +120,8 @@ class OneCallLayer(DynamicLayer):
             if self.rows is not None:
                 keys, values = keys[self.rows], values[self.rows]  # [n, H_kv, P, D]
             return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
-        if not self.written:
-            self.keys, self.values, self.written = key_states, value_states, True
+        if not self.is_initialized:  # the first call (a replay's states are not kept)
+            self.keys, self.values = key_states, value_states
             self.device, self.is_initialized = key_states.device, True
         return key_states, value_states
 
@@ -141,7 +140,11 @@ def _one_call_cache(prefix: list[tuple[Tensor, Tensor]] | None = None,
 @contextlib.contextmanager
 def _cache_through_checkpoints(model: torch.nn.Module) -> Iterator[None]:
     """Let checkpointed decoder layers keep the cache argument (transformers drops it unless a
-    layer says its replay is safe, ``_can_checkpoint_with_cache``; `OneCallLayer` makes it so)."""
+    layer says its replay is safe, ``_can_checkpoint_with_cache``; `OneCallLayer` makes it so).
+    Nothing to do without grad (the reference, old log-probs): nothing is checkpointed then."""
+    if not torch.is_grad_enabled():
+        yield
+        return
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)
               and m.gradient_checkpointing]
     before = [m.__dict__.get("_can_checkpoint_with_cache") for m in layers]  # None: the class's
