@@ -48,23 +48,20 @@ class PhaseClock:
 
     def __init__(self) -> None:
         self.now: dict[str, float] = defaultdict(float)
-        self.stack: list[list[float]] = []
-        self.names: list[str] = []
+        self.stack: list[list] = []  # [name, start, seconds of nested phases] per open phase
 
     @contextlib.contextmanager
     def phase(self, name: str):
-        self.stack.append([time.perf_counter(), 0.0])
-        self.names.append(name)
+        self.stack.append([name, time.perf_counter(), 0.0])
         with torch.profiler.record_function(name):
             try:
                 yield
             finally:
-                start, inner = self.stack.pop()
-                self.names.pop()
+                _, start, inner = self.stack.pop()
                 spent = time.perf_counter() - start
                 self.now[name] += spent - inner
                 if self.stack:
-                    self.stack[-1][1] += spent
+                    self.stack[-1][2] += spent
 
     def wrap(self, name: str, fn):
         def wrapped(*a, **k):
@@ -96,7 +93,7 @@ def instrument(trainer, clock: PhaseClock) -> None:
 
 def _timed_forward(inner_forward, clock: PhaseClock):
     def forward(*a, **k):
-        if clock.names[:1] == ["sampling"] and k.get("use_cache"):  # a generation call
+        if clock.stack and clock.stack[0][0] == "sampling" and k.get("use_cache"):  # generation
             first = k.get("input_ids") is not None and k["input_ids"].shape[1] > 1
             with clock.phase("prefill" if first else "decode"):
                 return inner_forward(*a, **k)
