@@ -54,7 +54,7 @@ class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Tensor,
                 temperature: float, rows: int, with_entropy: bool, block_elements: int,
-                grad_into: Tensor | None):
+                grad_into: Tensor | None, entropy_grad: bool):
         M = hidden.shape[0]
         logp = torch.empty(M, dtype=torch.float32, device=hidden.device)  # [M]
         lse = torch.empty_like(logp)  # [M]
@@ -68,18 +68,23 @@ class _HeadLogprobs(torch.autograd.Function):
                 if with_entropy:  # H = lse - sum_v p_v z_v
                     p = torch.exp(z - lse[s:s + rows, None])  # [r, V]
                     ent[s:s + rows] = lse[s:s + rows] - (p * z).sum(-1)
-        ctx.save_for_backward(hidden, weight, bias, tokens, lse)
+        ctx.save_for_backward(hidden, weight, bias, tokens, lse, ent)
         ctx.temperature, ctx.block_elements = temperature, block_elements
         ctx.grad_into = grad_into  # the weight leaf whose .grad receives grad_W in place
-        ctx.mark_non_differentiable(ent)
+        ctx.entropy_grad = entropy_grad and with_entropy
+        if not ctx.entropy_grad:
+            ctx.mark_non_differentiable(ent)
         return logp, ent
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_logp: Tensor, _grad_ent: Tensor):
+    def backward(ctx, grad_logp: Tensor, grad_ent: Tensor | None):
         """By blocks of vocabulary COLUMNS: each slice of grad_W is written once (by rows, every
-        block would read and write all of the [V, H] fp32 gradient: 40 passes at M = 2,048)."""
-        hidden, weight, bias, tokens, lse = ctx.saved_tensors
+        block would read and write all of the [V, H] fp32 gradient: 40 passes at M = 2,048).
+
+        With `entropy_grad`, dH/dz_v = -p_v (log p_v + H) is added per column block (from
+        the saved log-sum-exp and entropy of each row)."""
+        hidden, weight, bias, tokens, lse, ent = ctx.saved_tensors
         tau, M, V = ctx.temperature, hidden.shape[0], weight.shape[0]
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         cols = max(1, min(V, ctx.block_elements // max(M, 1)))
@@ -89,12 +94,20 @@ class _HeadLogprobs(torch.autograd.Function):
         in_place = grad_w is not None and ctx.grad_into is not None
         grad_b = torch.empty_like(bias) if need_b and bias is not None else None  # [V]
         go = grad_logp.float()[:, None]  # [M, 1]
+        ge = (grad_ent.float()[:, None] if ctx.entropy_grad and grad_ent is not None
+              else None)  # [M, 1]
         with torch.autocast(device_type=hidden.device.type, enabled=False):
             for c in range(0, V, cols):
                 w_c = weight[c:c + cols]  # [v, H]
                 z = _block_logits(h, w_c, None if bias is None else bias[c:c + cols], tau)
                 # d logp / d z = onehot(tok) - p ; chain rule through z = (hW^T + b) / tau
-                g = torch.exp(z.sub_(lse[:, None])).mul_(-go)  # [M, v]
+                logp_c = z.sub_(lse[:, None])  # [M, v] log p (in z's buffer)
+                g = torch.exp(logp_c)  # [M, v] p
+                if ge is not None:  # dH/dz = -p (log p + H), in z's buffer
+                    logp_c.add_(ent[:, None]).mul_(g).mul_(-ge)
+                g.mul_(-go)  # [M, v]
+                if ge is not None:
+                    g.add_(logp_c)
                 hit = ((tokens >= c) & (tokens < c + cols)).nonzero()[:, 0]  # rows whose token
                 g[hit, tokens[hit] - c] += go[hit, 0]  # lies in this slice
                 if tau != 1.0:
@@ -108,8 +121,8 @@ class _HeadLogprobs(torch.autograd.Function):
                     grad_w[c:c + cols] = g.t() @ h  # [v, H]
                 if grad_b is not None:
                     grad_b[c:c + cols] = g.sum(0).to(grad_b.dtype)
-        return (grad_h.to(hidden.dtype) if need_h else None), None if in_place else grad_w, \
-            grad_b, None, None, None, None, None, None
+            return (grad_h.to(hidden.dtype) if need_h else None), None if in_place else grad_w, \
+            grad_b, None, None, None, None, None, None, None
 
 
 def head_logprobs(
@@ -121,6 +134,7 @@ def head_logprobs(
     with_entropy: bool = False,
     block_elements: int = DEFAULT_BLOCK_ELEMENTS,
     grad_in_place: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Token log-probs (and entropies) of a linear LM head, never materialising [.., V] logits.
 
@@ -129,7 +143,8 @@ def head_logprobs(
         weight: [V, H] the LM head weight (fp32 recommended: fp32 logits); bias: [V] or None.
         tokens: [...] integer ids, aligned with `hidden` (hidden[i] predicts tokens[i]).
         temperature: logits are divided by it (the sampling temperature).
-        with_entropy: also return the entropy in nats of each row's distribution (detached).
+        with_entropy: also return the entropy in nats of each row's distribution.
+        entropy_grad: make that entropy differentiable (PPO's entropy bonus); else detached.
         block_elements: fp32 elements of one logits block; bounds the extra memory.
         grad_in_place: when `weight` is a trainable leaf (an ``nn.Parameter``), the backward
             adds grad_W straight into ``weight.grad`` (created if None) instead of returning a
@@ -140,7 +155,7 @@ def head_logprobs(
 
     Returns:
         logprobs [...] fp32, differentiable w.r.t. hidden, weight and bias; entropy [...] fp32
-        (no gradient) or None.
+        (differentiable only with `entropy_grad`) or None.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -156,5 +171,5 @@ def head_logprobs(
             and type(weight) is torch.nn.Parameter else None)
     logp, ent = _HeadLogprobs.apply(h2, weight, bias, tokens.reshape(-1).long(),
                                     float(temperature), rows, bool(with_entropy),
-                                    int(block_elements), into)
+                                    int(block_elements), into, bool(entropy_grad))
     return logp.view(tokens.shape), (ent.view(tokens.shape) if with_entropy else None)

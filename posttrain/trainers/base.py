@@ -37,10 +37,11 @@ is a config key. The CLI is a thin layer over this.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -52,7 +53,10 @@ from posttrain.rollout.sampler_copy import BF16Sampler, bf16_sampler_supported
 from posttrain.trainers.bf16_copy import BF16Copy
 from posttrain.trainers.checkpoint import (
     find_resume,
+    is_peft,
+    load_trainable,
     read_checkpoint,
+    read_model_weights,
     rng_state,
     set_rng_state,
     truncate_metrics,
@@ -60,7 +64,6 @@ from posttrain.trainers.checkpoint import (
 )
 from posttrain.trainers.common import (
     build_optimizer,
-    clip_and_step,
     merged,
     peak_rss_mb,
     save_checkpoint,
@@ -71,6 +74,7 @@ from posttrain.trainers.common import (
     write_summary,
 )
 from posttrain.trainers.distributed import Dist, full_state, load_full_state
+from posttrain.trainers.engine import CountFn, LossFn, OptimGroup, Plan, run_update
 from posttrain.trainers.session import Session, load_session, resolve_device
 from posttrain.trainers.tracking import MetricsLogger, NullLogger
 
@@ -87,6 +91,8 @@ class Trainer:
     """Metrics shown next to the progress bar."""
     supports_bf16_compute: ClassVar[bool] = False
     """Whether the trainer runs its passes through `learner()` / `reference()` (bf16_compute)."""
+    supports_fsdp: ClassVar[bool] = True
+    """Whether `fsdp: true` is supported (validated before any model loads)."""
 
     def __init__(self, cfg: BaseConfig | None = None, session: Session | None = None, *,
                  model: Any = None, tokenizer: Any = None, train_data: Any = None,
@@ -100,6 +106,9 @@ class Trainer:
         if cfg.fsdp and cfg.lora_r > 0:
             raise ConfigError("config keys 'fsdp' and 'lora_r': FSDP2 with LoRA is not "
                               "supported; use data parallel (fsdp: false) for LoRA runs")
+        if cfg.fsdp and not self.supports_fsdp:
+            raise ConfigError(f"config key 'fsdp': `posttrain {self.name}` does not support "
+                              "FSDP2 yet; use data parallel (fsdp: false)")
         self.dist = Dist()  # torchrun's process group (a no-op without torchrun)
         self.gen = set_seed(cfg.seed)  # CPU generator: data order and sampling seeds
         self.validate()
@@ -121,7 +130,8 @@ class Trainer:
         if cfg.gradient_checkpointing:
             enable_checkpointing(self.model)
         self.model = self.dist.wrap(self.model, cfg.fsdp)
-        self.opt, self.sched = build_optimizer(self.model, cfg, self.optimizer_steps())
+        # everything that trains is built before a checkpoint is restored into it
+        self.groups = self.optimizer_groups()
         self.start_step = 0
         self._resumed: dict[str, Any] = {}
         resume = find_resume(cfg.out_dir, cfg.resume_from)
@@ -132,6 +142,7 @@ class Trainer:
                           purge_step=self.start_step + 1 if resume else None)
             if self.dist.is_main else NullLogger())
         self._full_weights: dict[str, Any] | None = None
+        self._saved_at = -1  # the step of the last checkpoint this process wrote
 
     # ---- the model the base trains, saves and evaluates -------------------------------------
     @property
@@ -162,6 +173,24 @@ class Trainer:
     def optimizer_steps(self) -> int:
         """Total optimizer steps of the run (sets the length of the LR schedule)."""
         return self.cfg.max_steps
+
+    def optimizer_groups(self) -> list[OptimGroup]:
+        """What trains, each with its optimizer and schedule (default: the policy's trainable
+        parameters). Built after `setup`, before a checkpoint is restored into them; the first
+        group is the policy's (`self.opt`, `self.sched`)."""
+        return [self.make_group("policy", [p for p in self.model.parameters()
+                                           if p.requires_grad])]
+
+    def make_group(self, name: str, params: list[torch.nn.Parameter],
+                   lr: float | None = None) -> OptimGroup:
+        """An `OptimGroup` with the config's AdamW, schedule and clipping (`lr` overrides)."""
+        cfg = self.cfg if lr is None else dataclasses.replace(self.cfg, lr=lr)
+        opt, sched = build_optimizer(params, cfg, self.optimizer_steps())
+        return OptimGroup(name, params, opt, sched, self.cfg.max_grad_norm)
+
+    def state_modules(self) -> dict[str, torch.nn.Module]:
+        """Modules besides the policy whose weights a checkpoint holds (PPO's critic)."""
+        return {}
 
     def step(self, step: int) -> dict[str, float]:
         """One training step (1-based); returns its metrics."""
@@ -218,25 +247,38 @@ class Trainer:
     def next_rows(self, n: int) -> list[dict[str, Any]]:
         return [self.s.train_rows[i] for i in self.next_indices(n)]
 
-    def optimizer_step(self, model: Any = None, opt: Any = None, sched: Any = None) -> float:
-        """Sum gradients over ranks, clip, step the optimizer and schedule, zero; returns the
-        pre-clip norm. Every rank must call it the same number of times."""
-        model = model or self.model
-        self.dist.sync_grads([p for p in model.parameters() if p.requires_grad])
-        norm = clip_and_step(model, opt or self.opt, sched or self.sched, self.cfg.max_grad_norm)
-        if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
-            norm = norm.full_tensor()
-        self._learner_stale = True
-        return float(norm)
+    @property
+    def opt(self) -> torch.optim.Optimizer:
+        return self.groups[0].opt
 
-    def idle_passes(self, done: int) -> None:
-        """Under FSDP2 every rank must run as many forward/backward passes as the others: after
-        `done` passes, run zero-gradient ones up to the most any rank ran (no-op otherwise)."""
-        if not self.dist.fsdp:
-            return
-        for _ in range(int(self.dist.max(done)) - done):
-            ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
-            (self.model(input_ids=ids).logits.sum() * 0.0).backward()
+    @opt.setter
+    def opt(self, value: torch.optim.Optimizer) -> None:
+        self.groups[0].opt = value
+
+    @property
+    def sched(self) -> Any:
+        return self.groups[0].sched
+
+    @sched.setter
+    def sched(self, value: Any) -> None:
+        self.groups[0].sched = value
+
+    def optimize(self, plan: Plan, counts: CountFn, loss_fn: LossFn,
+               groups: list[OptimGroup] | None = None,
+               before_step: Callable[[dict[str, float]], bool] | None = None
+               ) -> dict[str, float]:
+        """Every optimizer step of this trainer step through the one engine
+        (`posttrain.trainers.engine.run_update`)."""
+        out = run_update(plan, self.dist, counts, loss_fn,
+                         self.groups if groups is None else groups, self._idle_pass,
+                         before_step)
+        self._learner_stale = True
+        return out
+
+    def _idle_pass(self) -> None:
+        """A zero-gradient forward/backward (FSDP2: every rank runs as many as the others)."""
+        ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+        (self.model(input_ids=ids).logits.sum() * 0.0).backward()
 
     def gathered(self) -> contextlib.AbstractContextManager:
         """Full policy weights for a stretch of forward passes without collectives: wrap
@@ -282,8 +324,10 @@ class Trainer:
     def share_prefix(self) -> bool:
         """Whether the learner's and the reference's forward passes run each distinct prompt
         once (`share_prompt_prefix`; not under torch_compile, whose compiled body is traced
-        for the plain forward)."""
-        return self.cfg.share_prompt_prefix and not self.cfg.torch_compile
+        for the plain forward, nor under FSDP2, where its data-dependent number of model calls
+        would give ranks different collectives)."""
+        return (self.cfg.share_prompt_prefix and not self.cfg.torch_compile
+                and not self.dist.fsdp)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast on this trainer's device type when `autocast_bf16` is set."""
@@ -319,34 +363,34 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         """Run steps `start_step + 1 .. max_steps`; returns (and writes) the summary.
 
-        After a SIGTERM / SIGINT the current step finishes, a checkpoint is written and the
-        summary (with `stopped_at_step`, no final evaluation or `final/`) is returned.
+        A SIGTERM / SIGINT in any phase (the first evaluation, a step, a checkpoint write, the
+        final evaluation) lets that phase finish, then writes a checkpoint and returns the
+        summary with `stopped_at_step` (no `final/`); `resume_from: latest` continues from it.
         """
         cfg, start = self.cfg, time.time()
         if self.dist.is_main:
             save_config(cfg.out_dir, cfg)
-        if self.start_step == 0:
-            eval_before = self._evaluate("before")
-            if eval_before:
-                self.logger.log(0, _eval_metrics(eval_before))
-        else:
-            eval_before = self._resumed["eval_before"]
-            set_rng_state(self._resumed["rng"][min(self.dist.rank,
-                                                   len(self._resumed["rng"]) - 1)])
         history: list[dict[str, float]] = list(self._resumed.get("history", []))
         elapsed = float(self._resumed.get("seconds", 0.0))
-        self.model.train()
+        clock = elapsed - start
         with _StopRequest() as stop:
-            last = self._run_steps(history, eval_before, stop, elapsed - start)
-        if last < cfg.max_steps:  # stopped by a signal: checkpoint written, no final phase
-            self.logger.close()
-            summary = {"eval_before": eval_before.get("accuracy"), "stopped_at_step": last,
-                       "seconds": round(elapsed + time.time() - start, 1), "steps": last,
-                       "history": history}
-            if self.dist.is_main:
-                write_summary(cfg.out_dir, cfg, **summary)
-            return summary
-        eval_after = self._evaluate("after")
+            if "eval_before" in self._resumed:
+                eval_before = self._resumed["eval_before"]
+                set_rng_state(self._resumed["rng"][min(self.dist.rank,
+                                                       len(self._resumed["rng"]) - 1)])
+            else:
+                eval_before = self._evaluate("before")
+                if eval_before:
+                    self.logger.log(0, _eval_metrics(eval_before))
+            self.model.train()
+            last = self.start_step
+            if not self.dist.any(stop.signal is not None):
+                last = self._run_steps(history, eval_before, stop, clock)
+            if last < cfg.max_steps or self.dist.any(stop.signal is not None):
+                return self._stopped(last, history, eval_before, clock)
+            eval_after = self._evaluate("after")
+            if self.dist.any(stop.signal is not None):
+                return self._stopped(last, history, eval_before, clock)
         if eval_after:
             self.logger.log(cfg.max_steps, _eval_metrics(eval_after))
         self.logger.close()
@@ -361,6 +405,24 @@ class Trainer:
                    **self.summary_fields()}
         if self.dist.is_main:
             write_summary(cfg.out_dir, cfg, **summary)
+        self.dist.barrier()
+        return summary
+
+    def _stopped(self, last: int, history: list[dict[str, float]],
+                 eval_before: dict[str, Any], clock: float) -> dict[str, Any]:
+        """After a signal: a checkpoint at `last` (unless the step loop just wrote it) and the
+        summary with `stopped_at_step`."""
+        from posttrain.trainers.checkpoint import list_checkpoints
+
+        written = [s for s, _ in list_checkpoints(self.cfg.out_dir)]
+        if not (self._saved_at == last and last in written):
+            self.save_training_state(last, history, eval_before, clock + time.time())
+        self.logger.close()
+        summary = {"eval_before": eval_before.get("accuracy"), "stopped_at_step": last,
+                   "seconds": round(clock + time.time(), 1), "steps": last,
+                   "history": history}
+        if self.dist.is_main:
+            write_summary(self.cfg.out_dir, self.cfg, **summary)
         self.dist.barrier()
         return summary
 
@@ -382,7 +444,7 @@ class Trainer:
                 if step % cfg.log_every == 0 or step == cfg.max_steps:
                     history.append({"step": step, **self.logger.log(step, metrics)})
                 bar.update(**{k.split("/")[-1]: metrics.get(k) for k in self.progress_keys})
-                stopping = self.dist.any(stop.signal is not None) and step < cfg.max_steps
+                stopping = self.dist.any(stop.signal is not None)
                 if stopping or (cfg.save_every and step % cfg.save_every == 0):
                     self.save_training_state(step, history, eval_before,
                                              clock + time.time())
@@ -401,27 +463,57 @@ class Trainer:
 
     def save_training_state(self, step: int, history: list[dict[str, float]],
                             eval_before: dict[str, Any], seconds: float) -> None:
-        """A resumable checkpoint at `step` (every rank calls; rank 0 writes)."""
-        model_sd, opt_sd = full_state(self.model, self.opt, self.dist.fsdp)
+        """A resumable checkpoint at `step` (every rank calls; rank 0 writes).
+
+        The model's weights are written once, in `model/` (the `save` hook's
+        `from_pretrained` layout; with LoRA the trainable adapters and heads go into the state
+        file instead, as peft's adapter files cannot be loaded back into a live model
+        exactly); everything else (optimizers, schedules, other modules such as PPO's
+        critic, data order, RNGs, the trainer's own state) goes into `trainer_state.pt`.
+        """
+        policy = self.groups[0]
+        model_sd, opt_sd = full_state(self.model, policy.opt, self.dist.fsdp)
         self._full_weights = model_sd if self.dist.fsdp else None
         rngs = self.dist.all_gather_objects(rng_state())
         trainer = self.state_dict()
         if self.dist.is_main:
-            state = {"step": step, "model": model_sd, "optimizer": opt_sd,
-                     "scheduler": self.sched.state_dict(), "order": list(self._order),
-                     "generator": self.gen.get_state(), "rng": rngs, "trainer": trainer,
-                     "history": history, "eval_before": eval_before, "seconds": seconds,
+            trainable = ({n: p.detach().cpu() for n, p in self.model.named_parameters()
+                          if p.requires_grad} if is_peft(self.model) else {})
+            state = {"step": step, "trainable": trainable,
+                     "optimizers": {g.name: opt_sd if g is policy else g.opt.state_dict()
+                                    for g in self.groups},
+                     "schedulers": {g.name: g.sched.state_dict() for g in self.groups},
+                     "modules": {k: m.state_dict() for k, m in self.state_modules().items()},
+                     "order": list(self._order), "generator": self.gen.get_state(),
+                     "rng": rngs, "trainer": trainer, "history": history,
+                     "eval_before": eval_before, "seconds": seconds,
                      "metrics_bytes": self.logger.tell(), "world_size": self.dist.world}
             write_checkpoint(self.cfg.out_dir, step, state, self.save,
                              self.cfg.keep_checkpoints)
+        self._saved_at = step
         self._full_weights = None
         self.dist.barrier()
 
     def _load_checkpoint(self, path: Any) -> None:
         state = read_checkpoint(path)
-        load_full_state(self.model, self.opt, state["model"], state["optimizer"],
-                        self.dist.fsdp)
-        self.sched.load_state_dict(state["scheduler"])
+        names = {g.name for g in self.groups}
+        if set(state["optimizers"]) != names:
+            raise ConfigError(f"config key 'resume_from': checkpoint {path} holds optimizers "
+                              f"{sorted(state['optimizers'])}, this run trains {sorted(names)}"
+                              " (a different trainer or critic set-up)")
+        policy = self.groups[0]
+        if is_peft(self.model):
+            load_trainable(self.model, state["trainable"])
+            policy.opt.load_state_dict(state["optimizers"]["policy"])
+        else:
+            load_full_state(self.model, policy.opt, read_model_weights(path, self.model),
+                            state["optimizers"]["policy"], self.dist.fsdp)
+        for g in self.groups:
+            if g is not policy:
+                g.opt.load_state_dict(state["optimizers"][g.name])
+            g.sched.load_state_dict(state["schedulers"][g.name])
+        for k, module in self.state_modules().items():
+            module.load_state_dict(state["modules"][k])
         self._order = list(state["order"])
         self.gen.set_state(state["generator"])
         self.load_state_dict(state["trainer"])

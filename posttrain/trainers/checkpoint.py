@@ -3,15 +3,17 @@
 Layout: ``out_dir/checkpoints/step-00000012/`` holds
 
 - ``model/``: the model as the trainer's `save` hook writes it (`from_pretrained`-loadable);
-- ``trainer_state.pt``: everything an exact resume needs: model and optimizer state dicts,
-  LR schedule, step, data position (the epoch order and the CPU generator), python / torch /
-  CUDA / numpy RNG states, the trainer's own state (`Trainer.state_dict`), the byte length of
-  ``metrics.jsonl`` when it was written, and the history for summary.json.
+  a resume reads the policy's weights back from it (they are written once);
+- ``trainer_state.pt``: everything else an exact resume needs: every optimizer group's state
+  and LR schedule, the weights of other trained modules (PPO's critic) and, with LoRA, the
+  trainable adapter weights, step, data position (the epoch order and the CPU generator),
+  python / torch / CUDA / numpy RNG states, the trainer's own state (`Trainer.state_dict`),
+  the byte length of ``metrics.jsonl`` when it was written, and the history for summary.json.
 
 A checkpoint is written to ``checkpoints/.tmp-step-N`` and renamed into place only when
 complete, so a crash (even ``kill -9``) mid-write never damages the last good one; leftover
-``.tmp-*`` directories are ignored and cleared by the next write. ``trainer_state.pt`` is a
-pickle: load only checkpoints you wrote.
+``.tmp-*`` directories are ignored and cleared by the next write. ``trainer_state.pt`` holds
+tensors and plain Python values only and is read with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ def rng_state() -> dict[str, Any]:
     try:
         import numpy as np
 
-        state["numpy"] = np.random.get_state()
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = [kind, torch.from_numpy(keys.astype(np.int64)), int(pos),
+                          int(has_gauss), float(cached)]
     except ImportError:  # pragma: no cover
         pass
     return state
@@ -86,7 +90,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     if "numpy" in state:
         import numpy as np
 
-        np.random.set_state(state["numpy"])
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
 
 
 def write_checkpoint(out_dir: str | Path, step: int, state: dict[str, Any],
@@ -124,7 +129,55 @@ def write_checkpoint(out_dir: str | Path, step: int, state: dict[str, Any],
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """The state of a checkpoint written by :func:`write_checkpoint` (on the CPU)."""
-    return torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=False)
+    return torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
+
+
+def is_peft(model: Any) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def load_trainable(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy saved trainable parameters (LoRA adapters, heads) into `model`, every one."""
+    params = dict(model.named_parameters())
+    wanted = {n for n, p in params.items() if p.requires_grad}
+    if set(tensors) != wanted:
+        raise ValueError(f"checkpoint's trainable parameters do not match the model's: "
+                         f"missing {sorted(wanted - set(tensors))[:3]}, unexpected "
+                         f"{sorted(set(tensors) - wanted)[:3]}")
+    with torch.no_grad():
+        for n, t in tensors.items():
+            params[n].copy_(t)
+
+
+def read_model_weights(path: str | Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full state dict of `model` from a checkpoint's ``model/`` safetensors files.
+
+    `save_pretrained` writes one name of each tied (shared) tensor; the others are filled in
+    from it. Any other missing or unexpected key is an error.
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(path) / "model"
+    files = [f for f in sorted(folder.glob("*.safetensors")) if not f.name.startswith("adapter")]
+    if not files:
+        raise ValueError(f"checkpoint {path}: no model weights under {folder}")
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        sd.update(load_file(str(f)))
+    aliases: dict[int, list[str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(n)
+    for names in aliases.values():
+        have = [n for n in names if n in sd]
+        for n in names:
+            if n not in sd and have:
+                sd[n] = sd[have[0]]
+    expected = set(model.state_dict())
+    if set(sd) != expected:
+        raise ValueError(f"checkpoint {path}: model weights do not match the model: missing "
+                         f"{sorted(expected - set(sd))[:3]}, unexpected "
+                         f"{sorted(set(sd) - expected)[:3]}")
+    return sd
 
 
 def truncate_metrics(out_dir: str | Path, size: int | None, step: int) -> None:

@@ -72,14 +72,16 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str, min_ratio: floa
 
 
 def build_optimizer(
-    model: torch.nn.Module, cfg: BaseConfig, total_steps: int
+    params: list[torch.nn.Parameter] | torch.nn.Module, cfg: BaseConfig, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over trainable parameters plus warm-up then constant/linear/cosine decay.
+    """AdamW over `params` (a module: its trainable parameters) plus warm-up then
+    constant/linear/cosine decay.
 
-    The one place every trainer gets its optimizer and schedule from (`lr`, `adam_betas`,
+    The one place every trainer gets its optimizers and schedules from (`lr`, `adam_betas`,
     `weight_decay`, `warmup_steps`, `lr_schedule`, `min_lr_ratio`).
     """
-    params = [p for p in model.parameters() if p.requires_grad]
+    if isinstance(params, torch.nn.Module):
+        params = [p for p in params.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.adam_betas),  # type: ignore[arg-type]
                             weight_decay=cfg.weight_decay, fused=_fused_adam_ok(params) or None)
     total = max(1, total_steps)
@@ -96,22 +98,6 @@ def _fused_adam_ok(params: list[torch.nn.Parameter]) -> bool:
     return bool(params) and all(
         type(p) is torch.nn.Parameter and p.is_floating_point()
         and p.device.type in ("cpu", "cuda") for p in params)
-
-
-def clip_and_step(model: torch.nn.Module, opt: torch.optim.Optimizer,
-                  sched: torch.optim.lr_scheduler.LambdaLR, max_grad_norm: float) -> torch.Tensor:
-    """Clip gradients (when max_grad_norm > 0), step, zero; return the pre-clip grad norm."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if max_grad_norm > 0:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    else:
-        norm = torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
-    if not opt.state and all(p.device.type == "cpu" for p in params):
-        release_freed_memory()  # the first step allocates the optimizer's moments
-    opt.step()
-    sched.step()
-    opt.zero_grad(set_to_none=True)
-    return norm.detach()
 
 
 def release_freed_memory() -> None:

@@ -39,6 +39,7 @@ from posttrain.data import load_rows
 from posttrain.data.pairs import PairTensors, tokenize_pairs
 from posttrain.ops import dpo_loss, sequence_logprobs
 from posttrain.trainers.base import Trainer
+from posttrain.trainers.engine import shard_plan
 from posttrain.trainers.forward import completion_logprobs
 from posttrain.trainers.ref_cache import ref_cache_path
 
@@ -220,27 +221,22 @@ class DPOTrainer(Trainer):
         return loss, metrics
 
     def update(self, idx: Tensor | list[int]) -> dict[str, float]:
-        """One optimizer step over the batch ``idx``, micro-batched; loss = mean over the batch.
+        """One optimizer step over the batch ``idx`` through the one engine; the loss is the
+        mean over the batch (all ranks' pairs), and so are the metrics (pair-weighted)."""
+        batch = [int(i) for i in idx]
+        plan = shard_plan(len(batch), self.dist, self.micro_pairs)
 
-        Under torchrun each rank takes every `world`-th pair of the batch; the mean is over
-        the whole batch (all ranks), and so are the metrics.
-        """
-        B = len(idx)
-        idx = torch.as_tensor(self.dist.shard(list(idx)), dtype=torch.long)
-        acc: dict[str, float] = {}
-        for micro in idx.split(self.micro_pairs):
-            loss, metrics = self.pair_loss(self.pairs, micro, "train")
-            (loss.sum() / B).backward()  # normalised over the whole step, not the micro-batch
-            metrics["loss/dpo"] = loss.detach().mean()
-            for k, v in metrics.items():
-                acc[k] = acc.get(k, 0.0) + float(v) * len(micro) / B
-        if self.dist.enabled:  # each rank holds its share of the batch means: add them up
-            shares = self.dist.all_gather_objects(acc)
-            acc = {k: sum(d.get(k, 0.0) for d in shares) for k in sorted(set().union(*shares))}
-        acc["train/grad_norm"] = self.optimizer_step()
-        acc["train/lr"] = self.sched.get_last_lr()[0]
+        def loss_fn(pos: list[int], totals: dict[str, float]) -> tuple[Tensor, dict, float]:
+            loss, metrics = self.pair_loss(self.pairs, torch.tensor([batch[i] for i in pos]),
+                                           "train")
+            metrics["loss/dpo"] = loss.detach().sum() / totals["pairs"]
+            if "loss/nll_chosen" in metrics:  # a share of the batch mean, like every loss/
+                metrics["loss/nll_chosen"] = metrics["loss/nll_chosen"] * len(pos) / totals["pairs"]
+            return loss.sum() / totals["pairs"], metrics, float(len(pos))
+
+        out = self.optimize(plan, lambda pos: {"pairs": float(len(pos))}, loss_fn)
         self._updated = True
-        return acc
+        return out
 
     @torch.no_grad()
     def evaluate_pairs(self) -> dict[str, float]:

@@ -167,8 +167,8 @@ def tied_lookup_grad_in_place(model: torch.nn.Module) -> Iterator[None]:
 
 def _fused_logprobs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
                     completion_ids: Tensor, response_mask: Tensor, temperature: float,
-                    autocast: bool, with_entropy: bool,
-                    share_prefix: bool = False) -> tuple[Tensor, Tensor | None]:
+                    autocast: bool, with_entropy: bool, share_prefix: bool = False,
+                    entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
     """[n, T'] log-probs (and entropies) through the fused chunked head (no [n, T', V])."""
     head = model.get_output_embeddings()
     with autocast_ctx(autocast, prompt_ids.device), _head_as_identity(head):  # bf16 body
@@ -176,7 +176,8 @@ def _fused_logprobs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Ten
                                             response_mask, share_prefix)  # [n, T', H]
     return head_logprobs(hidden, head.weight, c_ids, bias=head.bias,
                          temperature=temperature, with_entropy=with_entropy,
-                         grad_in_place=True)  # grad_W added into head.weight.grad
+                         grad_in_place=True,  # grad_W added into head.weight.grad
+                         entropy_grad=entropy_grad)
 
 
 def completion_logits(
@@ -214,8 +215,11 @@ def completion_logprobs(
     with_entropy: bool = False,
     fused: bool | None = None,
     share_prefix: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Per-token log-probs (and optionally entropies) of the completion tokens.
+    """Per-token log-probs (and optionally entropies) of the completion tokens: the one policy
+    forward of every trainer (SFT's NLL, DPO's sequence log-probs, GRPO's and PPO's ratios,
+    the references and old log-probs), so they agree bit for bit before an update.
 
     `fused`: None (default) fuses the LM head and the log-softmax where `fused_head_supported`
     and the fp32 logits would hold more than `FUSE_MIN_ELEMENTS` (no [n, T, V] logits, same
@@ -227,7 +231,7 @@ def completion_logprobs(
     Returns:
         logprobs [n, T] fp32 (padded back to the input width, 0 past the trimmed columns; the
         values at other positions outside `response_mask` carry no meaning) and entropy [n, T]
-        (detached) or None.
+        (differentiable with `entropy_grad`, for PPO's entropy bonus; else detached) or None.
     """
     supported = fused_head_supported(model)
     if fused and not supported:
@@ -239,7 +243,8 @@ def completion_logprobs(
           else _unfused_logprobs)
     with learner_attention(model, autocast, prompt_ids.device), tied_lookup_grad_in_place(model):
         logprobs, entropy = fn(model, prompt_ids, prompt_mask, completion_ids, response_mask,
-                               temperature, autocast, with_entropy, share_prefix)
+                               temperature, autocast, with_entropy or entropy_grad, share_prefix,
+                               entropy_grad)
     T_full, T = completion_ids.shape[1], logprobs.shape[1]
     if T < T_full:
         pad = (0, T_full - T)
@@ -250,8 +255,8 @@ def completion_logprobs(
 
 def _unfused_logprobs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
                       completion_ids: Tensor, response_mask: Tensor, temperature: float,
-                      autocast: bool, with_entropy: bool,
-                      share_prefix: bool = False) -> tuple[Tensor, Tensor | None]:
+                      autocast: bool, with_entropy: bool, share_prefix: bool = False,
+                      entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
     """[n, T'] log-probs (and entropies) from the model's full logits (any family)."""
     logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, response_mask,
                                autocast, share_prefix)  # [n, T', V]
@@ -259,8 +264,9 @@ def _unfused_logprobs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: T
     logprobs = token_logprobs(logits, completion_ids[:, :T], temperature=temperature)  # [n, T']
     entropy = None
     if with_entropy:
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach(), temperature=temperature)  # [n, T']
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            source = logits if entropy_grad else logits.detach()
+            entropy = entropy_from_logits(source, temperature=temperature)  # [n, T']
     return logprobs, entropy
 
 

@@ -50,6 +50,7 @@ from posttrain.ops import (
 from posttrain.rollout import Rollout, SamplingParams, concat_rollouts, generate
 from posttrain.trainers.base import Trainer
 from posttrain.trainers.common import sequence_seed
+from posttrain.trainers.engine import local_plan
 from posttrain.trainers.forward import batched_logprobs, completion_logprobs
 from posttrain.trainers.process_steps import (
     StepScorer,
@@ -302,54 +303,38 @@ class GRPOTrainer(Trainer):
         return mask
 
     def update(self, rollout: Rollout) -> dict[str, float]:
-        """4: num_iterations passes x mini_batches optimizer steps, micro-batched.
+        """4: num_iterations passes x mini_batches optimizer steps, micro-batched, through the
+        one engine (`Trainer.update`).
 
-        Loss normalisers cover the whole optimizer step (all its micro-batches): the tokens
-        and the sequences that count, so a row fully masked (a truncated completion under
-        `mask_truncated_completions`) adds to neither.
+        Loss normalisers cover the whole optimizer step (all its micro-batches, all ranks):
+        the tokens and the sequences that count, so a row fully masked (a truncated completion
+        under `mask_truncated_completions`) adds to neither.
         """
         cfg = self.cfg
-        N = rollout.num_sequences
-        acc: dict[str, list[float]] = {}
-        if self.dist.sum(N) == 0:
+        if self.dist.sum(rollout.num_sequences) == 0:
             return {"train/skipped_empty_batch": 1.0}
         mask_all = self.loss_mask(rollout)  # [N, T]
         lengths = mask_all.sum(-1).cpu()  # [N], on the CPU with the index tensors
-        shuffle = torch.Generator().manual_seed(sequence_seed(cfg.seed, self._step, "update"))
-        for _ in range(cfg.num_iterations):
-            perm = torch.randperm(N, generator=shuffle)  # [N]
-            for idx in torch.tensor_split(perm, cfg.mini_batches):
-                idx = idx[torch.argsort(lengths[idx], stable=True)]  # similar lengths together
-                total_tokens = self.dist.sum(float(lengths[idx].sum()))  # all ranks' tokens
-                total_seqs = self.dist.sum(float((lengths[idx] > 0).sum()))
-                if total_tokens == 0:
-                    continue
-                micros = list(idx.split(cfg.micro_batch_size))
-                parts = [self.micro_step(rollout.select(m), mask_all[m], total_tokens,
-                                         total_seqs) for m in micros]
-                self.idle_passes(len(micros))
-                for k in parts[0] if parts else ():  # losses are step-normalised: sum them
-                    vals = [p[k] for p in parts]
-                    acc.setdefault(k, []).append(sum(vals) if k.startswith("loss/")
-                                                 else sum(vals) / len(vals))
-                acc.setdefault("train/grad_norm", []).append(self.optimizer_step())
-        out = {k: sum(v) / len(v) for k, v in acc.items()}
-        out.update(self._global_losses(out))
-        out["train/lr"] = self.sched.get_last_lr()[0]
-        return out
+        plan = local_plan(rollout.num_sequences, cfg.group_size, self.dist,
+                          cfg.micro_batch_size, epochs=cfg.num_iterations,
+                          mini_batches=cfg.mini_batches, lengths=lengths.tolist(),
+                          seed=sequence_seed(cfg.seed, self._step, "update"))
 
-    def _global_losses(self, out: dict[str, float]) -> dict[str, float]:
-        """`loss/*` of the whole step: each rank's value is its share of it, so sum them."""
-        if not self.dist.enabled:
-            return {}
-        shares = self.dist.all_gather_objects({k: v for k, v in out.items()
-                                               if k.startswith("loss/")})
-        keys = sorted(set().union(*shares))
-        return {k: sum(d.get(k, 0.0) for d in shares) for k in keys}
+        def counts(idx: list[int]) -> dict[str, float]:
+            n = lengths[idx]
+            return {"tokens": float(n.sum()), "seqs": float((n > 0).sum())}
 
-    def micro_step(self, batch: Rollout, mask: Tensor, total_tokens: float,
-                   total_seqs: float) -> dict[str, float]:
-        """Forward + backward of one micro-batch; the loss is normalised over the whole step."""
+        def loss_fn(idx: list[int], totals: dict[str, float]) -> tuple[Tensor, dict, float]:
+            m = torch.tensor(idx, dtype=torch.long)
+            loss, metrics = self.micro_loss(rollout.select(m), mask_all[m], totals["tokens"],
+                                            totals["seqs"])
+            return loss, metrics, float(lengths[m].sum())
+
+        return self.optimize(plan, counts, loss_fn)
+
+    def micro_loss(self, batch: Rollout, mask: Tensor, total_tokens: float,
+                   total_seqs: float) -> tuple[Tensor, dict[str, float]]:
+        """Forward of one micro-batch: its loss, normalised over the whole optimizer step."""
         cfg = self.cfg
         logprobs, entropy = completion_logprobs(
             self.learner(), batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
@@ -370,8 +355,7 @@ class GRPOTrainer(Trainer):
             loss = loss + cfg.kl_coef * kl_loss
             out["loss/kl"] = float(cfg.kl_coef * kl_loss.detach())
             out["kl/token_mean"] = float(masked_mean(kl.detach(), mask))
-        loss.backward()
         out["loss/total"] = float(loss.detach())
         if entropy is not None:
             out["policy/entropy"] = float(masked_mean(entropy, mask))
-        return out
+        return loss, out

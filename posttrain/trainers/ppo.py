@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posttrain.config import ConfigError
 from posttrain.config.ppo import PPOConfig
 from posttrain.models.value_head import (
     CRITIC_ADAPTER,
@@ -47,21 +48,20 @@ from posttrain.ops import (
     AdaptiveKLController,
     FixedKLController,
     aggregate_loss,
-    entropy_from_logits,
     explained_variance,
     gae,
     kl_penalty,
     masked_mean,
     masked_whiten,
     policy_loss,
-    token_logprobs,
     value_loss,
 )
 from posttrain.ops.masked import as_bool_mask, keep
 from posttrain.rollout import SamplingParams, generate
 from posttrain.trainers.base import Trainer
-from posttrain.trainers.common import build_optimizer
-from posttrain.trainers.forward import batched_logprobs, completion_logits
+from posttrain.trainers.common import sequence_seed
+from posttrain.trainers.engine import OptimGroup, Plan
+from posttrain.trainers.forward import batched_logprobs, completion_logprobs
 
 
 # ----------------------------------------------------------------------------------------------
@@ -129,30 +129,6 @@ class PPOBatch:
                            for f in dataclasses.fields(self)})
 
 
-class _Params:
-    """A parameter list that `build_optimizer` can read like a module."""
-
-    def __init__(self, params: list[torch.nn.Parameter]) -> None:
-        self._params = params
-
-    def parameters(self) -> list[torch.nn.Parameter]:
-        return self._params
-
-
-def clip_and_step(params: list[torch.nn.Parameter], opt: torch.optim.Optimizer,
-                  sched: Any, max_grad_norm: float) -> float:
-    """Clip the global norm of `params`' gradients, step, schedule, zero; pre-clip norm."""
-    limit = max_grad_norm if max_grad_norm > 0 else float("inf")
-    norm = torch.nn.utils.clip_grad_norm_(params, limit)
-    opt.step()
-    sched.step()
-    opt.zero_grad(set_to_none=True)
-    return float(norm)
-
-
-# ----------------------------------------------------------------------------------------------
-# The trainer
-# ----------------------------------------------------------------------------------------------
 class PPOTrainer(Trainer):
     """PPO with a learned critic on a prompt dataset with reward functions / a reward model."""
 
@@ -160,36 +136,31 @@ class PPOTrainer(Trainer):
     config_class = PPOConfig
     data_kind = "prompts"
     progress_keys = ("reward/mean", "reward/accuracy", "kl/coef")
+    supports_fsdp = False  # the critic is not sharded; data parallel works
+    cfg: PPOConfig
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        cfg: PPOConfig = self.cfg
-        # the policy's own parameters (with LoRA the base's optimizer also saw the critic
-        # adapter: rebuild it over the policy adapter only)
-        self.policy_params = [p for n, p in self.model.named_parameters()
-                              if p.requires_grad and f".{CRITIC_ADAPTER}." not in f".{n}."]
-        if cfg.lora_r > 0:
-            self.opt, self.sched = build_optimizer(_Params(self.policy_params), cfg,
-                                                   self.optimizer_steps())
-        self.critic_params = self.critic.trainable_parameters()
-        self.critic_opt, self.critic_sched = build_optimizer(
-            _Params(self.critic_params), dataclasses.replace(cfg, lr=cfg.critic_lr),
-            self.optimizer_steps())
-        self.early_stops = 0
+    def validate(self) -> None:
+        cfg = self.cfg
+        if cfg.prompts_per_step % self.dist.world:
+            raise ConfigError(f"config key 'prompts_per_step'={cfg.prompts_per_step}: must be a "
+                              f"multiple of the {self.dist.world} torchrun processes")
 
     def setup(self) -> None:
-        cfg: PPOConfig = self.cfg
+        cfg = self.cfg
         if cfg.kl_coef > 0:
             self.load_reference()  # none with LoRA: the adapters-off base is the reference
         self.critic = self.build_critic().to(self.device)
         self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
                        if cfg.adaptive_kl else FixedKLController(cfg.kl_coef))
         self.sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
+        self.early_stops = 0
+        self._step = 0
+        self.kept: list[int] = []
 
     def build_critic(self) -> ValueModel:
         """The critic (see posttrain.models.value_head): shared-base LoRA adapter, a model from
         `critic_model`, or a copy of the policy's body."""
-        cfg: PPOConfig = self.cfg
+        cfg = self.cfg
         if cfg.lora_r > 0:
             return shared_lora_critic(self.model, cfg.lora_r, cfg.lora_alpha,
                                       cfg.lora_target_modules)
@@ -197,75 +168,116 @@ class PPOTrainer(Trainer):
             return load_critic(cfg.critic_model)
         return critic_from_policy(self.model)
 
+    def optimizer_groups(self) -> list[OptimGroup]:
+        """The policy (without the critic adapter of a shared-base LoRA critic) and the critic,
+        each with its own AdamW, schedule and clipping."""
+        policy = [p for n, p in self.model.named_parameters()
+                  if p.requires_grad and f".{CRITIC_ADAPTER}." not in f".{n}."]
+        return [self.make_group("policy", policy),
+                self.make_group("critic", self.critic.trainable_parameters(),
+                                lr=self.cfg.critic_lr)]
+
+    def state_modules(self) -> dict[str, torch.nn.Module]:
+        """The critic's weights (with the LoRA critic only its head: its adapter is part of
+        the policy's trainable parameters)."""
+        return {"critic_head": self.critic.head} if self.cfg.lora_r > 0 else {
+            "critic": self.critic}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "kl_coef": self.kl_ctl.value,
+                "early_stops": self.early_stops}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.kl_ctl.value = float(state["kl_coef"])
+        self.early_stops = int(state["early_stops"])
+
     def optimizer_steps(self) -> int:
         return self.cfg.max_steps * self.cfg.ppo_epochs * self.cfg.mini_batches
 
     # ------------------------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
         t0 = time.time()
+        self._step = step
         rollout, scores, metrics = self.rollout_and_score()  # 1 generate, 2 score
         t1 = time.time()
         batch = self.prepare(rollout, scores, metrics)  # 3 old log-probs, ref, values; 4 GAE
         t2 = time.time()
-        metrics.update(self.ppo_update(batch, train_policy=step > self.cfg.critic_warmup_steps))
-        n_tok = float(batch.response_mask.sum())
+        train_policy = step > self.cfg.critic_warmup_steps
+        metrics.update(self.ppo_update(batch, train_policy))  # 5 epochs x mini-batches
+        n_tok = float(self.dist.sum(float(batch.response_mask.sum())))
         metrics.update({"perf/rollout_seconds": t1 - t0, "perf/prepare_seconds": t2 - t1,
                         "perf/train_seconds": time.time() - t2,
                         "perf/train_tokens_per_sec": n_tok / max(time.time() - t2, 1e-9)})
         return metrics
 
     def rollout_and_score(self) -> tuple[Any, Tensor, dict[str, float]]:
-        """1 + 2: sample `group_size` completions per prompt and score them; drop unscorable."""
-        cfg: PPOConfig = self.cfg
-        rows = self.next_rows(cfg.prompts_per_step)
+        """1 + 2: sample `group_size` completions per prompt and score them; drop unscorable.
+
+        Every rank draws the same prompts and samples its strided share, each sample with its
+        own seed (seed, step, prompt, sample), so rollouts do not depend on the rank count.
+        Returns the rollout, its scores [n] and the reward metrics (over every rank's samples);
+        `self.kept` holds the kept rows' indices in this rank's rollout."""
+        cfg = self.cfg
+        G = cfg.group_size
+        mine = self.dist.shard(list(range(cfg.prompts_per_step)))
+        drawn = self.next_rows(cfg.prompts_per_step)
+        rows = [drawn[i] for i in mine]
+        seeds = [sequence_seed(cfg.seed, self._step, i, j) for i in mine for j in range(G)]
         prompts = [self.s.render(r[cfg.prompt_field]) for r in rows]
         sampler, autocast = self.rollout_model()  # under autocast_bf16: a synced bf16 copy
-        rollout = generate(sampler, self.tokenizer, prompts, group_size=cfg.group_size,
-                           rows=rows, params=self.sampling, autocast=autocast,
-                           generator=self.gen)
+        rollout = generate(sampler, self.tokenizer, prompts, group_size=G, rows=rows,
+                           params=self.sampling, autocast=autocast, seeds=seeds)
         result = self.s.scorer.score(rollout.completions, rollout.rows)
         self.s.log_reward_errors(result.errors)
-        scores = torch.tensor(result.scores, dtype=torch.float32)  # [N]
-        valid = ~scores.isnan()
+        scores = torch.tensor(result.scores, dtype=torch.float32)  # [n]
+        every = torch.tensor(sum(self.dist.all_gather_objects(scores.tolist()), []))  # [N]
+        valid, ok = ~scores.isnan(), ~every.isnan()
         metrics = dict(result.metrics)
         metrics.update({
-            "reward/mean": float(scores[valid].mean()) if bool(valid.any()) else float("nan"),
-            "reward/std": float(scores[valid].std()) if int(valid.sum()) > 1 else 0.0,
-            "reward/accuracy": float((scores[valid] >= 1.0).float().mean())
-            if bool(valid.any()) else float("nan"),
-            "reward/unscorable_dropped": float((~valid).sum()),
+            "reward/mean": float(every[ok].mean()) if bool(ok.any()) else float("nan"),
+            "reward/std": float(every[ok].std()) if int(ok.sum()) > 1 else 0.0,
+            "reward/accuracy": float((every[ok] >= 1.0).float().mean())
+            if bool(ok.any()) else float("nan"),
+            "reward/unscorable_dropped": float((~ok).sum()),
             "response/length_mean": float(rollout.response_mask.sum(1).float().mean()),
             "response/truncated_frac": float(rollout.truncated.float().mean()),
         })
+        self.kept = valid.nonzero().squeeze(-1).tolist()
         if not bool(valid.all()):
             rollout = rollout.select(valid.nonzero().squeeze(-1))
         return rollout, scores[valid], metrics
 
     @torch.no_grad()
     def prepare(self, rollout: Any, scores: Tensor, metrics: dict[str, float]) -> PPOBatch:
-        """3 + 4: old log-probs, reference KL, values, per-token rewards, GAE."""
-        cfg: PPOConfig = self.cfg
+        """3 + 4: old log-probs (the training forward itself, so the first ratio is 1 in every
+        precision), reference KL, values, per-token rewards, GAE."""
+        cfg = self.cfg
         dev = self.device
         p_ids, p_mask = rollout.prompt_ids.to(dev), rollout.prompt_mask.to(dev)
         c_ids, mask = rollout.completion_ids.to(dev), rollout.response_mask.to(dev)
         args = (p_ids, p_mask, c_ids, mask, cfg.micro_batch_size, cfg.temperature,
                 cfg.autocast_bf16)
         share = {"share_prefix": self.share_prefix}  # group_size > 1: prompts repeat
-        old_logprobs = batched_logprobs(self.model, *args, **share)  # [N, T]
-        values = self.batched_values(p_ids, p_mask, c_ids, mask)  # [N, T]
+        old_logprobs = batched_logprobs(self.model, *args, **share)  # [n, T]
+        values = self.batched_values(p_ids, p_mask, c_ids, mask)  # [n, T]
         beta, kl = self.kl_ctl.value, None
         if cfg.kl_coef > 0:
             with self.reference() as ref:
-                ref_logprobs = batched_logprobs(ref, *args, **share)  # [N, T]
+                ref_logprobs = batched_logprobs(ref, *args, **share)  # [n, T]
             kl = keep(kl_penalty(old_logprobs, ref_logprobs, kind=cfg.kl_estimator), mask)
-            seq_kl = kl.sum(-1)  # [N]
-            metrics.update({"kl/mean": float(seq_kl.mean()),
-                            "kl/token_mean": float(masked_mean(kl, mask)),
-                            "reward/kl_penalty": float(beta * seq_kl.mean())})
-            self.kl_ctl.update(seq_kl.mean(), n_steps=int(mask.shape[0]))
-        rewards = token_rewards(scores.to(dev), mask, kl, beta)  # [N, T]
-        advantages, returns = ppo_advantages(rewards, values, mask, cfg.gamma, cfg.gae_lambda,
-                                             cfg.whiten_advantages)
+            seq_kl = kl.sum(-1)  # [n]
+            n_all = self.dist.sum(float(seq_kl.numel()))
+            kl_mean = self.dist.sum(float(seq_kl.sum())) / max(n_all, 1.0)  # over all ranks
+            metrics.update({"kl/mean": kl_mean,
+                            "kl/token_mean": self.dist.sum(float(kl.sum()))
+                            / max(self.dist.sum(float(mask.sum())), 1.0),
+                            "reward/kl_penalty": beta * kl_mean})
+            self.kl_ctl.update(kl_mean, n_steps=int(n_all))
+        rewards = token_rewards(scores.to(dev), mask, kl, beta)  # [n, T]
+        advantages, returns = gae(rewards, values, mask, cfg.gamma, cfg.gae_lambda)
+        if cfg.whiten_advantages:  # statistics over every rank's tokens
+            advantages = global_whiten(advantages, mask, self.dist)
         metrics.update({
             "kl/coef": beta,
             "critic/value_mean": float(masked_mean(values, mask)),
@@ -286,95 +298,79 @@ class PPOTrainer(Trainer):
 
     # ------------------------------------------------------------------------------------------
     def ppo_update(self, batch: PPOBatch, train_policy: bool = True) -> dict[str, float]:
-        """5: epochs x shuffled mini-batches; early stop when approx KL > target_kl."""
-        cfg: PPOConfig = self.cfg
-        acc: dict[str, list[float]] = {}
-        updates, stopped = 0, False
-        for _ in range(cfg.ppo_epochs):
-            perm = torch.randperm(batch.size, generator=self.gen)
-            for idx in perm.chunk(cfg.mini_batches):
-                m = self.minibatch_backward(batch.select(idx), train_policy)
-                if (train_policy and cfg.target_kl is not None
-                        and m["policy/approx_kl"] > cfg.target_kl):
-                    self.opt.zero_grad(set_to_none=True)
-                    self.critic_opt.zero_grad(set_to_none=True)
-                    stopped = True
-                    acc.setdefault("policy/approx_kl_at_stop", []).append(m["policy/approx_kl"])
-                    break
-                if train_policy:
-                    m["policy/grad_norm"] = clip_and_step(self.policy_params, self.opt,
-                                                          self.sched, cfg.max_grad_norm)
-                m["critic/grad_norm"] = clip_and_step(self.critic_params, self.critic_opt,
-                                                      self.critic_sched, cfg.max_grad_norm)
-                updates += 1
-                for k, v in m.items():
-                    acc.setdefault(k, []).append(v)
-            if stopped:
-                break
+        """5: epochs x shuffled mini-batches through the one engine; early stop when the
+        mini-batch's approx KL (over every rank) > target_kl."""
+        cfg = self.cfg
+        G, world, rank = cfg.group_size, self.dist.world, self.dist.rank
+        ids = [((i // G) * world + rank) * G + i % G for i in self.kept]  # global row ids
+        plan = Plan(ids, cfg.prompts_per_step * G, cfg.micro_batch_size,
+                    epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches,
+                    seed=sequence_seed(cfg.seed, self._step, "update"))
+        lengths = batch.response_mask.sum(-1).cpu()  # [n]
+
+        def counts(idx: list[int]) -> dict[str, float]:
+            return {"tokens": float(lengths[idx].sum()), "seqs": float(len(idx))}
+
+        def loss_fn(idx: list[int], totals: dict[str, float]) -> tuple[Tensor, dict, float]:
+            micro = batch.select(torch.tensor(idx, dtype=torch.long))
+            loss, metrics = self.micro_loss(micro, totals["tokens"], totals["seqs"],
+                                            train_policy)
+            return loss, metrics, float(lengths[idx].sum())
+
+        at_stop: list[float] = []
+
+        def early_stop(m: dict[str, float]) -> bool:
+            stop = (train_policy and cfg.target_kl is not None
+                    and m["policy/approx_kl"] > cfg.target_kl)
+            if stop:
+                at_stop.append(m["policy/approx_kl"])
+            return stop
+
+        groups = self.groups if train_policy else self.groups[1:]
+        out = self.optimize(plan, counts, loss_fn, groups=groups, before_step=early_stop)
+        stopped = out.pop("train/early_stopped", 0.0) > 0
         self.early_stops += int(stopped)
-        out = {k: sum(v) / len(v) for k, v in acc.items()}
-        out.update({"ppo/updates": float(updates), "ppo/early_stopped": float(stopped),
-                    "train/lr": self.sched.get_last_lr()[0],
-                    "critic/lr": self.critic_sched.get_last_lr()[0]})
+        if at_stop:
+            out["policy/approx_kl_at_stop"] = at_stop[0]
+        out.update({"ppo/updates": out.pop("train/optimizer_steps"),
+                    "ppo/early_stopped": float(stopped),
+                    "train/lr": self.groups[0].sched.get_last_lr()[0],
+                    "critic/lr": self.groups[1].sched.get_last_lr()[0]})
         return out
 
-    def minibatch_backward(self, mb: PPOBatch, train_policy: bool) -> dict[str, float]:
-        """Forward + backward of one mini-batch in micro-batches; losses are normalised over the
-        whole mini-batch, so the accumulated gradient equals one big batch's. Metrics are
-        token-weighted means over the micro-batches (losses: sums)."""
-        cfg: PPOConfig = self.cfg
-        total_tokens = float(mb.response_mask.sum())
-        total_seqs = float(mb.size)
-        sums: dict[str, float] = {}
-        for idx in torch.arange(mb.size).split(cfg.micro_batch_size):
-            micro = mb.select(idx)
-            share = float(micro.response_mask.sum()) / max(total_tokens, 1.0)
-            parts: dict[str, float] = {}
-            if train_policy:
-                parts.update(self.policy_backward(micro, total_tokens, total_seqs))
-            values = self.critic(micro.prompt_ids, micro.prompt_mask, micro.completion_ids,
-                                 micro.response_mask, cfg.autocast_bf16)  # [n, T]
-            v_loss, v_metrics = value_loss(values, micro.old_values, micro.returns,
-                                           micro.response_mask, cfg.value_clip, "token-mean",
-                                           total_tokens=total_tokens, total_seqs=total_seqs)
-            (cfg.vf_coef * v_loss).backward()
-            parts["loss/value"] = float(v_loss.detach())
-            parts["critic/vf_clipfrac"] = float(v_metrics["critic/vf_clipfrac"])
-            for k, v in parts.items():
-                sums[k] = sums.get(k, 0.0) + (v if k.startswith("loss/") else v * share)
-        return sums
-
-    def policy_backward(self, micro: PPOBatch, total_tokens: float,
-                        total_seqs: float) -> dict[str, float]:
-        """Clipped policy loss minus the entropy bonus for one micro-batch; backward."""
-        cfg: PPOConfig = self.cfg
-        logprobs, entropy = self.policy_forward(micro)  # [n, T] each
-        loss, metrics = policy_loss(
-            logprobs, micro.old_logprobs, micro.advantages, micro.response_mask,
-            ratio_level="token", eps_low=cfg.clip_eps_low, eps_high=cfg.clip_eps_high,
-            loss_agg=cfg.loss_agg, max_len=cfg.max_new_tokens, dual_clip=cfg.dual_clip,
-            total_tokens=total_tokens, total_seqs=total_seqs)
-        ent = aggregate_loss(entropy, micro.response_mask, cfg.loss_agg, cfg.max_new_tokens,
-                             total_tokens, total_seqs)
-        (loss - cfg.ent_coef * ent).backward() if cfg.ent_coef else loss.backward()
-        out = {k: float(v) for k, v in metrics.items()}
-        out.update({"loss/policy": float(loss.detach()), "loss/entropy": float(ent.detach()),
-                    "policy/entropy": float(masked_mean(entropy.detach(),
-                                                        micro.response_mask))})
-        return out
-
-    def policy_forward(self, micro: PPOBatch) -> tuple[Tensor, Tensor]:
-        """Log-probs [n, T] and entropies [n, T] (with gradient when ent_coef > 0)."""
-        cfg: PPOConfig = self.cfg
-        logits = completion_logits(self.model, micro.prompt_ids, micro.prompt_mask,
-                                   micro.completion_ids, micro.response_mask,
-                                   cfg.autocast_bf16, self.share_prefix)  # [n, T', V]
-        t_cut, t_full = logits.shape[1], micro.completion_ids.shape[1]
-        logprobs = token_logprobs(logits, micro.completion_ids[:, :t_cut], cfg.temperature)
-        with torch.set_grad_enabled(cfg.ent_coef > 0 and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(logits, temperature=cfg.temperature)  # [n, T']
-        pad = (0, t_full - t_cut)
-        return torch.nn.functional.pad(logprobs, pad), torch.nn.functional.pad(entropy, pad)
+    def micro_loss(self, micro: PPOBatch, total_tokens: float, total_seqs: float,
+                   train_policy: bool) -> tuple[Tensor, dict[str, Any]]:
+        """One micro-batch's ``L_policy - c_e H + c_v L_V`` (policy terms only when
+        `train_policy`), normalised over the whole mini-batch; policy and critic share no
+        trainable weight, so one backward gives each its own gradient."""
+        cfg = self.cfg
+        norms = {"total_tokens": total_tokens, "total_seqs": total_seqs}
+        out: dict[str, Any] = {}
+        loss = torch.zeros((), device=self.device)
+        if train_policy:
+            logprobs, entropy = completion_logprobs(
+                self.model, micro.prompt_ids, micro.prompt_mask, micro.completion_ids,
+                micro.response_mask, cfg.temperature, cfg.autocast_bf16, with_entropy=True,
+                share_prefix=self.share_prefix, entropy_grad=cfg.ent_coef > 0)  # [n, T]
+            p_loss, metrics = policy_loss(
+                logprobs, micro.old_logprobs, micro.advantages, micro.response_mask,
+                ratio_level="token", eps_low=cfg.clip_eps_low, eps_high=cfg.clip_eps_high,
+                loss_agg=cfg.loss_agg, max_len=cfg.max_new_tokens, dual_clip=cfg.dual_clip,
+                **norms)
+            ent = aggregate_loss(entropy, micro.response_mask, cfg.loss_agg, cfg.max_new_tokens,
+                                 total_tokens, total_seqs)
+            loss = p_loss - cfg.ent_coef * ent if cfg.ent_coef else p_loss
+            out.update(metrics)
+            out.update({"loss/policy": p_loss.detach(), "loss/entropy": ent.detach(),
+                        "policy/entropy": masked_mean(entropy.detach(), micro.response_mask)})
+        values = self.critic(micro.prompt_ids, micro.prompt_mask, micro.completion_ids,
+                             micro.response_mask, cfg.autocast_bf16)  # [n, T]
+        v_loss, v_metrics = value_loss(values, micro.old_values, micro.returns,
+                                       micro.response_mask, cfg.value_clip, "token-mean",
+                                       **norms)
+        out.update({"loss/value": v_loss.detach(),
+                    "critic/vf_clipfrac": v_metrics["critic/vf_clipfrac"]})
+        return loss + cfg.vf_coef * v_loss, out
 
     # ------------------------------------------------------------------------------------------
     def summary_fields(self) -> dict[str, Any]:
@@ -386,3 +382,16 @@ class PPOTrainer(Trainer):
         if path.endswith("final"):  # before the policy's adapters are merged away
             self.critic.save(f"{self.cfg.out_dir}/critic")
         super().save(path)
+
+
+def global_whiten(x: Tensor, mask: Tensor, dist: Any, eps: float = 1e-8) -> Tensor:
+    """`masked_whiten` with the mean and (unbiased) variance over every rank's real slots."""
+    if not dist.enabled:
+        return masked_whiten(x, mask, eps=eps)
+    m = mask.bool()
+    stats = torch.tensor([float(x[m].sum()), float((x[m].double() ** 2).sum()),
+                          float(m.sum())], dtype=torch.float64)
+    s, sq, n = (dist.sum(stats) if dist.enabled else stats).tolist()
+    mean = s / max(n, 1.0)
+    var = (sq - n * mean * mean) / max(n - 1.0, 1.0)
+    return keep((x - mean) * (var + eps) ** -0.5, m)

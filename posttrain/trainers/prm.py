@@ -43,6 +43,7 @@ from posttrain.models.reward import (
 from posttrain.ops import aggregate_step_scores, prm_step_loss, step_scores_from_logits
 from posttrain.tasks.step_labels import first_error
 from posttrain.trainers.base import Trainer
+from posttrain.trainers.engine import shard_plan
 from posttrain.trainers.reward_model import roc_auc
 
 
@@ -174,24 +175,29 @@ class PRMTrainer(Trainer):
 
     # ------------------------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
-        """One optimizer step over ``batch_size`` rows, micro-batched."""
+        """One optimizer step over ``batch_size`` rows (1), micro-batched, through the engine;
+        the loss is normalised by the steps of the whole batch (all ranks)."""
         cfg = self.cfg
         idx = self.next_indices(cfg.batch_size)  # 1
-        total_steps = sum(len(self.train_set[i]["ends"]) for i in idx)
         self.model.train()
-        loss_sum, correct = 0.0, 0.0
-        for start in range(0, len(idx), cfg.micro_batch_size):
-            out = self.forward(self.train_set, idx[start:start + cfg.micro_batch_size])  # 2
-            loss = self.loss(out, total_steps)  # 3
-            loss.backward()
-            loss_sum += float(loss.detach())
+
+        def counts(pos: list[int]) -> dict[str, float]:
+            return {"steps": float(sum(len(self.train_set[idx[i]]["ends"]) for i in pos))}
+
+        def loss_fn(pos: list[int], totals: dict[str, float]) -> tuple[Tensor, dict, float]:
+            out = self.forward(self.train_set, [idx[i] for i in pos])  # 2
+            loss = self.loss(out, totals["steps"])  # 3
             with torch.no_grad():
                 good = step_scores_from_logits(out["logits"]) >= 0.5  # [n, T]
-                hit = good == (out["labels"] != -1)
-                correct += float(hit[out["step_mask"]].sum())
-        return {"loss/prm": loss_sum, "train/step_accuracy": correct / max(1, total_steps),
-                "train/grad_norm": self.optimizer_step(),
-                "train/lr": self.sched.get_last_lr()[0], "train/steps": float(total_steps)}
+                hit = (good == (out["labels"] != -1))[out["step_mask"]]  # [steps]
+            n = float(hit.numel())
+            return loss, {"loss/prm": loss.detach(),
+                          "train/step_accuracy": float(hit.float().mean()) if n else 0.0}, n
+
+        plan = shard_plan(len(idx), self.dist, cfg.micro_batch_size)
+        metrics = self.optimize(plan, counts, loss_fn)
+        metrics["train/steps"] = counts(list(range(len(idx))))["steps"]  # every rank holds idx
+        return metrics
 
     @torch.no_grad()
     def predict(self, data: list[dict[str, Any]]) -> list[list[float]]:

@@ -42,6 +42,7 @@ from posttrain.models.reward import (
 )
 from posttrain.ops import bradley_terry_loss, token_outcome_loss
 from posttrain.trainers.base import Trainer
+from posttrain.trainers.engine import shard_plan
 
 KIND = {"bradley_terry": "preferences", "binary": "outcomes"}
 
@@ -186,21 +187,23 @@ class RewardModelTrainer(Trainer):
 
     # ------------------------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
-        """One optimizer step over ``batch_size`` rows, micro-batched."""
+        """One optimizer step over ``batch_size`` rows (1), micro-batched, through the engine;
+        the loss is the mean over the batch (all ranks' rows); accuracy and AUC are computed
+        over the whole batch's rows, gathered from every rank."""
         idx = self.next_indices(self.cfg.batch_size)  # 1
         self.model.train()
         parts: list[dict[str, Tensor]] = []
-        total, per = 0.0, self.rows_per_micro()
-        for start in range(0, len(idx), per):
-            micro = idx[start:start + per]
-            loss, values = self.loss(self.train_set, micro)  # 2-3
-            (loss * len(micro) / len(idx)).backward()
-            total += float(loss.detach()) * len(micro) / len(idx)
-            parts.append(values)
-        metrics = {f"train/{k}": v for k, v in summarize(parts, self.cfg.objective).items()}
-        metrics["loss/rm"] = total
-        metrics["train/grad_norm"] = self.optimizer_step()
-        metrics["train/lr"] = self.sched.get_last_lr()[0]
+
+        def loss_fn(pos: list[int], totals: dict[str, float]) -> tuple[Tensor, dict, float]:
+            loss, values = self.loss(self.train_set, [idx[i] for i in pos])  # 2-3
+            parts.append({k: v.cpu() for k, v in values.items()})
+            share = loss * len(pos) / totals["rows"]  # this micro-batch's share of the mean
+            return share, {"loss/rm": share.detach()}, float(len(pos))
+
+        plan = shard_plan(len(idx), self.dist, self.rows_per_micro())
+        metrics = self.optimize(plan, lambda pos: {"rows": float(len(pos))}, loss_fn)
+        every = [p for rank in self.dist.all_gather_objects(parts) for p in rank]
+        metrics.update({f"train/{k}": v for k, v in summarize(every, self.cfg.objective).items()})
         return metrics
 
     @torch.no_grad()

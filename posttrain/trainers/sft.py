@@ -22,10 +22,10 @@ from torch import Tensor
 
 from posttrain.config import ConfigError, SFTConfig
 from posttrain.data.prompts import render_prompt
-from posttrain.ops import token_logprobs
 from posttrain.ops.masked import masked_count, masked_sum
-from posttrain.rollout.hf import autocast_ctx
 from posttrain.trainers.base import Trainer
+from posttrain.trainers.engine import shard_plan
+from posttrain.trainers.forward import completion_logprobs
 
 Example = tuple[list[int], int]  # (input_ids, prompt_len)
 
@@ -50,61 +50,51 @@ def tokenize_sft_rows(tokenizer: Any, rows: list[dict], max_len: int) -> tuple[l
 
 def collate_sft(examples: list[Example], pad_id: int,
                 device: torch.device | str = "cpu") -> dict[str, Tensor]:
-    """Right-pad to the longest example, on `device`.
+    """Split each example at its prompt length: prompts left padded, completions right padded
+    (the layout of every trainer's forward, `posttrain.trainers.forward`), on `device`.
 
-    Returns input_ids [B, L], attention_mask [B, L] and response_mask [B, L] (True on
+    Returns prompt_ids, prompt_mask [B, P] and completion_ids, response_mask [B, T] (True on
     completion tokens: the positions the loss is taken on).
     """
-    width = max(len(ids) for ids, _ in examples)
-    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)  # [B, L]
-    attention_mask = torch.zeros((len(examples), width), dtype=torch.bool)  # [B, L]
-    response_mask = torch.zeros((len(examples), width), dtype=torch.bool)  # [B, L]
-    for i, (ids, prompt_len) in enumerate(examples):
-        input_ids[i, : len(ids)] = torch.tensor(ids)
-        attention_mask[i, : len(ids)] = True
-        response_mask[i, prompt_len : len(ids)] = True
-    batch = {"input_ids": input_ids, "attention_mask": attention_mask,
-             "response_mask": response_mask}
+    P = max(n for _, n in examples)
+    T = max(len(ids) - n for ids, n in examples)
+    prompt_ids = torch.full((len(examples), P), pad_id, dtype=torch.long)  # [B, P]
+    prompt_mask = torch.zeros((len(examples), P), dtype=torch.bool)  # [B, P]
+    completion_ids = torch.full((len(examples), T), pad_id, dtype=torch.long)  # [B, T]
+    response_mask = torch.zeros((len(examples), T), dtype=torch.bool)  # [B, T]
+    for i, (ids, n) in enumerate(examples):
+        prompt_ids[i, P - n:] = torch.tensor(ids[:n], dtype=torch.long)
+        prompt_mask[i, P - n:] = True
+        completion_ids[i, : len(ids) - n] = torch.tensor(ids[n:], dtype=torch.long)
+        response_mask[i, : len(ids) - n] = True
+    batch = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
+             "completion_ids": completion_ids, "response_mask": response_mask}
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def sft_nll_sum(model: torch.nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-    """Summed NLL of the completion tokens of ``batch`` and their count.
-
-    ``logits[:, t]`` predicts ``input_ids[:, t + 1]``, so the mask is shifted the same way.
-    """
-    input_ids, response_mask = batch["input_ids"], batch["response_mask"]  # [B, L]
-    logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"].long()).logits
-    logprobs = token_logprobs(logits[:, :-1], input_ids[:, 1:])  # [B, L-1]
-    mask = response_mask[:, 1:]  # [B, L-1]
-    return -masked_sum(logprobs.float(), mask), masked_count(mask)
+def sft_nll_sum(model: torch.nn.Module, batch: dict[str, Tensor],
+                autocast: bool = False) -> tuple[Tensor, Tensor]:
+    """Summed NLL of the completion tokens of ``batch`` and their count, through the one
+    policy forward (`completion_logprobs`: the LM head only on completion positions, fused
+    and fp32 where supported, so no fp32 ``[B, L, V]`` logits)."""
+    logprobs, _ = completion_logprobs(model, batch["prompt_ids"], batch["prompt_mask"],
+                                      batch["completion_ids"], batch["response_mask"],
+                                      1.0, autocast)  # [B, T]
+    mask = batch["response_mask"]  # [B, T]
+    return -masked_sum(logprobs, mask), masked_count(mask)
 
 
 def backward_batch(model: torch.nn.Module, parts: list[dict[str, Tensor]],
-                   autocast: bool = False, n_tokens: Tensor | None = None) -> Tensor:
-    """Accumulate the gradient of the batch's mean completion-token NLL over its micro-batches.
-
-    Each micro-batch's summed NLL is divided by the completion-token count of the WHOLE batch
-    (`n_tokens`: all ranks' count under torchrun; default: these parts'), so the accumulated
-    gradient equals that of one pass over the full batch. Returns the (detached) summed NLL of
-    `parts` divided by that count: the mean NLL, or this rank's share of it.
-    """
-    if n_tokens is None:
-        n_tokens = local_tokens(parts)
-    device = parts[0]["input_ids"].device if parts else torch.device("cpu")
-    n_tokens = torch.as_tensor(n_tokens, dtype=torch.float32, device=device).clamp(min=1.0)
-    total = torch.zeros((), device=device)
+                   autocast: bool = False) -> Tensor:
+    """Accumulate the gradient of the mean completion-token NLL over micro-batches `parts`
+    (each one's summed NLL divided by the count of all of them); returns the mean NLL."""
+    n_tokens = sum(float(masked_count(p["response_mask"])) for p in parts)
+    total = torch.zeros(())
     for part in parts:
-        with autocast_ctx(autocast, n_tokens.device):
-            nll, _ = sft_nll_sum(model, part)
-        (nll / n_tokens).backward()
-        total += nll.detach()
-    return total / n_tokens
-
-
-def local_tokens(parts: list[dict[str, Tensor]]) -> Tensor:
-    """Completion tokens that count in the loss (the shifted response mask) of `parts`."""
-    return sum(masked_count(p["response_mask"][:, 1:]) for p in parts)
+        nll, _ = sft_nll_sum(model, part, autocast)
+        (nll / max(n_tokens, 1.0)).backward()
+        total += nll.detach().cpu()
+    return total / max(n_tokens, 1.0)
 
 
 def length_grouped_batches(
@@ -179,23 +169,26 @@ class SFTTrainer(Trainer):
 
     def step(self, step: int) -> dict[str, float]:
         cfg = self.cfg
-        # 1. one batch of similar-length rows (this rank's share under torchrun), split into
-        #    micro-batches, on the model's device
-        idx = self.dist.shard(next(self.batches))
-        micro = cfg.micro_batch_size or cfg.batch_size
-        parts = [collate_sft([self.examples[i] for i in idx[a: a + micro]], self.pad_id,
-                             self.device) for a in range(0, len(idx), micro)]
-        # 2. forward/backward, normalised by the whole batch's completion tokens (all ranks)
-        n_tokens = self.dist.sum(local_tokens(parts).float().cpu())
-        loss = self.dist.sum(backward_batch(self.model, parts, cfg.autocast_bf16,
-                                            n_tokens).float().cpu())
-        lr = self.sched.get_last_lr()[0]
-        # 3. sum gradients over ranks, clip, step, schedule
-        grad_norm = self.optimizer_step()
-        self.tokens += int(self.dist.sum(float(sum(p["attention_mask"].sum() for p in parts))))
-        self.losses.append(float(loss))
-        return {"loss/sft": float(loss), "train/lr": lr, "train/grad_norm": grad_norm,
-                "perf/tokens": float(self.tokens)}
+        # 1. one batch of similar-length rows (every rank draws the same), the engine shards it
+        batch = next(self.batches)
+        plan = shard_plan(len(batch), self.dist, cfg.micro_batch_size or cfg.batch_size)
+        examples = [self.examples[i] for i in batch]
+
+        def counts(pos: list[int]) -> dict[str, float]:
+            return {"tokens": float(sum(len(examples[i][0]) - examples[i][1] for i in pos))}
+
+        def loss_fn(pos: list[int], totals: dict[str, float]) -> tuple[Tensor, dict, float]:
+            part = collate_sft([examples[i] for i in pos], self.pad_id, self.device)
+            nll, n = sft_nll_sum(self.model, part, cfg.autocast_bf16)
+            loss = nll / max(totals["tokens"], 1.0)  # the whole batch's mean token NLL
+            return loss, {"loss/sft": loss.detach()}, float(n)
+
+        # 2. forward/backward per micro-batch; 3. sum gradients over ranks, clip, step
+        out = self.optimize(plan, counts, loss_fn)
+        out.pop("train/optimizer_steps", None)
+        self.tokens += sum(len(ids) for ids, _ in examples)
+        self.losses.append(out["loss/sft"])
+        return {**out, "perf/tokens": float(self.tokens)}
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "batches": self.batches.state_dict(),

@@ -104,3 +104,39 @@ def test_grad_in_place_adds_into_the_weights_grad_across_micro_batches():
     assert torch.allclose(w_got, w_ref, atol=1e-5)
     assert torch.allclose(b_got, b_ref, atol=1e-6)
     assert all(torch.allclose(a, c, atol=1e-6) for a, c in zip(h_got, h_ref, strict=True))
+
+
+@pytest.mark.parametrize("block_elements", [7, 64, 1 << 20])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_entropy_gradient_matches_autograd_of_the_full_logits(block_elements, temperature):
+    """entropy_grad=True: d(sum go*logp + ge*H) by column blocks equals autograd through the
+    full [M, V] logits (the loop form against the vectorised one); the head runs in fp32."""
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(4, 3, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(11, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    b = torch.randn(11, dtype=torch.float64, generator=g, requires_grad=True)
+    tok = torch.randint(0, 11, (4, 3), generator=g)
+    go, ge = (torch.randn(4, 3, dtype=torch.float64, generator=g) for _ in range(2))
+    logits = torch.nn.functional.linear(h, w, b)
+    want = (token_logprobs(logits, tok, temperature=temperature) * go
+            + entropy_from_logits(logits, temperature=temperature) * ge).sum()
+    want_grads = torch.autograd.grad(want, [h, w, b])
+    lp, ent = head_logprobs(h, w, tok, bias=b, temperature=temperature, with_entropy=True,
+                            block_elements=block_elements, entropy_grad=True)
+    assert ent.requires_grad
+    got_grads = torch.autograd.grad((lp * go + ent * ge).sum(), [h, w, b])
+    for a, e in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a.double(), e, atol=5e-5, rtol=1e-4)  # fp32 logits
+
+
+def test_entropy_gradient_golden_two_token_vocab():
+    # logits z = [1, 0]: p = [0.73106, 0.26894], H = 0.58220
+    # dH/dz_j = -p_j (log p_j + H): z_0: -0.73106 * (-0.31326 + 0.58220) = -0.19661
+    #                               z_1: -0.26894 * (-1.31326 + 0.58220) = +0.19661
+    # h = [1, 0] and W = [[1, 0], [0, 0]]: dH/dW[v, 0] = dH/dz_v * h_0, dH/dW[v, 1] = 0
+    h = torch.tensor([[1.0, 0.0]])
+    w = torch.tensor([[1.0, 0.0], [0.0, 0.0]], requires_grad=True)
+    _, ent = head_logprobs(h, w, torch.tensor([0]), with_entropy=True, entropy_grad=True)
+    ent.sum().backward()
+    assert w.grad[:, 0].tolist() == pytest.approx([-0.19661, 0.19661], abs=1e-5)
+    assert w.grad[:, 1].tolist() == [0.0, 0.0]

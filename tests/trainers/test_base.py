@@ -12,6 +12,7 @@ import torch
 
 from posttrain.models import build_char_tokenizer, build_tiny_llama
 from posttrain.tasks.arithmetic import prompt_rows, sft_rows
+from posttrain.trainers import engine
 from posttrain.trainers.dpo import DPOTrainer
 from posttrain.trainers.grpo import GRPOTrainer
 from posttrain.trainers.sft import SFTTrainer
@@ -120,7 +121,8 @@ def _truncated_rollout(trainer: GRPOTrainer):
 
 @pytest.mark.parametrize("loss_agg", ["seq-mean-token-mean", "token-mean",
                                       "seq-mean-token-sum-norm"])
-def test_masked_truncated_rows_add_nothing_and_accumulation_is_exact(tok, tmp_path, loss_agg):
+def test_masked_truncated_rows_add_nothing_and_accumulation_is_exact(tok, tmp_path, loss_agg,
+                                                                     monkeypatch):
     """With mask_truncated_completions, a step over all rows equals a step over the rows that
     count (truncated rows add to no normaliser), and micro-batches of 3 equal one batch."""
     kw = {"loss_agg": loss_agg, "mask_truncated_completions": True, "max_grad_norm": 0.0,
@@ -133,8 +135,8 @@ def test_masked_truncated_rows_add_nothing_and_accumulation_is_exact(tok, tmp_pa
         trainer = _grpo(tok, tmp_path / f"{micro}{len(rows.rows)}", micro_batch_size=micro,
                         **kw)
         grads.append([])
-        trainer.optimizer_step = lambda t=trainer, out=grads[-1]: out.extend(  # grad, pre-step
-            p.grad.clone() for p in t.model.parameters()) or 0.0
+        monkeypatch.setattr(engine, "step_groups", lambda groups, dist, out=grads[-1]: out.extend(
+            p.grad.clone() for p in groups[0].params) or {})  # the gradient, before the step
         trainer.update(rows)
     assert sum(float(g.abs().sum()) for g in grads[0]) > 0
     for other in grads[1:]:
@@ -216,13 +218,14 @@ def test_gradient_checkpointing_gives_the_same_update(tok, tmp_path):
 
 
 def test_freed_memory_is_released_before_the_first_optimizer_step_only(monkeypatch):
-    """clip_and_step trims the heap once, before AdamW allocates its moments."""
+    """The engine's step trims the heap once, before AdamW allocates its moments."""
     from types import SimpleNamespace
 
-    from posttrain.trainers import common
+    from posttrain.trainers import common, engine
+    from posttrain.trainers.distributed import Dist
 
     calls = []
-    monkeypatch.setattr(common, "release_freed_memory", lambda: calls.append(1))
+    monkeypatch.setattr(engine, "release_freed_memory", lambda: calls.append(1))
     tok = build_char_tokenizer()
     model = tiny(tok)
     cfg = SimpleNamespace(lr=1e-3, adam_betas=[0.9, 0.99], weight_decay=0.0, warmup_steps=0,
@@ -230,7 +233,8 @@ def test_freed_memory_is_released_before_the_first_optimizer_step_only(monkeypat
     opt, sched = common.build_optimizer(model, cfg, 3)
     for _ in range(3):
         model(input_ids=torch.tensor([[5, 6, 7]])).logits.square().mean().backward()
-        common.clip_and_step(model, opt, sched, 1.0)
+        group = engine.OptimGroup("policy", list(model.parameters()), opt, sched, 1.0)
+        engine.step_groups([group], Dist())
     assert calls == [1]
 
 

@@ -170,8 +170,8 @@ def test_off_policy_first_update_starts_at_ratio_one(toy_world, tmp_path, autoca
     assert (rollout.old_logprobs is rollout.logprobs) == (not autocast)
     first = torch.arange(rollout.num_sequences)[: rollout.num_sequences // 2]
     mask = trainer.loss_mask(rollout)
-    out = trainer.micro_step(rollout.select(first), mask[first], float(mask[first].sum()),
-                             float(len(first)))
+    _, out = trainer.micro_loss(rollout.select(first), mask[first], float(mask[first].sum()),
+                                float(len(first)))
     assert out["policy/clipfrac"] == 0.0, out
     assert abs(out["policy/ratio_mean"] - 1.0) < 1e-4 and abs(out["policy/approx_kl"]) < 1e-5
 

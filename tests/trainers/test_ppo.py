@@ -91,7 +91,9 @@ def test_first_update_has_ratio_one_and_zero_approx_kl(toy_world, tmp_path, ckpt
     rollout, scores, metrics = trainer.rollout_and_score()
     batch = trainer.prepare(rollout, scores, metrics)
     trainer.model.train()  # as in `step`: checkpointing acts in training mode only
-    m = trainer.minibatch_backward(batch, train_policy=True)
+    n_tok = float(batch.response_mask.sum())
+    _, m = trainer.micro_loss(batch, n_tok, float(batch.size), train_policy=True)
+    m = {k: float(v) for k, v in m.items()}
     assert abs(m["policy/ratio_max"] - 1.0) < 1e-5 and abs(m["policy/ratio_min"] - 1.0) < 1e-5
     assert abs(m["policy/approx_kl"]) < 1e-7 and m["policy/clipfrac"] == 0.0
     # the critic starts as a zero head: V = 0, so the first value loss is 0.5 * mean(R_t^2)
@@ -171,9 +173,9 @@ def test_lora_shares_one_base_and_learns(toy_world, tmp_path):
     trainer = PPOTrainer(cfg)
     assert trainer._ref is None and trainer.critic.peft_model is trainer.model
     assert all("lora_" in n and "critic" not in n for n, p in trainer.model.named_parameters()
-               if any(p is q for q in trainer.policy_params))
+               if any(p is q for q in trainer.groups[0].params))
     n_opt = sum(len(g["params"]) for g in trainer.opt.param_groups)
-    assert n_opt == len(trainer.policy_params)
+    assert n_opt == len(trainer.groups[0].params)
     ids = torch.tensor([[5, 6, 7, 8]])
     trainer.step(1)
     trainer.step(2)

@@ -1,0 +1,214 @@
+"""The one update every trainer's step runs on: sharding, normalisers, micro-batches, steps.
+
+A trainer describes one optimizer step's work as a list of items (rollout rows, pairs,
+examples) and supplies two small functions; :func:`run_update` does the rest, identically for
+every trainer:
+
+1. **shard**: each rank takes its items (strided by global position, the same rule as
+   `Dist.shard`), or keeps the rollout rows it generated itself;
+2. **shuffle and split**: ``epochs`` passes over a permutation of the step's GLOBAL item ids
+   (a generator seeded per step), cut into ``mini_batches`` optimizer steps, so mini-batch
+   composition does not depend on the number of ranks;
+3. **normalisers**: ``counts(local items)`` (e.g. tokens and sequences that count) summed over
+   every rank and micro-batch of the optimizer step: each micro-batch's loss is divided by
+   them, so the accumulated gradient equals one pass over the whole step on one process;
+4. **micro-batches**: ``loss_fn(items, totals)`` returns a loss (already divided by
+   ``totals``), its metrics and a weight; ``backward()``; under FSDP2 a rank with fewer
+   micro-batches runs zero-gradient idle passes so every rank issues the same collectives;
+5. **merge metrics** by one rule (below) and reduce them over ranks;
+6. **step**: gradients summed over ranks (data parallel), clipped and stepped per optimizer
+   group (the policy; PPO's critic too), the schedules advanced, gradients zeroed.
+
+Metric rule: keys under ``loss/`` are each micro-batch's share of the step's loss and are
+SUMMED over micro-batches and ranks; every other key is a mean weighted by the micro-batch's
+``weight`` (its token or row count) over micro-batches and ranks; over the optimizer steps of
+one call, the mean. Grad norms and the learning rate each step used are reported per group as
+``<group>/grad_norm`` and ``<group>/lr`` (the policy group's as ``train/grad_norm`` and
+``train/lr``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posttrain.trainers.common import release_freed_memory
+
+Totals = dict[str, float]
+LossFn = Callable[[list[int], Totals], tuple[Tensor, dict[str, Any], float]]
+CountFn = Callable[[list[int]], dict[str, float]]
+
+
+@dataclass
+class OptimGroup:
+    """Parameters with their own optimizer, schedule and gradient clipping."""
+
+    name: str
+    params: list[torch.nn.Parameter]
+    opt: torch.optim.Optimizer
+    sched: Any
+    max_grad_norm: float
+
+    @property
+    def metric(self) -> str:
+        return "train/grad_norm" if self.name == "policy" else f"{self.name}/grad_norm"
+
+
+@dataclass
+class Plan:
+    """How one call of :func:`run_update` walks the step's items.
+
+    global_ids: [n_local] each local item's position in the step's global list.
+    n_global: items of the step over all ranks. lengths: [n_local] sort key for similar-length
+    micro-batches (or None). seed: shuffle seed of this step (None: no shuffle).
+    """
+
+    global_ids: list[int]
+    n_global: int
+    micro_batch_size: int
+    epochs: int = 1
+    mini_batches: int = 1
+    lengths: list[float] | None = None
+    seed: int | None = None
+
+
+def shard_plan(n_global: int, dist: Any, micro_batch_size: int, **kw: Any) -> Plan:
+    """A plan over a global list that every rank holds: this rank's strided share."""
+    return Plan(list(range(n_global))[dist.rank::dist.world] if dist.enabled
+                else list(range(n_global)), n_global, micro_batch_size, **kw)
+
+
+def local_plan(n_local: int, group_size: int, dist: Any, micro_batch_size: int,
+               **kw: Any) -> Plan:
+    """A plan over rollout rows this rank generated: prompt `i` of this rank is global prompt
+    ``i * world + rank`` (the strided share), each with `group_size` contiguous rows."""
+    ids = [((i // group_size) * dist.world + dist.rank) * group_size + i % group_size
+           for i in range(n_local)]
+    return Plan(ids, int(dist.sum(float(n_local))), micro_batch_size, **kw)
+
+
+class MetricSums:
+    """Accumulates micro-batch metrics under the module's rule (loss/ summed, else weighted)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+
+    def add(self, metrics: dict[str, Any], weight: float) -> None:
+        for k, v in metrics.items():
+            v = float(v)
+            if k.startswith("loss/"):
+                self.sums[k] = self.sums.get(k, 0.0) + v
+                self.weights[k] = 1.0
+            else:
+                self.sums[k] = self.sums.get(k, 0.0) + v * weight
+                self.weights[k] = self.weights.get(k, 0.0) + weight
+
+    def reduce(self, dist: Any) -> dict[str, float]:
+        """The merged metrics over every rank (the same dict on each)."""
+        keys = sorted(set().union(*dist.all_gather_objects(sorted(self.sums))))
+        if not keys:
+            return {}
+        vals = torch.tensor([[self.sums.get(k, 0.0) for k in keys],
+                             [self.weights.get(k, 0.0) for k in keys]], dtype=torch.float64)
+        vals = dist.sum(vals) if dist.enabled else vals
+        return {k: float(vals[0, i]) if k.startswith("loss/")
+                else float(vals[0, i] / vals[1, i]) if float(vals[1, i]) > 0 else float("nan")
+                for i, k in enumerate(keys)}
+
+
+def _mini_batches(plan: Plan) -> list[list[int]]:
+    """Local item indices of every optimizer step, in order (epochs x mini-batches)."""
+    pos = {g: i for i, g in enumerate(plan.global_ids)}
+    gen = torch.Generator().manual_seed(plan.seed) if plan.seed is not None else None
+    steps = []
+    for _ in range(plan.epochs):
+        perm = (torch.randperm(plan.n_global, generator=gen) if gen is not None
+                else torch.arange(plan.n_global))
+        for chunk in torch.tensor_split(perm, plan.mini_batches):
+            mine = [pos[g] for g in chunk.tolist() if g in pos]
+            if plan.lengths is not None:  # similar lengths together (stable)
+                mine.sort(key=lambda i: plan.lengths[i])  # type: ignore[index]
+            steps.append(mine)
+    return steps
+
+
+def step_groups(groups: Sequence[OptimGroup], dist: Any) -> dict[str, float]:
+    """Sum gradients over ranks, clip, step, schedule, zero each group; returns each group's
+    pre-clip grad norm and the learning rate the step used."""
+    out = {}
+    for g in groups:
+        dist.sync_grads(g.params)
+        grads = [p for p in g.params if p.grad is not None]
+        limit = g.max_grad_norm if g.max_grad_norm > 0 else float("inf")
+        norm = (torch.nn.utils.clip_grad_norm_(grads, limit) if grads
+                else torch.zeros(()))
+        if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
+            norm = norm.full_tensor()
+        out[g.metric.replace("grad_norm", "lr")] = float(g.opt.param_groups[0]["lr"])
+        if not g.opt.state and all(p.device.type == "cpu" for p in g.params):
+            release_freed_memory()  # the first step allocates the optimizer's moments
+        g.opt.step()
+        g.sched.step()
+        g.opt.zero_grad(set_to_none=True)
+        out[g.metric] = float(norm)
+    return out
+
+
+def run_update(plan: Plan, dist: Any, counts: CountFn, loss_fn: LossFn,
+               groups: Sequence[OptimGroup], idle_pass: Callable[[], None],
+               before_step: Callable[[dict[str, float]], bool] | None = None,
+               ) -> dict[str, float]:
+    """Every optimizer step of one trainer step (see the module docstring).
+
+    `before_step(merged metrics of the optimizer step)` may return True to stop: that step's
+    gradients are dropped and no further step runs (PPO's early stop on approx KL; the
+    metrics are reduced over ranks, so every rank decides alike). Returns the mean over the
+    optimizer steps of their merged metrics and grad norms, plus ``train/optimizer_steps``.
+    """
+    history: list[dict[str, float]] = []
+    stopped = False
+    for mine in _mini_batches(plan):
+        totals = _global_counts(counts(mine), dist)
+        if not any(v > 0 for v in totals.values()):
+            continue  # nothing counts in this optimizer step on any rank
+        micros = [mine[a:a + plan.micro_batch_size]
+                  for a in range(0, len(mine), plan.micro_batch_size)]
+        acc = MetricSums()
+        for micro in micros:
+            loss, metrics, weight = loss_fn(micro, totals)
+            loss.backward()
+            acc.add(metrics, weight)
+        if dist.fsdp:  # the same number of forward/backward passes on every rank
+            for _ in range(int(dist.max(float(len(micros)))) - len(micros)):
+                idle_pass()
+        merged = acc.reduce(dist)
+        if before_step is not None and before_step(merged):
+            for g in groups:
+                g.opt.zero_grad(set_to_none=True)
+            stopped = True
+            break
+        merged.update(step_groups(groups, dist))
+        history.append(merged)
+    out = _mean(history)
+    out["train/optimizer_steps"] = float(len(history))
+    if stopped:
+        out["train/early_stopped"] = 1.0
+    return out
+
+
+def _global_counts(local: dict[str, float], dist: Any) -> Totals:
+    keys = sorted(local)
+    if not dist.enabled:
+        return {k: float(local[k]) for k in keys}
+    vals = dist.sum(torch.tensor([float(local[k]) for k in keys], dtype=torch.float64))
+    return {k: float(vals[i]) for i, k in enumerate(keys)}
+
+
+def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
+    keys = sorted(set().union(*rows)) if rows else []
+    return {k: sum(r[k] for r in rows if k in r) / sum(k in r for r in rows) for k in keys}
