@@ -223,8 +223,8 @@ class DPOTrainer(Trainer):
     def update(self, idx: Tensor | list[int]) -> dict[str, float]:
         """One optimizer step over the batch ``idx`` through the one engine; the loss is the
         mean over the batch (all ranks' pairs), and so are the metrics (pair-weighted)."""
-        batch = [int(i) for i in idx]
-        plan = shard_plan(len(batch), self.dist, self.micro_pairs)
+        plan = shard_plan(len(idx), self.dist, self.micro_pairs)
+        batch = [int(idx[g]) for g in plan.global_ids]  # this rank's pairs
 
         def loss_fn(pos: list[int], totals: dict[str, float]) -> tuple[Tensor, dict, float]:
             loss, metrics = self.pair_loss(self.pairs, torch.tensor([batch[i] for i in pos]),

@@ -12,7 +12,8 @@ every trainer:
 3. **normalisers**: ``counts(local items)`` (e.g. tokens and sequences that count) summed over
    every rank and micro-batch of the optimizer step: each micro-batch's loss is divided by
    them, so the accumulated gradient equals one pass over the whole step on one process;
-4. **micro-batches**: ``loss_fn(items, totals)`` returns a loss (already divided by
+4. **micro-batches**: ``loss_fn(items, totals)`` (``items``: indices into this rank's
+   items, the order of ``Plan.global_ids``) returns a loss (already divided by
    ``totals``), its metrics and a weight; ``backward()``; under FSDP2 a rank with fewer
    micro-batches runs zero-gradient idle passes so every rank issues the same collectives;
 5. **merge metrics** by one rule (below) and reduce them over ranks;

@@ -178,7 +178,9 @@ class PRMTrainer(Trainer):
         """One optimizer step over ``batch_size`` rows (1), micro-batched, through the engine;
         the loss is normalised by the steps of the whole batch (all ranks)."""
         cfg = self.cfg
-        idx = self.next_indices(cfg.batch_size)  # 1
+        batch = self.next_indices(cfg.batch_size)  # 1
+        plan = shard_plan(len(batch), self.dist, cfg.micro_batch_size)
+        idx = [batch[g] for g in plan.global_ids]  # this rank's rows
         self.model.train()
 
         def counts(pos: list[int]) -> dict[str, float]:
@@ -194,9 +196,8 @@ class PRMTrainer(Trainer):
             return loss, {"loss/prm": loss.detach(),
                           "train/step_accuracy": float(hit.float().mean()) if n else 0.0}, n
 
-        plan = shard_plan(len(idx), self.dist, cfg.micro_batch_size)
         metrics = self.optimize(plan, counts, loss_fn)
-        metrics["train/steps"] = counts(list(range(len(idx))))["steps"]  # every rank holds idx
+        metrics["train/steps"] = float(sum(len(self.train_set[i]["ends"]) for i in batch))
         return metrics
 
     @torch.no_grad()

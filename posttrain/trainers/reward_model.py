@@ -190,7 +190,9 @@ class RewardModelTrainer(Trainer):
         """One optimizer step over ``batch_size`` rows (1), micro-batched, through the engine;
         the loss is the mean over the batch (all ranks' rows); accuracy and AUC are computed
         over the whole batch's rows, gathered from every rank."""
-        idx = self.next_indices(self.cfg.batch_size)  # 1
+        batch = self.next_indices(self.cfg.batch_size)  # 1
+        plan = shard_plan(len(batch), self.dist, self.rows_per_micro())
+        idx = [batch[g] for g in plan.global_ids]  # this rank's rows
         self.model.train()
         parts: list[dict[str, Tensor]] = []
 
@@ -200,7 +202,6 @@ class RewardModelTrainer(Trainer):
             share = loss * len(pos) / totals["rows"]  # this micro-batch's share of the mean
             return share, {"loss/rm": share.detach()}, float(len(pos))
 
-        plan = shard_plan(len(idx), self.dist, self.rows_per_micro())
         metrics = self.optimize(plan, lambda pos: {"rows": float(len(pos))}, loss_fn)
         every = [p for rank in self.dist.all_gather_objects(parts) for p in rank]
         metrics.update({f"train/{k}": v for k, v in summarize(every, self.cfg.objective).items()})

@@ -172,7 +172,7 @@ class SFTTrainer(Trainer):
         # 1. one batch of similar-length rows (every rank draws the same), the engine shards it
         batch = next(self.batches)
         plan = shard_plan(len(batch), self.dist, cfg.micro_batch_size or cfg.batch_size)
-        examples = [self.examples[i] for i in batch]
+        examples = [self.examples[batch[g]] for g in plan.global_ids]  # this rank's rows
 
         def counts(pos: list[int]) -> dict[str, float]:
             return {"tokens": float(sum(len(examples[i][0]) - examples[i][1] for i in pos))}
@@ -186,7 +186,7 @@ class SFTTrainer(Trainer):
         # 2. forward/backward per micro-batch; 3. sum gradients over ranks, clip, step
         out = self.optimize(plan, counts, loss_fn)
         out.pop("train/optimizer_steps", None)
-        self.tokens += sum(len(ids) for ids, _ in examples)
+        self.tokens += sum(len(self.examples[i][0]) for i in batch)
         self.losses.append(out["loss/sft"])
         return {**out, "perf/tokens": float(self.tokens)}
 
