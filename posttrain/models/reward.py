@@ -117,6 +117,10 @@ def build_scorer(base: str | Path | torch.nn.Module, kind: str, tokenizer: Any,
                              "models support decoders whose HF classification class names it "
                              "`score` (Llama, Qwen2, Mistral, Gemma, GPT-2, ...)")
     model.config.pad_token_id = tokenizer.pad_token_id
+    if kind == "prm":  # transformers 5 drops a config key its class lacks (0.1 otherwise)
+        model.config.classifier_dropout = dropout
+        if isinstance(getattr(model, "dropout", None), torch.nn.Dropout):
+            model.dropout.p = dropout
     return model
 
 

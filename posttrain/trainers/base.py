@@ -57,6 +57,7 @@ from posttrain.trainers.checkpoint import (
     load_trainable,
     read_checkpoint,
     read_model_weights,
+    trained_tensors,
     rng_state,
     set_rng_state,
     truncate_metrics,
@@ -477,8 +478,8 @@ class Trainer:
         rngs = self.dist.all_gather_objects(rng_state())
         trainer = self.state_dict()
         if self.dist.is_main:
-            trainable = ({n: p.detach().cpu() for n, p in self.model.named_parameters()
-                          if p.requires_grad} if is_peft(self.model) else {})
+            trainable = (trained_tensors(self.model, self.groups) if is_peft(self.model)
+                         else {})
             state = {"step": step, "trainable": trainable,
                      "optimizers": {g.name: opt_sd if g is policy else g.opt.state_dict()
                                     for g in self.groups},
@@ -503,7 +504,7 @@ class Trainer:
                               " (a different trainer or critic set-up)")
         policy = self.groups[0]
         if is_peft(self.model):
-            load_trainable(self.model, state["trainable"])
+            load_trainable(self.model, state["trainable"], self.groups)
             policy.opt.load_state_dict(state["optimizers"]["policy"])
         else:
             load_full_state(self.model, policy.opt, read_model_weights(path, self.model),

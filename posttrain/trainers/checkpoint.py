@@ -136,12 +136,20 @@ def is_peft(model: Any) -> bool:
     return hasattr(model, "peft_config")
 
 
-def load_trainable(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """Copy saved trainable parameters (LoRA adapters, heads) into `model`, every one."""
+def trained_tensors(model: torch.nn.Module, groups: list[Any]) -> dict[str, torch.Tensor]:
+    """The parameters of `model` that an optimizer group trains (LoRA adapters, heads), by
+    name, on the CPU."""
+    trained = {id(p) for g in groups for p in g.params}
+    return {n: p.detach().cpu() for n, p in model.named_parameters() if id(p) in trained}
+
+
+def load_trainable(model: torch.nn.Module, tensors: dict[str, torch.Tensor],
+                   groups: list[Any]) -> None:
+    """Copy saved trained parameters (`trained_tensors`) back into `model`, every one."""
     params = dict(model.named_parameters())
-    wanted = {n for n, p in params.items() if p.requires_grad}
+    wanted = set(trained_tensors(model, groups))
     if set(tensors) != wanted:
-        raise ValueError(f"checkpoint's trainable parameters do not match the model's: "
+        raise ValueError(f"checkpoint's trained parameters do not match the model's: "
                          f"missing {sorted(wanted - set(tensors))[:3]}, unexpected "
                          f"{sorted(set(tensors) - wanted)[:3]}")
     with torch.no_grad():

@@ -179,14 +179,16 @@ def run_update(plan: Plan, dist: Any, counts: CountFn, loss_fn: LossFn,
             continue  # nothing counts in this optimizer step on any rank
         micros = [mine[a:a + plan.micro_batch_size]
                   for a in range(0, len(mine), plan.micro_batch_size)]
+        # under FSDP2 every rank runs as many forward/backward passes as the busiest one
+        # (agreed before any pass: each pass all-gathers and reduce-scatters)
+        calls = int(dist.max(float(len(micros)))) if dist.fsdp else len(micros)
         acc = MetricSums()
         for micro in micros:
             loss, metrics, weight = loss_fn(micro, totals)
             loss.backward()
             acc.add(metrics, weight)
-        if dist.fsdp:  # the same number of forward/backward passes on every rank
-            for _ in range(int(dist.max(float(len(micros)))) - len(micros)):
-                idle_pass()
+        for _ in range(calls - len(micros)):
+            idle_pass()
         merged = acc.reduce(dist)
         if before_step is not None and before_step(merged):
             for g in groups:

@@ -131,3 +131,16 @@ def test_shipped_recipe_loads():
     recipe = Path(__file__).parents[2] / "recipes" / "prm_arith.yaml"
     cfg = build_config(PRMConfig, recipe)
     assert cfg.num_classes == 2 and cfg.step_separator == "\n" and cfg.step_split == "think"
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_classifier_dropout_is_the_configured_one(world, dropout):
+    """transformers 5 ignores a config key its class lacks: without setting the module, the
+    head kept HF's default 0.1 whatever `classifier_dropout` said (and rows' step scores in
+    training mode depended on the batch's random masks)."""
+    from posttrain.models.reward import build_scorer
+
+    model = build_scorer(world["model"], "prm", build_char_tokenizer(), num_labels=2,
+                         dropout=dropout)
+    drops = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    assert drops and all(p == dropout for p in drops)

@@ -1,0 +1,129 @@
+"""The conformance world: one tiny model and one small data file per data kind, and a case
+for every registered trainer (`posttrain.trainers.TRAINERS`).
+
+A trainer's case is derived from its data kind (prompts, sft, preferences, steps), so a trainer
+added to the registry is covered by every conformance test without writing one; `VARIANTS`
+adds set-ups of the same trainer that keep different state (PPO's LoRA critic).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from posttrain.config import build_config
+from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.tasks.arithmetic import sft_rows, step_rows, write_jsonl
+from posttrain.tasks.preferences import offline_pairs
+from posttrain.trainers import TRAINERS, trainer_class
+from posttrain.trainers.common import save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "ppo_lora_critic": ("ppo", {"lora_r": 4, "lora_alpha": 8, "lr": 1e-2, "critic_lr": 1e-2}),
+}
+CASES = sorted(TRAINERS) + sorted(VARIANTS)
+RL = [c for c in CASES if c in ("grpo", "ppo") or VARIANTS.get(c, ("",))[0] in ("grpo", "ppo")]
+
+# keys a case may set; each is kept only where the trainer's config has the field
+COMMON = {"max_steps": 6, "threads": 1, "progress": False, "report_to": [], "seed": 1,
+          "lr": 3e-3, "lr_schedule": "cosine", "warmup_steps": 1, "save_every": 1,
+          "keep_checkpoints": 2, "eval_size": 4, "max_seq_len": 128}
+BY_KIND: dict[str, dict[str, Any]] = {
+    "prompts": {"rewards": [{"name": "tests.trainers.toy_rewards:digits", "weight": 1.0}],
+                "group_size": 4, "prompts_per_step": 4, "max_new_tokens": 8,
+                "eval_max_new_tokens": 6, "micro_batch_size": 4, "num_iterations": 2,
+                "ppo_epochs": 2, "mini_batches": 2, "kl_coef": 0.05, "temperature": 1.0},
+    "sft": {"batch_size": 4, "micro_batch_size": 2, "rewards": []},
+    "preferences": {"batch_size": 4, "micro_batch_size": 4, "rewards": []},
+    "steps": {"batch_size": 4, "micro_batch_size": 2, "rewards": []},
+}
+DATA = {"prompts": "prompts", "sft": "sft", "preferences": "pairs", "steps": "steps"}
+
+
+def command_of(case: str) -> str:
+    return VARIANTS[case][0] if case in VARIANTS else case
+
+
+def data_kind(command: str) -> str:
+    """The trainer's data kind (a class attribute, or a property of its default config)."""
+    cls = trainer_class(command)
+    kind = inspect.getattr_static(cls, "data_kind")
+    if isinstance(kind, str):
+        return kind
+    probe = object.__new__(cls)
+    probe.cfg = SimpleNamespace(**{f.name: f.default for f in dataclasses.fields(
+        cls.config_class) if f.default is not dataclasses.MISSING})  # the defaults
+    return probe.data_kind
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory) -> dict[str, str]:
+    """A 2-layer tiny Llama (FSDP2 shards per layer) whose EOS logit depends strongly on the
+    context, so sampled completions have uneven lengths; 18 prompts, 17 SFT rows (the last
+    batch of 4 has one row: one of two ranks gets none), 18 pairs, 18 step rows."""
+    root = tmp_path_factory.mktemp("conformance")
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(tok, hidden_size=32, num_layers=2, num_heads=2,
+                             intermediate_size=64, max_position_embeddings=128, seed=0)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(0)
+        model.lm_head.weight[tok.eos_token_id] = torch.randn(32, generator=g) * 0.6
+    save_checkpoint(model, tok, root / "model")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p, "answer": "7"}) + "\n"
+                               for p in ["a", "bb", "c1", "d", "e22", "f", "g3", "h", "i",
+                                         "j4", "k", "l5", "m", "n66", "o", "p7", "q", "r8"]))
+    return {"root": str(root), "model": str(root / "model"), "prompts": str(prompts),
+            "sft": str(write_jsonl(sft_rows(17, seed=0), root / "sft.jsonl")),
+            "pairs": str(write_jsonl(offline_pairs(18, seed=0, kind="flaw"),
+                                     root / "pairs.jsonl")),
+            "steps": str(write_jsonl(step_rows(18, seed=0, error_rate=0.3),
+                                     root / "steps.jsonl"))}
+
+
+def case_keys(world: dict[str, str], case: str, out: Path, **extra: Any) -> dict[str, Any]:
+    """Config keys of `case` writing to `out` (only keys the trainer's config has)."""
+    command = command_of(case)
+    kind = data_kind(command)
+    keys = {**COMMON, **BY_KIND[kind], "model": world["model"],
+            "train_data": world[DATA[kind]], "out_dir": str(out)}
+    if kind == "prompts":
+        keys["eval_data"] = world["prompts"]
+    if command in ("rm", "prm"):
+        keys["eval_data"] = keys["train_data"]
+    keys.update(VARIANTS.get(case, ("", {}))[1])
+    keys.update(extra)
+    fields = {f.name for f in dataclasses.fields(trainer_class(command).config_class)}
+    return {k: v for k, v in keys.items() if k in fields}
+
+
+def build(case: str, keys: dict[str, Any]) -> Any:
+    cls = trainer_class(command_of(case))
+    return cls(build_config(cls.config_class, overrides=keys))
+
+
+def metric_rows(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def comparable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Metrics without wall-clock ones (`perf/*`, `time`)."""
+    return [{k: v for k, v in r.items() if k != "time" and not k.startswith("perf/")}
+            for r in rows]
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(Path(path).glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
