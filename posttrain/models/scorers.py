@@ -22,11 +22,12 @@ the trainers (``posttrain rm`` / ``posttrain prm``) formatted them; no gradients
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from posttrain.core.device import resolve_device
 from posttrain.data.prompts import render_prompt
@@ -50,6 +51,8 @@ _CACHE: dict[tuple[str, str, str, str], Any] = {}
 
 
 class _Scorer:
+    """What the ORM and the PRM share: the model, its tokenizer, loading and batching."""
+
     kind = ""
 
     def __init__(self, model: Any, tokenizer: Any, batch_size: int = 64) -> None:
@@ -67,7 +70,7 @@ class _Scorer:
     def render(self, prompt: Any) -> str:
         return render_prompt(self.tokenizer, prompt)
 
-    def _batches(self, seqs: list[list[int]]) -> Any:
+    def _batches(self, seqs: list[list[int]]) -> Iterator[tuple[Tensor, Tensor]]:
         """Right-padded ``(ids [n, T], mask [n, T])`` batches on the model's device."""
         device = next(self.model.parameters()).device
         for start in range(0, len(seqs), self.batch_size):
