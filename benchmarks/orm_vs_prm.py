@@ -139,16 +139,16 @@ def train_verifiers(init: Path, train: dict[str, Any], s: dict[str, Any], out: P
             "parallel": jobs >= 2}
 
 
-def step_f1(prm: Any, samples: Any, separator: str) -> dict[str, float]:
-    """Bad-step F1 of the PRM against exact labels of the held-out samples' steps."""
-    from posttrain.search import split_steps
-    from posttrain.search.metrics import bad_step_f1
+def step_f1(prm: Any, samples: Any) -> dict[str, float]:
+    """Bad-step F1 of the PRM against exact labels of the held-out samples' steps (split by the
+    PRM's own saved rule)."""
+    from posttrain.search.metrics import step_metrics
     from posttrain.tasks.step_labels import exact_labels
 
     prompts, steps, labels = [], [], []
     for prompt, row in zip(samples.prompts, samples.completions, strict=True):
         for c in row:
-            st = split_steps(c, separator)
+            st = prm.split(c)
             if st:
                 prompts.append(prompt)
                 steps.append(st)
@@ -156,7 +156,7 @@ def step_f1(prm: Any, samples: Any, separator: str) -> dict[str, float]:
     scores = []
     for start in range(0, len(steps), 1024):
         scores += prm(prompts[start:start + 1024], steps[start:start + 1024])
-    return bad_step_f1(scores, labels)
+    return step_metrics(scores, labels)
 
 
 def evaluate(policy: Any, tok: Any, verifiers: dict[str, Any], s: dict[str, Any], seed: int
@@ -196,7 +196,7 @@ def evaluate(policy: Any, tok: Any, verifiers: dict[str, Any], s: dict[str, Any]
     beam_correct = [is_correct(extract_answer(b.completion), r["answer"])
                     for b, r in zip(beam, rows, strict=True)]
     t3 = time.time()
-    f1 = step_f1(prm_steps, samples, "; ")
+    f1 = step_f1(prm_steps, samples)
 
     def acc(method: str) -> dict[str, float]:
         return {str(n): round(sel[method][n]["accuracy"], 4) for n in n_values}
@@ -205,7 +205,7 @@ def evaluate(policy: Any, tok: Any, verifiers: dict[str, Any], s: dict[str, Any]
                "majority": acc("majority"), "weighted": acc("weighted:prm"),
                "prm_beam": round(sum(beam_correct) / len(beam_correct), 4),
                "orm_pair_accuracy": _finite(pair_accuracy(scores["orm"], samples.correct)),
-               "prm_step_f1": round(f1["f1"], 4)}
+               "prm_step_f1": round(f1["bad_f1"], 4)}
     details = {
         "selection": {m: {str(n): v for n, v in by_n.items()} for m, by_n in sel.items()},
         "beam": {"accuracy": results["prm_beam"],

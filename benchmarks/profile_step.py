@@ -1,15 +1,14 @@
 """Where a GRPO step spends its time: per-phase wall time and the top operators.
 
     python benchmarks/profile_step.py --model 19M --steps 3 --threads 1 \
-        [--bf16 | --bf16-compute [--compile]] [--ops 15] [--no-lean-decode]
+        [--bf16 | --bf16-compute [--compile]] [--ops 15]
 
 Runs our GRPOTrainer on the work of `benchmarks/vs_trl.py` (G=8 x 8 prompts, 32 new tokens, beta
 0.04 k3 in the loss, models built there under --root) and times each phase by wrapping the
 functions the trainer calls, each inside a ``torch.profiler.record_function`` label:
 
     prefill    the first model call of a generation (the prompt, once per distinct prompt)
-    decode     every later model call of the generation (one token per running row), or
-               the lean decode step (`posttrain.rollout.fast_decode`) where it runs
+    decode     every later model call of the generation (one token per running row)
     sampling   the rest of generation (sampling, bookkeeping, detokenisation)
     scoring    reward functions
     reference  the reference model's no-grad log-probs
@@ -82,9 +81,6 @@ def instrument(trainer, clock: PhaseClock) -> None:
     trainer.optimizer_step = clock.wrap("optimizer", trainer.optimizer_step)
     backward = torch.Tensor.backward
     torch.Tensor.backward = lambda self, *a, **k: clock.wrap("backward", backward)(self, *a, **k)
-    from posttrain.rollout import fast_decode
-
-    fast_decode.LeanDecoder.step = clock.wrap("decode", fast_decode.LeanDecoder.step)
     sampler, _ = trainer.rollout_model()  # the bf16 sampler copy under autocast_bf16
     trainer.learner()  # build the bf16_compute learner copy before the policy is wrapped
     for model in {id(m): m for m in (trainer.model, sampler)}.values():
@@ -113,8 +109,6 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--ops", type=int, default=0, help="top operators to list (0: none)")
-    ap.add_argument("--no-lean-decode", action="store_true",
-                    help="decode with the transformers forward, not the lean step")
     ap.add_argument("--no-share-prefix", action="store_true",
                     help="share_prompt_prefix: false (every row runs its prompt)")
     args = ap.parse_args()
@@ -137,9 +131,6 @@ def main() -> None:
     trainer = GRPOTrainer(cfg)
     clock = PhaseClock()
     instrument(trainer, clock)
-    lean = getattr(trainer._sampler, "lean", None)
-    if lean is not None and args.no_lean_decode:
-        lean.enabled = False
     per_step: list[dict[str, float]] = []
     prof = None
     for i in range(args.steps + 1):
@@ -159,8 +150,7 @@ def main() -> None:
             per_step.append(phases)
     print(f"# profile_step: {args.model} beta={args.beta} bf16={args.bf16} "
           f"bf16_compute={args.bf16_compute} compile={args.compile} "
-          f"threads={args.threads} steps={args.steps} share_prefix={trainer.share_prefix} "
-          f"lean_decode={lean is not None and lean.enabled}")
+          f"threads={args.threads} steps={args.steps} share_prefix={trainer.share_prefix}")
     total = statistics.median(p["total"] for p in per_step)
     for name in (*PHASES, "total"):
         s = statistics.median(p.get(name, 0.0) for p in per_step)

@@ -95,7 +95,7 @@ def evaluate(out: Path, name: str, kind: str, held: str, aggregate: str) -> None
     for method in ("best_of_n:v", "majority", "weighted:v"):
         res.update({f"{method}@{n}": round(sel[method][n]["accuracy"], 3) for n in (1, 4, 16, 64)})
     if kind == "prm":
-        res["f1"] = round(step_f1(prm, s, "; ")["f1"], 4)
+        res["f1"] = round(step_f1(prm, s)["bad_f1"], 4)
     print(json.dumps(res))
     with open(out / "results.jsonl", "a") as f:
         f.write(json.dumps(res) + "\n")

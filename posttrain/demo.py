@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.config import GRPOConfig, SFTConfig, build_config
-from posttrain.trainers.common import peak_rss_mb, save_checkpoint, write_summary
+from posttrain.core.io import peak_rss_mb, write_summary
+from posttrain.trainers.common import save_checkpoint
 
 # The demo's settings, tuned on a 2-core CPU. One torch thread: at this model size a second
 # thread buys little, and on a busy machine intra-op threads stall each other badly.

@@ -4,7 +4,6 @@ docs/search.md). Every field is documented by the string under it (``posttrain s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 from posttrain.config.base import BaseConfig, ConfigError
@@ -36,7 +35,8 @@ class SearchConfig(BaseConfig):
     prm: str = ""
     """Process reward model directory (written by `posttrain prm`); empty: none."""
     aggregate: Literal["prod", "min", "last", "mean"] = "prod"
-    """How a PRM's step scores make a solution score (prod: P(every step is correct))."""
+    """How a PRM's step scores make a solution score (prod: P(every step is correct), Lightman
+    et al. 2023; a PRM reward's default is min). Steps are cut by the PRM's own saved rule."""
     beam_width: int = 4
     """PRM beam search: beams kept per round (B)."""
     expansions: int = 4
@@ -44,7 +44,8 @@ class SearchConfig(BaseConfig):
     beam_max_steps: int = 10
     """PRM beam search: rounds before giving up on unfinished beams."""
     step_separator: str = "; "
-    """Step boundary inside <think> that beam search stops at (the arithmetic task's "; ")."""
+    """Where beam search stops generating a step (the arithmetic task's "; "); the PRM splits
+    and scores solutions with its own saved rule, which must cut at this separator."""
     max_new_tokens: int = 64
     """Longest sampled solution (and longest beam-search step)."""
     temperature: float = 1.0
@@ -59,9 +60,8 @@ class SearchConfig(BaseConfig):
 
 
 def validate_search(cfg: SearchConfig) -> None:
-    """Cross-field checks and verifier paths (config.json only), before any model loads."""
-    from posttrain.models.reward import ScorerError, check_scorer_dir
-
+    """Cross-field checks (the verifier directories are checked by ``posttrain.search.run``,
+    before any model loads)."""
     if not cfg.eval_data:
         raise ConfigError("config key 'eval_data': required (problems with gold answers)")
     unknown = [m for m in cfg.methods if m not in METHODS]
@@ -82,12 +82,3 @@ def validate_search(cfg: SearchConfig) -> None:
             what = "'prm'" if method == "beam" else "'orm' or 'prm'"
             raise ConfigError(f"config key 'methods' includes {method}, which needs a verifier: "
                               f"set {what}")
-    for key, kind in (("orm", "orm"), ("prm", "prm")):
-        path = getattr(cfg, key)
-        if path:
-            if not Path(path).exists():
-                raise ConfigError(f"config key '{key}'={path!r}: directory not found")
-            try:
-                check_scorer_dir(path, kind)
-            except ScorerError as err:
-                raise ConfigError(f"config key '{key}': {err}") from err

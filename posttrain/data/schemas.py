@@ -95,13 +95,48 @@ def check_binary(value: Any) -> str | None:
     return f"expected 1 / 0 (or true / false), got {value!r}"
 
 
+def stdio_problem(item: dict) -> str | None:
+    """None if ``item`` is ``{"input": str, "output": str}``, else what is wrong with it."""
+    if set(item) != {"input", "output"}:
+        return (f"a dict test must have exactly the keys ['input', 'output'] (stdin/stdout "
+                f"test), got keys {sorted(map(str, item))}; for APPS-style "
+                "{'inputs': [...], 'outputs': [...]} make one test per pair")
+    for key in ("input", "output"):
+        if not isinstance(item[key], str):
+            return f"'{key}' must be a string, got {type(item[key]).__name__}"
+    return None
+
+
+def _test_problem(item: Any, index: int) -> str | None:
+    if isinstance(item, dict):
+        problem = stdio_problem(item)
+        return f"test {index}: {problem}" if problem else None
+    if not isinstance(item, str):
+        return (f"test {index}: expected a string (assert snippet) or an "
+                f"{{'input': str, 'output': str}} object, got {type(item).__name__}")
+    try:
+        compile(item, f"<test {index}>", "exec")
+    except (SyntaxError, ValueError) as exc:
+        return f"test {index} does not compile: {exc}: {item[:200]!r}"
+    return None
+
+
 def check_tests(value: Any) -> str | None:
     """An assert string, or a non-empty list of assert strings and/or stdin/stdout objects
     ``{"input": str, "output": str}``; each snippet must compile, a dict of any other shape is
-    an error (``posttrain.rewards.code_tests``, docs/sandbox.md)."""
-    from posttrain.rewards.code_tests import tests_problem
-
-    return tests_problem(value)
+    an error (the formats ``posttrain.rewards.code_tests`` judges, docs/sandbox.md)."""
+    if isinstance(value, str):
+        if not value.strip():
+            return "expected a non-empty test string"
+        try:
+            compile(value, "<tests>", "exec")
+        except (SyntaxError, ValueError) as exc:
+            return f"the tests do not compile: {exc}"
+        return None
+    if not isinstance(value, list) or not value:
+        return ("expected an assert string or a non-empty list of assert strings / "
+                f"{{'input': str, 'output': str}} objects, got {type(value).__name__}")
+    return next((p for i, item in enumerate(value) if (p := _test_problem(item, i))), None)
 
 
 # kind -> (required fields, optional fields); each field has its check.

@@ -34,9 +34,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from posttrain.core.device import autocast_ctx
 from posttrain.models.loading import ModelLoadError
 from posttrain.ops.masked import trim_padding
-from posttrain.rollout import autocast_ctx
 
 HEAD_FILE = "value_head.safetensors"
 CRITIC_ADAPTER = "critic"

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from posttrain.data.schemas import stdio_problem
+
 KINDS = ("value", "stdio", "assert")
 STDOUT_MATCH = ("exact", "rstrip", "tokens")
 _SCALARS = (type(None), bool, int, float, str)
@@ -221,39 +223,6 @@ def parse_test(item: Any, index: int = 0) -> CodeTest:
     except (SyntaxError, ValueError) as exc:
         raise ValueError(f"test {index} does not compile: {exc}: {item[:200]!r}") from exc
     return _value_test(item, module) or CodeTest("assert", item)
-
-
-def stdio_problem(item: dict) -> str | None:
-    """None if ``item`` is ``{"input": str, "output": str}``, else what is wrong with it."""
-    if set(item) != {"input", "output"}:
-        return (f"a dict test must have exactly the keys ['input', 'output'] (stdin/stdout "
-                f"test), got keys {sorted(map(str, item))}; for APPS-style "
-                "{'inputs': [...], 'outputs': [...]} make one test per pair")
-    for key in ("input", "output"):
-        if not isinstance(item[key], str):
-            return f"'{key}' must be a string, got {type(item[key]).__name__}"
-    return None
-
-
-def tests_problem(value: Any) -> str | None:
-    """None if ``value`` is a valid ``tests`` field (data loading), else what is wrong."""
-    if isinstance(value, str):
-        if not value.strip():
-            return "expected a non-empty test string"
-        try:
-            compile(value, "<tests>", "exec")
-        except (SyntaxError, ValueError) as exc:
-            return f"the tests do not compile: {exc}"
-        return None
-    if not isinstance(value, list) or not value:
-        return ("expected an assert string or a non-empty list of assert strings / "
-                f"{{'input': str, 'output': str}} objects, got {type(value).__name__}")
-    for index, item in enumerate(value):
-        try:
-            parse_test(item, index)
-        except ValueError as exc:
-            return str(exc)
-    return None
 
 
 FAILURES = ("failed", "timeout", "memory", "crashed", "sandbox_error")

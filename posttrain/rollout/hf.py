@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posttrain.rollout.fast_decode import lean_decoder
 from posttrain.rollout.kv_cache import decode_cache
 from posttrain.rollout.logits import autocast_ctx, logits_context
 from posttrain.rollout.record import Rollout
@@ -210,7 +209,6 @@ def _decode(model: torch.nn.Module, prompt_ids: Tensor, attn: Tensor, params: Sa
     rows = torch.arange(N, device=device)  # [n] original index of each running row
     alive = torch.ones(N, dtype=torch.bool, device=device)  # [n] not finished yet
     pos = pos[:, -1:]  # [n, 1]
-    lean = lean_decoder(model, cache)  # the bf16 sampler copy's lean step, else None
     for t in range(T):
         u = uniforms[rows.cpu(), t] if uniforms is not None else None  # [n]
         tok, lp = _next_token(logits, params, generator, u)  # [n], [n]
@@ -229,9 +227,6 @@ def _decode(model: torch.nn.Module, prompt_ids: Tensor, attn: Tensor, params: Sa
         # finished rows not yet compacted away run on and their samples are masked out
         attn = torch.cat([attn, torch.ones_like(tok)[:, None]], dim=1)  # [n, P+t+1]
         pos = pos + 1
-        if lean is not None:
-            logits = lean.step(tok, attn, pos, cache)  # [n, V]
-            continue
         out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos,
                     use_cache=True, **cache_kw)
         logits = out.logits[:, -1, :]  # [n, V]

@@ -17,14 +17,7 @@ from typing import Any
 
 import torch
 
-
-def autocast_ctx(
-    enabled: bool, device: torch.device | str = "cpu"
-) -> contextlib.AbstractContextManager:
-    """bf16 autocast on `device` (by its device type) when enabled, else a no-op context."""
-    if not enabled:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+from posttrain.core.device import autocast_ctx  # noqa: F401 (re-exported)
 
 
 def embeddings(model: torch.nn.Module) -> tuple[Any, Any]:

@@ -12,9 +12,7 @@ under autocast. The learner is unchanged (fp32 master weights, fp32 log-probs).
 `BF16Sampler.sync` copies the policy's current weights into the copy; the trainer calls it
 before every generation, so the copy never lags an optimizer step.
 
-Llama / Qwen2 / Mistral copies decode with `posttrain.rollout.fast_decode`'s lean step (fused
-weights rebuilt at every `sync`); the transformers forward then runs only the prefill. Other
-models: on a CPU with oneDNN bf16 support the body's linear layers run on weights pre-packed into
+On a CPU with oneDNN bf16 support the body's linear layers run on weights pre-packed into
 oneDNN's blocked layout (`torch.ops.mkldnn._linear_pointwise`, re-packed at every `sync`): an
 ``nn.Linear`` call re-packs its weight on every call, which at decode's few rows is half the
 cost of the matrix multiply (19M Llama, 64 rows: 80 -> about 40 us per 512 x 512 layer). The
@@ -29,7 +27,6 @@ from typing import Any
 
 import torch
 
-from posttrain.rollout.fast_decode import register_lean_decoder
 from posttrain.rollout.logits import embeddings, patched_forward
 
 __all__ = ["BF16Sampler", "bf16_clone", "bf16_sampler_supported", "fp32_input"]
@@ -85,11 +82,8 @@ class BF16Sampler:
         self._head_ctx.__enter__()
         self._packed: dict[torch.nn.Linear, torch.Tensor] = {}  # body linear -> packed weight
         self._linears: list[torch.nn.Linear] = []
-        # the lean decode step (`posttrain.rollout.fast_decode`) where the model supports it;
-        # then only the prefill runs the body's linears, and re-packing them is not worth it
-        self.lean = register_lean_decoder(self.model)
         on_cpu = next(policy.parameters()).device.type == "cpu"
-        if on_cpu and self.lean is None and packed_linear_supported():
+        if on_cpu and packed_linear_supported():
             head_copy = self.model.get_output_embeddings()
             self._linears = [m for m in self.model.modules()
                              if type(m) is torch.nn.Linear and m is not head_copy]
@@ -109,8 +103,6 @@ class BF16Sampler:
         for mine, theirs in self._pairs:
             mine.copy_(theirs)
         self._pack()
-        if self.lean is not None:
-            self.lean.pack()
 
 
 _PACK_ROWS = 64  # oneDNN's batch-size hint for the packed layout (any row count works)

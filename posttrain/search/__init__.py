@@ -1,9 +1,12 @@
 """Test-time search with verifiers: best-of-N, (weighted) majority vote, PRM beam search.
 
 See ``docs/search.md``. Scorers are small callables (:mod:`posttrain.search.scorers`), so a
-trained ORM/PRM, a rule or a test fake plug in the same way.
+trained ORM/PRM (the library's one scorer, :mod:`posttrain.models.scorers`), a rule or a test
+fake plug in the same way.
 """
 
+from posttrain.data.steps import split_steps
+from posttrain.models.scorers import aggregate_scores
 from posttrain.search.beam import BeamResult, Candidate, PolicyProposer, prm_beam_search
 from posttrain.search.evaluate import (
     Samples,
@@ -12,19 +15,8 @@ from posttrain.search.evaluate import (
     sample_solutions,
     score_samples,
 )
-from posttrain.search.scorers import (
-    OutcomeScorer,
-    StepScorer,
-    aggregate_steps,
-    prm_outcome,
-)
-from posttrain.search.select import (
-    best_of_n,
-    group_answers,
-    majority_vote,
-    split_steps,
-    weighted_vote,
-)
+from posttrain.search.scorers import OutcomeScorer, StepScorer, prm_outcome
+from posttrain.search.select import best_of_n, group_answers, majority_vote, weighted_vote
 
 __all__ = [
     "BeamResult",
@@ -33,7 +25,7 @@ __all__ = [
     "PolicyProposer",
     "Samples",
     "StepScorer",
-    "aggregate_steps",
+    "aggregate_scores",
     "best_of_n",
     "build_samples",
     "evaluate_selection",

@@ -25,8 +25,10 @@ from typing import Any, Protocol
 
 import torch
 
-from posttrain.search.scorers import StepScorer, aggregate_steps
-from posttrain.search.select import STEP_SEPARATOR, split_steps
+from posttrain.models.scorers import DEFAULT_AGGREGATE, outcome_from_steps
+from posttrain.search.scorers import StepScorer, step_splitter
+
+STEP_SEPARATOR = "; "
 
 
 @dataclass
@@ -84,8 +86,7 @@ def prm_beam_search(
     beam_width: int = 4,
     expansions: int = 4,
     max_steps: int = 10,
-    aggregate: str = "prod",
-    separator: str = STEP_SEPARATOR,
+    aggregate: str = DEFAULT_AGGREGATE,
     dedupe: bool = True,
 ) -> list[BeamResult]:
     """PRM beam search for each prompt (see the module docstring); all prompts run together.
@@ -93,7 +94,9 @@ def prm_beam_search(
     ``beam_width`` B beams are kept, each expanded into ``expansions`` M candidates per round;
     ``dedupe`` drops candidates identical to a better one before keeping the top B (otherwise
     a peaked policy fills the beam with copies). Unfinished beams at the step limit are
-    dropped (reported as no solution when nothing finished).
+    dropped (reported as no solution when nothing finished). A partial solution is split into
+    steps by the scorer's own rule (a trained PRM's saved one, see
+    :func:`posttrain.search.scorers.step_splitter`) and scored as a finished one would be.
     """
     if beam_width < 1 or expansions < 1 or max_steps < 1:
         raise ValueError(f"need beam_width, expansions, max_steps >= 1, got {beam_width}, "
@@ -116,7 +119,8 @@ def prm_beam_search(
                 pool_owner.append(p)
                 pool_text.append(prefix + c.text)
                 pool_done.append(c.done)
-        scores = _score(prompts, pool_owner, pool_text, step_scorer, aggregate, separator)
+        scores = outcome_from_steps(step_scorer, [prompts[p] for p in pool_owner], pool_text,
+                                    step_splitter(step_scorer), aggregate)
         pools: dict[int, list[tuple[str, bool, float]]] = {}
         for p, text, done, s in zip(pool_owner, pool_text, pool_done, scores, strict=True):
             pools.setdefault(p, []).append((text, done, s))
@@ -131,19 +135,6 @@ def prm_beam_search(
         results.append(BeamResult(completion=best[0], score=best[1], tokens=tokens[p],
                                   rounds=rounds[p], finished=len(finished[p])))
     return results
-
-
-def _score(prompts: Sequence[Any], owners: list[int], texts: list[str], step_scorer: StepScorer,
-           aggregate: str, separator: str) -> list[float]:
-    """Aggregated step score of each partial solution (one batched scorer call)."""
-    steps = [split_steps(t, separator) for t in texts]
-    keep = [i for i, s in enumerate(steps) if s]
-    out = [aggregate_steps([], aggregate)] * len(texts)
-    if keep:
-        scored = step_scorer([prompts[owners[i]] for i in keep], [steps[i] for i in keep])
-        for i, s in zip(keep, scored, strict=True):
-            out[i] = aggregate_steps(s, aggregate)
-    return out
 
 
 class PolicyProposer:

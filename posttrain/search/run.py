@@ -1,6 +1,7 @@
 """``posttrain search --config ...``: test-time search on held-out problems, with its compute.
 
-1. validate the config and the verifier directories (before any model loads);
+1. validate the config and the verifier directories (config.json only, before any model
+   loads);
 2. load the problems, the policy and the verifiers;
 3. sample max(n) solutions per problem once; score each with every verifier;
 4. best-of-n / majority / weighted vote at every n (disjoint groups of the samples);
@@ -11,11 +12,18 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from posttrain.config import ConfigError
 from posttrain.config.search import SearchConfig, validate_search
+from posttrain.core.device import resolve_device
+from posttrain.core.io import write_summary
+from posttrain.core.runtime import set_seed, setup_threads
+from posttrain.data.steps import THINK, split_steps
+from posttrain.models.reward import PRM_META_KEY, ScorerError, check_scorer_dir
 
 
 def _rows(cfg: SearchConfig) -> list[dict[str, Any]]:
@@ -37,15 +45,37 @@ def _rows(cfg: SearchConfig) -> list[dict[str, Any]]:
     return rows
 
 
+def check_verifiers(cfg: SearchConfig) -> None:
+    """The ORM / PRM directories hold scorers of their kind (config.json only), and beam search's
+    ``step_separator`` is a boundary of the PRM's saved split rule (else every partial solution
+    would be one step to the PRM)."""
+    configs = {}
+    for key in ("orm", "prm"):
+        path = getattr(cfg, key)
+        if not path:
+            continue
+        if not Path(path).exists():
+            raise ConfigError(f"config key '{key}'={path!r}: directory not found")
+        try:
+            configs[key] = check_scorer_dir(path, key)
+        except ScorerError as err:
+            raise ConfigError(f"config key '{key}': {err}") from err
+    if "prm" in configs and "beam" in cfg.methods:
+        rule = (configs["prm"].get(PRM_META_KEY) or {}).get("split", THINK)
+        if len(split_steps(f"<think>a{cfg.step_separator}b", rule)) != 2:
+            raise ConfigError(f"config key 'step_separator'={cfg.step_separator!r}: the PRM "
+                              f"splits steps by its saved rule {rule!r}, which does not cut "
+                              "there; set the separator the PRM's steps end with")
+
+
 def run_search(cfg: SearchConfig) -> dict[str, Any]:
     from posttrain.models.loading import load_model_and_tokenizer
     from posttrain.search import evaluate_selection, prm_outcome, sample_solutions, score_samples
     from posttrain.search.verifiers import load_orm_scorer, load_prm_scorer
-    from posttrain.trainers.common import set_seed, setup_threads, write_summary
-    from posttrain.trainers.session import resolve_device
 
     start = time.time()
     validate_search(cfg)  # 1
+    check_verifiers(cfg)
     setup_threads(cfg.threads)
     set_seed(cfg.seed)
     rows = _rows(cfg)  # 2
@@ -58,7 +88,7 @@ def run_search(cfg: SearchConfig) -> dict[str, Any]:
         outcome["orm"] = load_orm_scorer(cfg.orm, batch_size=cfg.batch_size, device=device)
     if cfg.prm:
         prm_steps = load_prm_scorer(cfg.prm, batch_size=cfg.batch_size, device=device)
-        outcome["prm"] = prm_outcome(prm_steps, cfg.aggregate, cfg.step_separator)
+        outcome["prm"] = prm_outcome(prm_steps, cfg.aggregate)
     summary: dict[str, Any] = {"problems": len(rows), "methods": {}}
     if any(m != "beam" for m in cfg.methods):
         samples = sample_solutions(  # 3
@@ -96,8 +126,7 @@ def _beam(cfg: SearchConfig, rows: list[dict[str, Any]], policy: Any, tok: Any, 
                              autocast=cfg.autocast_bf16)
     results = prm_beam_search([r["prompt"] for r in rows], propose, prm_steps,
                               beam_width=cfg.beam_width, expansions=cfg.expansions,
-                              max_steps=cfg.beam_max_steps, aggregate=cfg.aggregate,
-                              separator=cfg.step_separator)
+                              max_steps=cfg.beam_max_steps, aggregate=cfg.aggregate)
     correct = [is_correct(extract_answer(b.completion), r["answer"])
                for b, r in zip(results, rows, strict=True)]
     return {"accuracy": sum(correct) / len(correct),

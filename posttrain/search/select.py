@@ -17,43 +17,10 @@ vote (Uesato et al. 2022; Lightman et al. 2023, "Let's Verify Step by Step"); se
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 
 from posttrain.rewards.errors import UnscorableError
 from posttrain.rewards.math import extract_answer, math_equal, plain_number
-
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-STEP_SEPARATOR = "; "
-_ANSWER_BLOCK_RE = re.compile(r"<answer>.*?</answer>", re.DOTALL)
-
-
-def split_steps(completion: str, separator: str = STEP_SEPARATOR,
-                answer_step: bool = True) -> list[str]:
-    """The steps of a (possibly partial) completion, as the PRM sees them.
-
-    The text inside ``<think>...</think>`` (or after ``<think>`` while it is not closed) split on
-    the separator's non-blank part (``";"`` for ``"; "``), each step stripped, blank ones
-    skipped; then, with ``answer_step``, the ``<answer>...</answer>`` block after it as one last
-    step, so the PRM also judges the answer (the step format of
-    :mod:`posttrain.tasks.step_labels`). A partial solution ``"<think>1+2=3; "`` has one step;
-    a completion with neither block has none.
-    """
-    core = separator.strip() or separator
-    start = completion.find(THINK_OPEN)
-    steps: list[str] = []
-    rest = completion
-    if start >= 0:
-        body = completion[start + len(THINK_OPEN):]
-        end = body.find(THINK_CLOSE)
-        rest = body[end + len(THINK_CLOSE):] if end >= 0 else ""
-        body = body[:end] if end >= 0 else body
-        steps = [s.strip() for s in body.split(core) if s.strip()]
-    if answer_step:
-        match = _ANSWER_BLOCK_RE.search(rest)
-        if match:
-            steps.append(match.group(0))
-    return steps
 
 
 def answers_of(completions: Sequence[str]) -> list[str | None]:

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.config import SFTConfig, build_config
-from posttrain.trainers.common import peak_rss_mb, save_checkpoint, write_summary
+from posttrain.core.io import peak_rss_mb, write_summary
+from posttrain.trainers.common import save_checkpoint
 
 CODE_REWARD = [{"name": "code", "weight": 1.0, "kwargs": {"timeout_s": 2.0}}]
 

@@ -1,9 +1,8 @@
 """Step-labelled rows ``{"prompt", "steps", "labels"}`` for process reward models, two ways.
 
-Splitting a completion into steps (:func:`step_spans`): ``how="think"`` is the format of the
-arithmetic task, ``<think>s1; s2; s3</think><answer>a</answer>``: each ``;``-separated part of
-the reasoning is a step and the answer tag is one final step, so a PRM also judges the answer.
-Any other ``how`` is a literal delimiter (``"\\n"`` for one step per line, GSM8K-style).
+Completions are split into steps by the library's one step format (:mod:`posttrain.data.steps`:
+``"think"``, the arithmetic task's ``<think>s1; s2; s3</think><answer>a</answer>``, or a literal
+delimiter), the rule a PRM trained on these rows saves and scores with.
 
 (a) **Exact labels** (:func:`exact_labels`, :func:`exact_rows`) for the policy's OWN samples on the
 arithmetic task. Step ``i`` (``a op b = c``) is correct when its input ``a`` is the true value of
@@ -42,61 +41,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from posttrain.data.steps import split_steps, step_spans
 from posttrain.tasks.arithmetic import Problem, _apply, parse_problem, sample_problem, write_jsonl
 
 AFTER_FIRST_ERROR = ("negative", "truncate")
-_THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
-_ANSWER_RE = re.compile(r"<answer>.*?</answer>", re.DOTALL)
 _STEP_RE = re.compile(r"^\s*(-?\d+)\s*([+\-*])\s*(\d+)\s*=\s*(-?\d+)\s*$")
 _ANSWER_VALUE_RE = re.compile(r"^<answer>\s*(-?\d+)\s*</answer>$")
-
-
-# ----------------------------------------------------------------------------------------------
-# splitting completions into steps
-# ----------------------------------------------------------------------------------------------
-def step_spans(completion: str, how: str = "think") -> list[tuple[int, int]]:
-    """Character spans ``(start, end)`` of the steps of ``completion`` (see the module doc).
-
-    ``completion[:end]`` of step ``i`` is the prefix a Math-Shepherd rollout continues from.
-    """
-    if how != "think":
-        if not how:
-            raise ValueError("step split: a delimiter must be a non-empty string or 'think'")
-        spans, start = [], 0
-        for piece in completion.split(how):
-            end = start + len(piece)
-            if piece.strip():
-                spans.append(_strip_span(completion, start, end))
-            start = end + len(how)
-        return spans
-    spans = []
-    think = _THINK_RE.search(completion)
-    if think:
-        start = think.start(1)
-        for piece in think.group(1).split(";"):
-            end = start + len(piece)
-            if piece.strip():
-                spans.append(_strip_span(completion, start, end))
-            start = end + 1
-    answer = _ANSWER_RE.search(completion, think.end() if think else 0)
-    if answer:
-        spans.append((answer.start(), answer.end()))
-    if not spans and completion.strip():  # unparseable: the whole completion is one step
-        spans.append(_strip_span(completion, 0, len(completion)))
-    return spans
-
-
-def _strip_span(text: str, start: int, end: int) -> tuple[int, int]:
-    while start < end and text[start].isspace():
-        start += 1
-    while end > start and text[end - 1].isspace():
-        end -= 1
-    return start, end
-
-
-def split_steps(completion: str, how: str = "think") -> list[str]:
-    """The step texts of ``completion`` (see :func:`step_spans`)."""
-    return [completion[a:b] for a, b in step_spans(completion, how)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -134,11 +84,6 @@ def exact_labels(problem: Problem | str, steps: Sequence[str],
         if not ok and after_first_error == "truncate":
             break
     return labels
-
-
-def first_error(labels: Sequence[int]) -> int:
-    """Index of the first negative label, or ``len(labels)`` when there is none."""
-    return next((i for i, v in enumerate(labels) if v == -1), len(labels))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -57,9 +57,9 @@ from posttrain.trainers.checkpoint import (
     load_trainable,
     read_checkpoint,
     read_model_weights,
-    trained_tensors,
     rng_state,
     set_rng_state,
+    trained_tensors,
     truncate_metrics,
     write_checkpoint,
 )

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import ctypes
-import json
 import math
 import os
-import random
-import resource
 import shutil
 import sys
 from pathlib import Path
@@ -16,25 +13,8 @@ from typing import Any
 import torch
 
 from posttrain.config import BaseConfig, to_dict
-
-
-def set_seed(seed: int) -> torch.Generator:
-    """Seed python, torch (and numpy if present); return a CPU torch.Generator.
-
-    The generator drives data order and, through a seed drawn from it, sampling on any device
-    (the rollout derives a generator on the model's device).
-    """
-    random.seed(seed)
-    torch.manual_seed(seed)
-    try:
-        import numpy as np
-
-        np.random.seed(seed % 2**32)
-    except ImportError:  # pragma: no cover
-        pass
-    gen = torch.Generator()
-    gen.manual_seed(seed)
-    return gen
+from posttrain.core.io import peak_rss_mb, write_summary  # noqa: F401 (moved to core)
+from posttrain.core.runtime import set_seed, setup_threads  # noqa: F401 (moved to core)
 
 
 def sequence_seed(*keys: int | str) -> int:
@@ -44,11 +24,6 @@ def sequence_seed(*keys: int | str) -> int:
 
     digest = hashlib.blake2b(":".join(map(str, keys)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
-
-
-def setup_threads(threads: int) -> None:
-    if threads > 0:
-        torch.set_num_threads(threads)
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str, min_ratio: float = 0.0) -> float:
@@ -114,12 +89,6 @@ def release_freed_memory() -> None:
     trim(0)
 
 
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process in MiB (Linux reports KiB, macOS bytes)."""
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
-
-
 def merged(model: Any) -> Any:
     """The plain model to save: LoRA adapters merged into the weights (peft), else `model`."""
     merge = getattr(model, "merge_and_unload", None)
@@ -150,19 +119,6 @@ def save_checkpoint(model: Any, tokenizer: Any, path: str | Path,
     os.replace(tmp, path)
     if old.exists():
         shutil.rmtree(old)
-    return path
-
-
-def write_summary(out_dir: str | Path, cfg: BaseConfig | None, **fields: Any) -> Path:
-    """Write `summary.json` (eval_before, eval_after, seconds, peak_rss_mb, ...) atomically."""
-    path = Path(out_dir) / "summary.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"peak_rss_mb": round(peak_rss_mb(), 1), **fields}
-    if cfg is not None:
-        data["config"] = to_dict(cfg)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
     return path
 
 

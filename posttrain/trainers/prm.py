@@ -19,7 +19,7 @@ step, or "none", equals the first labelled -1, or "none"), and ``solution_auc`` 
 aggregated score against "every step is good".
 
 The step format (separator, how completions are split into steps, classes) is saved in the
-checkpoint's config.json (``posttrain_prm``) for the scorer (``posttrain.rewards.learned``).
+checkpoint's config.json (``posttrain_prm``) for the scorer (``posttrain.models.scorers``).
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ from posttrain.models.reward import (
     pad_right,
     token_logits,
 )
-from posttrain.ops import aggregate_step_scores, prm_step_loss, step_scores_from_logits
-from posttrain.tasks.step_labels import first_error
+from posttrain.models.scorer_metrics import step_metrics
+from posttrain.models.scorers import aggregate_scores
+from posttrain.ops import prm_step_loss, step_scores_from_logits
 from posttrain.trainers.base import Trainer
 from posttrain.trainers.engine import shard_plan
-from posttrain.trainers.reward_model import roc_auc
 
 
 def soft_step_loss(logits: Tensor, targets: Tensor, step_mask: Tensor,
@@ -60,34 +60,6 @@ def soft_step_loss(logits: Tensor, targets: Tensor, step_mask: Tensor,
     mask = step_mask.bool()
     count = mask.sum() if total_steps is None else total_steps
     return torch.where(mask, nll, 0.0).sum() / count  # []
-
-
-def step_metrics(pred_good: list[list[bool]], labels: list[list[int]],
-                 scores: list[float] | None = None) -> dict[str, float]:
-    """Step accuracy, bad-step precision / recall / F1, first-error accuracy (+ solution AUC).
-
-    ``pred_good[i][j]``: step j of row i predicted good; ``labels``: 1 / 0 / -1 (0 = good).
-    """
-    tp = fp = fn = correct = total = first_ok = 0
-    for pred, lab in zip(pred_good, labels, strict=True):
-        for p, y in zip(pred, lab, strict=True):
-            bad_true, bad_pred = y == -1, not p
-            tp += bad_true and bad_pred
-            fp += bad_pred and not bad_true
-            fn += bad_true and not bad_pred
-            correct += bad_true == bad_pred
-            total += 1
-        first_ok += first_error([1 if p else -1 for p in pred]) == first_error(lab)
-    precision = tp / max(1, tp + fp)
-    recall = tp / max(1, tp + fn)
-    out = {"step_accuracy": correct / max(1, total), "bad_precision": precision,
-           "bad_recall": recall,
-           "bad_f1": 2 * precision * recall / (precision + recall) if tp else 0.0,
-           "first_error_accuracy": first_ok / max(1, len(labels)), "steps": float(total)}
-    if scores is not None:
-        all_good = torch.tensor([all(y != -1 for y in lab) for lab in labels])
-        out["solution_auc"] = roc_auc(torch.tensor(scores), all_good)
-    return out
 
 
 class PRMTrainer(Trainer):
@@ -231,12 +203,8 @@ class PRMTrainer(Trainer):
 def evaluate_step_scores(scores: list[list[float]], labels: list[list[int]],
                          threshold: float = 0.5) -> dict[str, float]:
     """:func:`step_metrics` of step scores (good when >= threshold), + ``min`` solution AUC."""
-    pred = [[s >= threshold for s in row] for row in scores]
-    S = max(len(r) for r in scores)
-    padded = torch.tensor([r + [1.0] * (S - len(r)) for r in scores])  # [B, S]
-    mask = torch.tensor([[j < len(r) for j in range(S)] for r in scores])  # [B, S]
-    agg = aggregate_step_scores(padded, mask, "min").tolist()  # [B]
-    return {**step_metrics(pred, labels, agg), "n": float(len(labels))}
+    agg = aggregate_scores(scores, "min")  # [B]
+    return {**step_metrics(scores, labels, threshold, agg), "n": float(len(labels))}
 
 
 def _check_soft(rows: list[dict[str, Any]], source: str) -> None:

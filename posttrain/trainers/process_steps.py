@@ -10,9 +10,10 @@ ends and a score per step. A *step scorer* supplies both; anything with this cal
 `char_ends[j]` is the character offset (exclusive) in the completion text where step `j` ends.
 
 * :class:`PRMStepScorer` is the one a recipe gets from ``process_reward_model: DIR``: a PRM saved
-  by ``posttrain prm``. Steps are cut with the PRM's OWN saved rule
-  (``posttrain.tasks.step_labels.step_spans`` with the rule stored in the checkpoint, the one
-  it was trained on) and each step's score is the PRM's P(good) at that step's end.
+  by ``posttrain prm``, run by the library's one scorer (``posttrain.models.scorers``): steps
+  are cut with the PRM's OWN saved rule (``posttrain.data.steps``, the rule it was trained on)
+  and each step's score is the PRM's P(good) at that step's end, the same scores its
+  ``process_reward_model`` reward and ``posttrain search`` aggregate.
 * ``process_reward_model: package.module:name`` loads any other callable of the shape above (or
   a zero-argument factory of one, when ``name`` is a class).
 
@@ -20,7 +21,8 @@ ends and a score per step. A *step scorer* supplies both; anything with this cal
 that completes step `j`'s last character ends step `j`; the LAST step is extended to the last
 counted token (the EOS included), so a completion's final tokens share its last step's credit
 and a completion with one step gets its outcome advantage on every token. A completion without
-any step (empty text) gets one step scored ``EMPTY_STEP_SCORE`` (0.0, the worst P(good)).
+any step (blank text) gets one step scored ``EMPTY_SCORE`` (0.0, the worst P(good)), the
+score such a completion gets as a reward and in search.
 """
 
 from __future__ import annotations
@@ -34,26 +36,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posttrain.models.scorers import EMPTY_SCORE, get_scorer
+
 StepScorer = Callable[[Sequence[Any], Sequence[str]], list[tuple[list[int], list[float]]]]
-EMPTY_STEP_SCORE = 0.0
 
 
 class PRMStepScorer:
     """Step ends and P(good) per step from a PRM saved by ``posttrain prm``."""
 
     def __init__(self, path: str, device: str = "auto", dtype: str = "float32") -> None:
-        from posttrain.rewards.learned import get_scorer
-
         self.prm = get_scorer(path, "prm", device, dtype)
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[str]
                  ) -> list[tuple[list[int], list[float]]]:
-        from posttrain.tasks.step_labels import step_spans
-
-        spans = [step_spans(c, self.prm.meta["split"]) for c in completions]
-        steps = [[c[a:b] for a, b in sp] for c, sp in zip(completions, spans, strict=True)]
-        scores = self.prm.score_steps(prompts, steps)
-        return [([b for _, b in sp], list(sc)) for sp, sc in zip(spans, scores, strict=True)]
+        spans = [self.prm.spans(c) for c in completions]
+        scores = self.prm.step_scores(prompts, completions)
+        return [([b for _, b in sp], sc) for sp, sc in zip(spans, scores, strict=True)]
 
 
 def is_target(spec: str) -> bool:
@@ -146,7 +144,7 @@ def step_tensors(tokenizer: Any, completion_ids: Tensor, response_mask: Tensor,
                              f"{len(scores)} scores")
         ids = completion_ids[i][response_mask[i]].tolist()
         ends = token_ends(tokenizer, ids, list(char_ends))
-        vals = [float(s) for s in scores] if char_ends else [EMPTY_STEP_SCORE] * len(ends)
+        vals = [float(s) for s in scores] if char_ends else [EMPTY_SCORE] * len(ends)
         ends_all.append(ends)
         scores_all.append(vals)
     S = max(1, max(len(e) for e in ends_all))

@@ -40,23 +40,12 @@ from posttrain.models.reward import (
     position_scores,
     sequence_scores,
 )
+from posttrain.models.scorer_metrics import roc_auc
 from posttrain.ops import bradley_terry_loss, token_outcome_loss
 from posttrain.trainers.base import Trainer
 from posttrain.trainers.engine import shard_plan
 
 KIND = {"bradley_terry": "preferences", "binary": "outcomes"}
-
-
-def roc_auc(scores: Tensor, labels: Tensor) -> float:
-    """Area under the ROC curve: P(score of a positive > score of a negative), ties count 1/2.
-
-    Args: scores [N]; labels [N] bool (True = positive). Returns nan without both classes.
-    """
-    pos, neg = scores[labels.bool()], scores[~labels.bool()]  # [P], [Q]
-    if pos.numel() == 0 or neg.numel() == 0:
-        return float("nan")
-    diff = pos[:, None] - neg[None, :]  # [P, Q]
-    return float(((diff > 0).float() + 0.5 * (diff == 0).float()).mean())
 
 
 def encode(tokenizer: Any, rows: list[dict[str, Any]], field: str, max_len: int,

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from posttrain.config import BaseConfig, ConfigError
+from posttrain.core.device import resolve_device
 from posttrain.data import as_messages, load_rows, render_prompt, validate_rows
 from posttrain.models import apply_lora, load_model_and_tokenizer
 from posttrain.rewards.registry import RewardScorer, RewardSpec, validate_specs
@@ -163,13 +164,6 @@ class _Bar:
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
-
-
-def resolve_device(name: str) -> torch.device:
-    """`auto` -> cuda when available, else cpu; anything else as torch spells it."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def _normalise_rows(rows: list[dict[str, Any]], answer_field: str,

@@ -8,7 +8,7 @@ import torch
 
 from posttrain.models import build_char_tokenizer, build_tiny_llama
 from posttrain.models.reward import PRM_META_KEY, build_scorer
-from posttrain.rewards.learned import ProcessScorer, aggregate_scores, get_scorer
+from posttrain.models.scorers import ProcessScorer, aggregate_scores, get_scorer
 from posttrain.rewards.registry import RewardScorer, RewardSpec, validate_specs
 from posttrain.trainers.common import save_checkpoint
 

@@ -75,17 +75,13 @@ def test_not_supported_for_peft_models():
     assert not bf16_sampler_supported(lora)
 
 
-def test_packed_linears_sample_exactly_what_plain_linears_do(monkeypatch):
-    """Where oneDNN's packed bf16 linear is used (CPU, models without the lean decode step of
-    `posttrain.rollout.fast_decode`), the copy's samples and log-probs equal those of the same
-    copy with plain ``nn.Linear`` calls, also after a sync (re-packed)."""
-    from posttrain.rollout import sampler_copy
+def test_packed_linears_sample_exactly_what_plain_linears_do():
+    """Where oneDNN's packed bf16 linear is used (CPU), the copy's samples and log-probs equal
+    those of the same copy with plain ``nn.Linear`` calls, also after a sync (re-packed)."""
     from posttrain.rollout.sampler_copy import packed_linear_supported
 
     policy, tok = _tiny()
-    monkeypatch.setattr(sampler_copy, "register_lean_decoder", lambda model: None)
     sampler = BF16Sampler(policy)
-    assert sampler.lean is None
     if not packed_linear_supported():
         assert not sampler._packed  # nothing packed where it is not exact
         return
@@ -106,11 +102,3 @@ def test_packed_linears_sample_exactly_what_plain_linears_do(monkeypatch):
         m.forward = fwd
     assert torch.equal(packed.completion_ids, unpacked.completion_ids)
     assert torch.equal(packed.logprobs, unpacked.logprobs)
-
-
-def test_lean_copy_packs_only_its_decode_weights():
-    """With the lean decode step the body's own linears are not re-packed at every sync (only
-    the prefill runs them); the lean step's fused weights are."""
-    policy, _ = _tiny()
-    sampler = BF16Sampler(policy)
-    assert sampler.lean is not None and not sampler._packed and not sampler._linears

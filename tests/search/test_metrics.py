@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from posttrain.search.metrics import bad_step_f1, pair_accuracy, pooled_auc
+from posttrain.search.metrics import pair_accuracy, pooled_auc
 
 
 def test_pair_accuracy_within_problem_only():
@@ -24,15 +24,3 @@ def test_pooled_auc_matches_pair_count():
     assert pooled_auc([[0.9, 0.5], [0.3, 0.3]], [[True, False], [True, False]]) == 0.625
     assert pooled_auc([[1.0, 0.0]], [[True, False]]) == 1.0
     assert math.isnan(pooled_auc([[1.0, 0.0]], [[True, True]]))
-
-
-def test_bad_step_f1_golden():
-    scores = [[0.9, 0.2, 0.1], [0.4, 0.8]]
-    labels = [[1, -1, -1], [1, -1]]
-    # predicted bad: 0.2, 0.1, 0.4 -> tp 2 (0.2, 0.1), fp 1 (0.4), fn 1 (0.8 labelled -1)
-    got = bad_step_f1(scores, labels)
-    assert got["precision"] == pytest.approx(2 / 3) and got["recall"] == pytest.approx(2 / 3)
-    assert got["f1"] == pytest.approx(2 / 3)
-    assert (got["steps"], got["bad_steps"]) == (5, 3)
-    with pytest.raises(ValueError, match="2 step scores but 1 labels"):
-        bad_step_f1([[0.1, 0.2]], [[1]])

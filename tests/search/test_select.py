@@ -7,27 +7,13 @@ import math
 import pytest
 
 from posttrain.search import (
-    aggregate_steps,
+    aggregate_scores,
     best_of_n,
     group_answers,
     majority_vote,
     prm_outcome,
-    split_steps,
     weighted_vote,
 )
-
-
-def test_split_steps():
-    full = "<think>12+7=19; 19*3=57</think><answer>57</answer>"
-    assert split_steps(full) == ["12+7=19", "19*3=57", "<answer>57</answer>"]
-    assert split_steps(full, answer_step=False) == ["12+7=19", "19*3=57"]
-    assert split_steps("<think>12+7=19; ") == ["12+7=19"]  # partial: trailing separator
-    assert split_steps("<think>12+7=19; 19*3") == ["12+7=19", "19*3"]
-    assert split_steps("<think> a ;; b</think>") == ["a", "b"]  # stripped, blank skipped
-    assert split_steps("<think></think><answer>1</answer>") == ["<answer>1</answer>"]
-    assert split_steps("<answer>1</answer>") == ["<answer>1</answer>"]
-    assert split_steps("no blocks at all") == []
-    assert split_steps("<think>a | b</think>", separator=" | ") == ["a", "b"]
 
 
 def test_group_answers_uses_math_equivalence():
@@ -72,15 +58,16 @@ def test_weighted_vote_errors_and_empty():
     assert weighted_vote([None, None], [1.0, 1.0]) is None
 
 
-def test_aggregate_steps_golden():
+def test_aggregate_scores_golden():
     s = [0.5, 0.8]
-    assert aggregate_steps(s, "prod") == pytest.approx(0.4)  # 0.5 * 0.8
-    assert aggregate_steps(s, "min") == 0.5
-    assert aggregate_steps(s, "last") == 0.8
-    assert aggregate_steps(s, "mean") == pytest.approx(0.65)  # (0.5 + 0.8) / 2
-    assert aggregate_steps([], "prod") == 0.0  # no steps: not trusted
+    assert aggregate_scores([s], "prod") == pytest.approx([0.4])  # 0.5 * 0.8
+    assert aggregate_scores([s], "min") == [0.5]
+    assert aggregate_scores([s], "last") == pytest.approx([0.8])
+    assert aggregate_scores([s], "mean") == pytest.approx([0.65])  # (0.5 + 0.8) / 2
+    assert aggregate_scores([s, []], "prod") == pytest.approx([0.4, 0.0])  # no steps: 0
+    assert aggregate_scores([s]) == [0.5]  # the one default: min
     with pytest.raises(ValueError, match="valid"):
-        aggregate_steps(s, "max")
+        aggregate_scores([s], "max")
 
 
 def test_prm_outcome_splits_scores_and_aggregates():
@@ -91,8 +78,21 @@ def test_prm_outcome_splits_scores_and_aggregates():
         return [[0.9 if "=" in x else 0.2 for x in row] for row in steps]
 
     score = prm_outcome(step_scorer, "prod")
-    got = score(["p1", "p2", "p3"], ["<think>1+1=2; 2*3=6</think>",
-                                     "6",  # no steps: 0.0, not sent to the scorer
-                                     "<think>1+1=2; oops</think>"])
-    assert got == pytest.approx([0.81, 0.0, 0.18])  # 0.9*0.9, -, 0.9*0.2
-    assert calls == [(["p1", "p3"], [["1+1=2", "2*3=6"], ["1+1=2", "oops"]])]
+    got = score(["p1", "p2", "p3", "p4"], ["<think>1+1=2; 2*3=6</think>",
+                                           " ",  # no step: 0.0, not sent to the scorer
+                                           "<think>1+1=2; oops</think>",
+                                           "6"])  # no block: one step, its whole text
+    assert got == pytest.approx([0.81, 0.0, 0.18, 0.2])  # 0.9*0.9, -, 0.9*0.2, 0.2
+    assert calls == [(["p1", "p3", "p4"], [["1+1=2", "2*3=6"], ["1+1=2", "oops"], ["6"]])]
+
+
+def test_prm_outcome_uses_the_scorers_own_split_rule():
+    class LineScorer:  # like a trained PRM whose saved rule is one step per line
+        def split(self, completion):
+            return [x for x in completion.split("\n") if x]
+
+        def __call__(self, prompts, steps):
+            return [[0.5] * len(row) for row in steps]
+
+    got = prm_outcome(LineScorer(), "prod")(["p"], ["<think>a; b; c</think>\nd"])
+    assert got == pytest.approx([0.25])  # two lines, not four think steps

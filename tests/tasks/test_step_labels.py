@@ -1,31 +1,18 @@
 import pytest
 import torch
 
+from posttrain.data.steps import first_error, split_steps
 from posttrain.models import build_char_tokenizer, build_tiny_llama
 from posttrain.tasks.step_labels import (
     exact_labels,
-    first_error,
     label_agreement,
     math_shepherd_labels,
     pair_rows,
-    split_steps,
-    step_spans,
 )
 
 # 12+7*3-5 = ((12+7)*3)-5: true values 19, 57, 52
 PROBLEM = "12+7*3-5"
 GOOD = "<think>12+7=19; 19*3=57; 57-5=52</think><answer>52</answer>"
-
-
-def test_split_think_format_and_delimiters():
-    assert split_steps(GOOD) == ["12+7=19", "19*3=57", "57-5=52", "<answer>52</answer>"]
-    spans = step_spans(GOOD)
-    assert GOOD[:spans[1][1]] == "<think>12+7=19; 19*3=57"  # the rollout prefix after step 2
-    assert split_steps("garbage") == ["garbage"]  # unparseable: one step
-    assert split_steps("") == []
-    assert split_steps("a\n\nb\n", "\n") == ["a", "b"]
-    with pytest.raises(ValueError, match="delimiter"):
-        split_steps("a", "")
 
 
 def test_exact_labels_conventions():

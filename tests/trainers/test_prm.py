@@ -10,7 +10,7 @@ from posttrain.models import build_char_tokenizer, build_tiny_llama
 from posttrain.models.reward import check_scorer_dir, load_scorer, prm_meta
 from posttrain.tasks.arithmetic import step_rows, write_jsonl
 from posttrain.trainers.common import save_checkpoint
-from posttrain.trainers.prm import PRMTrainer, soft_step_loss, step_metrics
+from posttrain.trainers.prm import PRMTrainer, soft_step_loss
 
 
 @pytest.fixture(scope="module")
@@ -33,18 +33,6 @@ def _cfg(world: dict[str, str], out: Path, **kw) -> PRMConfig:
             "max_steps": 1, "batch_size": 32, "micro_batch_size": 32, "progress": False,
             "lr": 3e-3, "max_seq_len": 128, "threads": 1}
     return build_config(PRMConfig, overrides={**base, **kw})
-
-
-def test_step_metrics_golden():
-    # row 1: labels [1, -1, -1], predicted good [T, F, T] -> bad tp=1 (step 2), fn=1 (step 3)
-    # row 2: labels [1, 1], predicted [T, F] -> fp=1; correct steps: 1+1+0 + 1+0 = 3 of 5
-    # precision 1/2, recall 1/2, F1 1/2; first error: row 1 (1 == 1) ok, row 2 (1 != 2) wrong
-    m = step_metrics([[True, False, True], [True, False]], [[1, -1, -1], [1, 1]])
-    assert m["step_accuracy"] == pytest.approx(3 / 5)
-    assert m["bad_precision"] == m["bad_recall"] == m["bad_f1"] == pytest.approx(0.5)
-    assert m["first_error_accuracy"] == pytest.approx(0.5)
-    perfect = step_metrics([[True, False]], [[0, -1]])  # neutral counts as good
-    assert perfect["bad_f1"] == 1.0 and perfect["first_error_accuracy"] == 1.0
 
 
 def test_soft_step_loss_golden():

@@ -17,7 +17,7 @@ from posttrain.models.reward import (
 from posttrain.tasks.arithmetic import write_jsonl
 from posttrain.tasks.preferences import offline_pairs
 from posttrain.trainers.common import save_checkpoint
-from posttrain.trainers.reward_model import RewardModelTrainer, completion_starts, encode, roc_auc
+from posttrain.trainers.reward_model import RewardModelTrainer, completion_starts, encode
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +40,6 @@ def _cfg(world: dict[str, str], out: Path, **kw) -> RMConfig:
             "max_steps": 1, "batch_size": 16, "micro_batch_size": 32, "progress": False,
             "lr": 3e-3, "max_seq_len": 128, "threads": 1}
     return build_config(RMConfig, overrides={**base, **kw})
-
-
-def test_roc_auc_golden():
-    # positives {0.9, 0.4}, negatives {0.4, 0.1}: pairs (0.9>0.4)=1, (0.9>0.1)=1,
-    # (0.4=0.4)=0.5, (0.4>0.1)=1 -> 3.5 / 4 = 0.875
-    scores = torch.tensor([0.9, 0.4, 0.4, 0.1])
-    labels = torch.tensor([True, True, False, False])
-    assert roc_auc(scores, labels) == pytest.approx(0.875)
-    assert roc_auc(-scores, labels) == pytest.approx(0.125)
-    assert roc_auc(scores, torch.ones(4, dtype=torch.bool)) != roc_auc(scores, labels)  # nan
 
 
 def test_score_is_read_at_the_last_real_token(world):
