@@ -21,7 +21,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
@@ -49,7 +49,9 @@ class BaseConfig:
     seed: int = 0
     """Random seed for data order, sampling and initialisation."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Dtype of the weights as loaded."""
+    """Dtype of the weights as loaded. Training refuses bfloat16 for a full fine-tune (pure-bf16
+    AdamW rounds most small updates away: use bf16_compute or autocast_bf16, which keep fp32
+    master weights); with LoRA it is allowed (the frozen base in bf16, the adapters fp32)."""
     autocast_bf16: bool = False
     """Run forward passes under bf16 autocast (weights stay fp32; the LM head and log-probs stay
     fp32). Fast on CPUs with a bf16 matrix unit and on GPUs. GRPO and PPO then sample from a
@@ -143,6 +145,9 @@ class BaseConfig:
     trackio (local-first, works offline; `pip install trackio`), wandb; [] for none."""
     run_name: str = ""
     """Run name shown by the trackers; empty: the last part of `out_dir`."""
+
+    trains_weights: ClassVar[bool] = True
+    """False for commands that only run a model (search): they may load it in bf16."""
 
     def validate(self) -> None:
         """Cross-field checks of one trainer's config (types are checked already)."""
@@ -290,6 +295,7 @@ def validate_config(cfg: BaseConfig) -> None:
         raise ConfigError(f"config key 'max_steps'={cfg.max_steps}: expected >= 0")
     if cfg.lr <= 0:
         raise ConfigError(f"config key 'lr'={cfg.lr}: expected > 0")
+    _check_dtype(cfg)
     if cfg.keep_checkpoints < 1:
         raise ConfigError(f"config key 'keep_checkpoints'={cfg.keep_checkpoints}: expected >= 1")
     if not 0.0 <= cfg.min_lr_ratio <= 1.0:
@@ -299,6 +305,16 @@ def validate_config(cfg: BaseConfig) -> None:
         raise ConfigError(f"config key 'report_to': unknown tracker(s) {unknown}; valid: "
                           f"{list(TRACKERS)}")
     cfg.validate()
+
+
+def _check_dtype(cfg: BaseConfig) -> None:
+    """Pure-bf16 weights only where nothing trains them in bf16 (LoRA adapters stay fp32)."""
+    if cfg.dtype == "bfloat16" and cfg.trains_weights and cfg.lora_r == 0:
+        raise ConfigError(
+            "config key 'dtype'=bfloat16: a full fine-tune with bf16 weights loses most AdamW "
+            "updates to rounding (the model silently does not learn); keep dtype: float32 and "
+            "set bf16_compute: true (bf16 passes, fp32 master weights) or autocast_bf16: true, "
+            "or train LoRA adapters (lora_r > 0; they stay fp32)")
 
 
 def config_help(cls: type[BaseConfig]) -> str:

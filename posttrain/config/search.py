@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from posttrain.config.base import BaseConfig, ConfigError
 
@@ -14,6 +14,7 @@ METHODS = ("best_of_n", "majority", "weighted", "beam")
 
 @dataclass
 class SearchConfig(BaseConfig):
+    trains_weights: ClassVar[bool] = False
     eval_data: str = ""
     """Problems {"prompt", "answer"} (JSONL path or `datasets` name) to search on."""
     prompt_field: str = "prompt"
