@@ -47,7 +47,6 @@ def test_bf16_weights_allowed_with_lora_and_for_search():
 def test_lora_adapters_stay_fp32_on_a_bf16_base():
     """What allowing bf16 with LoRA relies on: peft creates the trainable adapters in fp32."""
     import torch
-
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from posttrain.models import apply_lora
