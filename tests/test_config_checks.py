@@ -57,3 +57,53 @@ def test_lora_adapters_stay_fp32_on_a_bf16_base():
     peft_model = apply_lora(model, r=2, target_modules=["q_proj", "v_proj"])
     trainable = [p for p in peft_model.parameters() if p.requires_grad]
     assert trainable and all(p.dtype == torch.float32 for p in trainable)
+
+
+@pytest.mark.parametrize(("cls", "key", "hint"), [
+    (GRPOConfig, "num_generations", "Did you mean group_size?"),
+    (GRPOConfig, "learning_rate", "Did you mean lr?"),
+    (GRPOConfig, "beta", "Did you mean kl_coef?"),
+    (PPOConfig, "beta", "Did you mean kl_coef?"),
+    (GRPOConfig, "max_completion_length", "Did you mean max_new_tokens?"),
+    (GRPOConfig, "per_device_train_batch_size", "Did you mean prompts_per_step"),
+    (DPOConfig, "per_device_train_batch_size", "Did you mean batch_size?"),
+    (SFTConfig, "per_device_train_batch_size", "Did you mean batch_size?"),
+    (GRPOConfig, "reward_funcs", "Did you mean rewards?"),
+    (GRPOConfig, "train_dataset", "Did you mean train_data?"),
+    (GRPOConfig, "processing_class", "Did you mean the `tokenizer=` argument"),
+])
+def test_trl_names_get_our_name(cls, key, hint):
+    with pytest.raises(ConfigError) as err:
+        _build(cls, **{key: 1})
+    assert f"unknown config key '{key}'. {hint}" in str(err.value)
+    assert f"'{key}' is TRL's name" in str(err.value)
+
+
+def test_dpo_beta_is_its_own_key():
+    assert _build(DPOConfig, beta=0.2).beta == 0.2
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("tensorboard", ["tensorboard"]), ("none", []), (["none"], []), ("None", []),
+    ("tensorboard,wandb", ["tensorboard", "wandb"]), ([], []),
+])
+def test_report_to_accepts_trl_spellings(value, expected):
+    assert _build(GRPOConfig, report_to=value).report_to == expected
+    assert GRPOConfig(report_to=value).report_to == expected
+
+
+def test_a_config_object_validates_when_made():
+    with pytest.raises(ConfigError, match="lr='abc': expected a number"):
+        GRPOConfig(group_size=4, lr="abc")
+    with pytest.raises(ConfigError, match="'group_size'=1"):
+        GRPOConfig(group_size=1)
+    with pytest.raises(ConfigError, match="'dtype'=bfloat16"):
+        SFTConfig(dtype="bfloat16")
+    with pytest.raises(ConfigError, match="max_steps='10': expected an integer"):
+        GRPOConfig(max_steps="10")
+    # no model or train_data yet: those come with the trainer's objects
+    cfg = GRPOConfig(lr=1, out_dir=__import__("pathlib").Path("runs/x"), adam_betas=(0.9, 0.95))
+    assert cfg.lr == 1.0 and isinstance(cfg.lr, float) and cfg.out_dir == "runs/x"
+    assert cfg.adam_betas == [0.9, 0.95]
+    with pytest.raises(ConfigError, match="'model': required"):
+        build_config(GRPOConfig, overrides={"train_data": "d"}, base=cfg)

@@ -15,6 +15,7 @@ METHODS = ("best_of_n", "majority", "weighted", "beam")
 @dataclass
 class SearchConfig(BaseConfig):
     trains_weights: ClassVar[bool] = False
+    required: ClassVar[tuple[str, ...]] = ("model", "eval_data")
     eval_data: str = ""
     """Problems {"prompt", "answer"} (JSONL path or `datasets` name) to search on."""
     prompt_field: str = "prompt"
