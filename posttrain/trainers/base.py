@@ -518,6 +518,11 @@ def _resolve_config(cls: type[BaseConfig], cfg: BaseConfig | None, model: Any, t
         if not isinstance(cfg, cls):
             raise ConfigError(f"this trainer takes a {cls.__name__}, got a "
                               f"{type(cfg).__name__}")
+        if not values:  # the object itself (callers may hold it), with the keys a run needs
+            from posttrain.config import validate_config
+
+            validate_config(cfg)
+            return cfg, objects
         return build_config(cls, overrides=values, base=cfg), objects
     return build_config(cls, overrides=values), objects
 
