@@ -140,7 +140,8 @@ class BaseConfig:
     system_prompt: str = ""
     """A system message put before each prompt by the chat template; empty: none."""
     progress: bool = True
-    """Show a progress bar."""
+    """Show a progress bar on a terminal; when stderr is not one (a pipe, nohup, Slurm,
+    Jupyter), print a line of key metrics every `log_every` steps instead. false: neither."""
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     """Experiment trackers besides `metrics.jsonl` (always written): any of tensorboard,
     trackio (local-first, works offline; `pip install trackio`), wandb; [] for none."""
