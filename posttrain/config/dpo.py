@@ -21,7 +21,8 @@ class DPOConfig(BaseConfig):
     loss_type: Literal["sigmoid", "cdpo", "robust", "ipo", "hinge"] = "sigmoid"
     """Preference loss (docs/algorithms.md); ipo averages log-probs over tokens."""
     label_smoothing: float = 0.0
-    """Assumed label-noise rate s for cdpo / robust."""
+    """Assumed label-noise rate s for cdpo / robust; sigmoid honours it too (then = cdpo, as in
+    OpenRLHF; TRL 1.16's sigmoid ignores it: docs/algorithms.md)."""
     rpo_alpha: float = 0.0
     """Weight of the chosen completion's NLL (mean over its tokens) added to each pair's loss:
     RPO, Pang et al. 2024 (arXiv:2404.19733) eq. 1. Keeps the chosen log-probs from falling;
