@@ -49,6 +49,9 @@ def _config_command(command: str, argv: list[str]) -> int:
     if command == "eval" and not any(o.startswith("train_data=") for o in overrides):
         # eval reads eval_data; train_data is only required by the trainers
         overrides.append("train_data=__unused__")
+    from posttrain.models.loading import ModelLoadError
+    from posttrain.rewards.errors import RewardFunctionError
+
     try:
         cfg = build_config(cfg_cls, args.config, overrides)
         summary = _runner(command)(cfg)
@@ -58,6 +61,13 @@ def _config_command(command: str, argv: list[str]) -> int:
     except _data_error() as err:
         print(f"posttrain {command}: data error: {err}", file=sys.stderr)
         return 2
+    except ModelLoadError as err:
+        print(f"posttrain {command}: model error: {' '.join(str(err).split())}",
+              file=sys.stderr)
+        return 2
+    except RewardFunctionError as err:  # a broken reward stopped the run (docs/rewards.md)
+        print(f"posttrain {command}: reward error: {err}", file=sys.stderr)
+        return 1
     finally:
         _close_process_group()
     if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
@@ -117,8 +127,18 @@ def _quiet_libraries() -> None:
         pass
 
 
+def _import_from_cwd() -> None:
+    """Let `pkg.module:function` rewards import from the working directory, as under
+    ``python -m posttrain`` (which puts it first on ``sys.path``; the installed ``posttrain``
+    script puts its own bin directory there instead)."""
+    cwd = os.getcwd()
+    if not any(p in ("", ".", cwd) for p in sys.path):
+        sys.path.insert(0, cwd)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _import_from_cwd()
     _quiet_libraries()
     usage = "usage: posttrain {demo," + ",".join(COMMANDS) + "} [--config recipe.yaml] [k=v ...]"
     if not argv or argv[0] in ("-h", "--help"):

@@ -16,12 +16,13 @@ import contextlib
 import dataclasses
 import difflib
 import inspect
+import os
 import textwrap
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
@@ -49,7 +50,9 @@ class BaseConfig:
     seed: int = 0
     """Random seed for data order, sampling and initialisation."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Dtype of the weights as loaded."""
+    """Dtype of the weights as loaded. Training refuses bfloat16 for a full fine-tune (pure-bf16
+    AdamW rounds most small updates away: use bf16_compute or autocast_bf16, which keep fp32
+    master weights); with LoRA it is allowed (the frozen base in bf16, the adapters fp32)."""
     autocast_bf16: bool = False
     """Run forward passes under bf16 autocast (weights stay fp32; the LM head and log-probs stay
     fp32). Fast on CPUs with a bf16 matrix unit and on GPUs. GRPO and PPO then sample from a
@@ -137,17 +140,28 @@ class BaseConfig:
     system_prompt: str = ""
     """A system message put before each prompt by the chat template; empty: none."""
     progress: bool = True
-    """Show a progress bar."""
+    """Show a progress bar on a terminal; when stderr is not one (a pipe, nohup, Slurm,
+    Jupyter), print a line of key metrics every `log_every` steps instead. false: neither."""
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     """Experiment trackers besides `metrics.jsonl` (always written): any of tensorboard,
     trackio (local-first, works offline; `pip install trackio`), wandb; [] for none."""
     run_name: str = ""
     """Run name shown by the trackers; empty: the last part of `out_dir`."""
 
+    trains_weights: ClassVar[bool] = True
+    """False for commands that only run a model (search): they may load it in bf16."""
+    required: ClassVar[tuple[str, ...]] = ("model", "train_data")
+    """Keys a run needs; checked by `build_config` / a trainer, not when the object is made (so
+    `GRPOConfig(lr=1e-5)` can be handed to a trainer with `model=` and `train_data=` objects)."""
+
+    def __post_init__(self) -> None:
+        """A config object is checked when it is made: types (named by key), then the
+        cross-field rules of `validate()`."""
+        check_fields(self)
+        validate_config(self, require=False)
+
     def validate(self) -> None:
         """Cross-field checks of one trainer's config (types are checked already)."""
-        if not getattr(self, "train_data", "x"):
-            raise ConfigError("config key 'train_data': required")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -236,6 +250,83 @@ def _unknown_key(key: str, valid: list[str], where: str) -> ConfigError:
     return ConfigError(f"{where}unknown config key '{key}'.{hint} Valid keys: {', '.join(valid)}")
 
 
+# TRL's (and transformers.TrainingArguments') names -> ours, for "did you mean"
+TRL_NAMES: dict[str, str] = {
+    "num_generations": "group_size", "learning_rate": "lr", "beta": "kl_coef",
+    "max_completion_length": "max_new_tokens", "reward_funcs": "rewards",
+    "train_dataset": "train_data", "eval_dataset": "eval_data", "output_dir": "out_dir",
+    "processing_class": "tokenizer", "logging_steps": "log_every", "save_steps": "save_every",
+    "eval_steps": "eval_every", "lr_scheduler_type": "lr_schedule", "epsilon": "clip_eps_low",
+    "epsilon_high": "clip_eps_high", "scale_rewards": "scale", "max_length": "max_seq_len",
+    "model_name_or_path": "model", "dataset_name": "train_data", "loss_type": "loss_agg",
+    "bf16": "bf16_compute", "max_steps_per_epoch": "max_steps", "num_train_epochs": "max_steps",
+}
+_TRL_NOTES: dict[str, str] = {
+    "processing_class": "the `tokenizer=` argument of the trainer (Python API)",
+    "bf16": "bf16_compute or autocast_bf16 (weights stay fp32)",
+    "num_train_epochs": "max_steps (posttrain counts steps, not epochs)",
+    "gradient_accumulation_steps": "micro_batch_size (sequences per forward/backward; the "
+                                   "step's batch is accumulated in micro-batches)",
+}
+
+
+def _trl_hint(key: str, valid: list[str]) -> str | None:
+    """A hint for a TRL name, if it has an equivalent in this config."""
+    if key == "per_device_train_batch_size":
+        if "prompts_per_step" in valid:
+            return ("prompts_per_step (prompts per step; TRL counts completions: "
+                    "per_device_train_batch_size = prompts_per_step * group_size) and "
+                    "micro_batch_size (sequences per forward/backward)")
+        return "batch_size" if "batch_size" in valid else None
+    if key in _TRL_NOTES and key not in TRL_NAMES:
+        return _TRL_NOTES[key]
+    target = TRL_NAMES.get(key)
+    if target is None or (target not in valid and target != "tokenizer"):
+        return None
+    return _TRL_NOTES.get(key, target)
+
+
+def _unknown_key(key: str, valid: list[str], where: str) -> ConfigError:
+    trl = _trl_hint(key, valid)
+    close = difflib.get_close_matches(key, valid, n=3)
+    if trl is not None:
+        hint = f" Did you mean {trl}? ('{key}' is TRL's name)"
+    else:
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+    return ConfigError(f"{where}unknown config key '{key}'.{hint} Valid keys: {', '.join(valid)}")
+
+
+def normalize_report_to(value: Any) -> Any:
+    """`report_to` as TRL spells it too: a string (`tensorboard`, `"wandb,tensorboard"`) and
+    `none` (no tracker) are accepted besides a list."""
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, (list, tuple)) and [str(v).lower() for v in value] == ["none"]:
+        return []
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _coerce(value: Any, tp: Any) -> Any:
+    """Python-API conveniences before the type check: a Path for a str, a tuple for a list."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, tuple) and typing.get_origin(tp) is list:
+        return list(value)
+    return value
+
+
+def check_fields(cfg: BaseConfig) -> None:
+    """Type-check (and convert: 1 -> 1.0 for a float) every field of a config object."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name == "report_to":
+            value = normalize_report_to(value)
+        value = _check_value(f.name, _coerce(value, hints[f.name]), hints[f.name],
+                             "config key ")
+        setattr(cfg, f.name, value)
+
+
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     """Parse ``key=value`` strings; values are read as YAML (``lr=1e-5``, ``rewards=[...]``)."""
     out: dict[str, Any] = {}
@@ -251,8 +342,10 @@ def build_config(
     cls: type[BaseConfig],
     recipe: str | Path | None = None,
     overrides: list[str] | dict[str, Any] | None = None,
+    base: BaseConfig | None = None,
 ) -> BaseConfig:
-    """Build and validate a config from an optional YAML recipe and overrides."""
+    """Build and validate a config from an optional YAML recipe and overrides (applied on top
+    of `base`, a config object, when one is given)."""
     hints = typing.get_type_hints(cls)
     valid = [f.name for f in dataclasses.fields(cls)]
     values: dict[str, Any] = {}
@@ -276,20 +369,30 @@ def build_config(
         for key, value in mapping.items():
             if key not in hints or key not in valid:
                 raise _unknown_key(str(key), valid, where)
-            values[key] = _check_value(key, value, hints[key], where)
-    cfg = cls(**values)
+            if key == "report_to":
+                value = normalize_report_to(value)
+            values[key] = _check_value(key, _coerce(value, hints[key]), hints[key], where)
+    cfg = dataclasses.replace(base, **values) if base is not None else cls(**values)
     validate_config(cfg)
     return cfg
 
 
-def validate_config(cfg: BaseConfig) -> None:
-    """Cross-field checks that types alone cannot express."""
-    if not cfg.model:
-        raise ConfigError("config key 'model': required (a local model directory or hub name)")
+_REQUIRED_HINTS = {"model": " (a local model directory or hub name)",
+                   "eval_data": " (problems with gold answers)"}
+
+
+def validate_config(cfg: BaseConfig, require: bool = True) -> None:
+    """Cross-field checks that types alone cannot express; `require`: also the keys a run
+    needs (`required`)."""
+    for key in cfg.required if require else ():
+        if not getattr(cfg, key):
+            raise ConfigError(f"config key '{key}': required{_REQUIRED_HINTS.get(key, '')}")
     if cfg.max_steps < 0:
         raise ConfigError(f"config key 'max_steps'={cfg.max_steps}: expected >= 0")
     if cfg.lr <= 0:
         raise ConfigError(f"config key 'lr'={cfg.lr}: expected > 0")
+    _check_dtype(cfg)
+    _check_device(cfg.device)
     if cfg.keep_checkpoints < 1:
         raise ConfigError(f"config key 'keep_checkpoints'={cfg.keep_checkpoints}: expected >= 1")
     if not 0.0 <= cfg.min_lr_ratio <= 1.0:
@@ -299,6 +402,35 @@ def validate_config(cfg: BaseConfig) -> None:
         raise ConfigError(f"config key 'report_to': unknown tracker(s) {unknown}; valid: "
                           f"{list(TRACKERS)}")
     cfg.validate()
+
+
+def _check_dtype(cfg: BaseConfig) -> None:
+    """Pure-bf16 weights only where nothing trains them in bf16 (LoRA adapters stay fp32)."""
+    if cfg.dtype == "bfloat16" and cfg.trains_weights and cfg.lora_r == 0:
+        raise ConfigError(
+            "config key 'dtype'=bfloat16: a full fine-tune with bf16 weights loses most AdamW "
+            "updates to rounding (the model silently does not learn); keep dtype: float32 and "
+            "set bf16_compute: true (bf16 passes, fp32 master weights) or autocast_bf16: true, "
+            "or train LoRA adapters (lora_r > 0; they stay fp32)")
+
+
+def _check_device(device: str) -> None:
+    """A device this torch build can use, before any model loads (not an AssertionError)."""
+    if device == "auto":
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        raise ConfigError(f"config key 'device'={device!r}: expected auto, cpu, cuda or cuda:N "
+                          f"({err})") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"config key 'device'={device!r}: no CUDA device is available to this "
+                          f"torch build ({torch.__version__}); use device: cpu or auto")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(f"config key 'device'={device!r}: only {torch.cuda.device_count()} "
+                          "CUDA device(s) are visible")
 
 
 def config_help(cls: type[BaseConfig]) -> str:

@@ -21,7 +21,8 @@ class DPOConfig(BaseConfig):
     loss_type: Literal["sigmoid", "cdpo", "robust", "ipo", "hinge"] = "sigmoid"
     """Preference loss (docs/algorithms.md); ipo averages log-probs over tokens."""
     label_smoothing: float = 0.0
-    """Assumed label-noise rate s for cdpo / robust."""
+    """Assumed label-noise rate s for cdpo / robust; sigmoid honours it too (then = cdpo, as in
+    OpenRLHF; TRL 1.16's sigmoid ignores it: docs/algorithms.md)."""
     rpo_alpha: float = 0.0
     """Weight of the chosen completion's NLL (mean over its tokens) added to each pair's loss:
     RPO, Pang et al. 2024 (arXiv:2404.19733) eq. 1. Keeps the chosen log-probs from falling;
@@ -35,8 +36,12 @@ class DPOConfig(BaseConfig):
     max_seq_len: int = 256
     """Longest prompt+completion in tokens; longer rows are an error."""
     precompute_ref: bool = True
-    """Compute reference log-probs once for the whole dataset (cached next to the data, keyed by
-    model and data hash) instead of a reference forward pass every step."""
+    """Compute reference log-probs once for the whole dataset (cached in `ref_cache_dir`, keyed
+    by a hash of the model's weights and of the tokenized pairs) instead of a reference forward
+    pass every step."""
+    ref_cache_dir: str = ""
+    """Folder of the precomputed reference tables; empty: `out_dir/refcache`. Set a shared
+    folder to reuse a table across runs (the key changes with the weights and the data)."""
     max_new_tokens: int = 64
     """Generation budget for held-out greedy evaluation."""
     rewards: list[dict[str, Any]] = field(default_factory=math_and_format)

@@ -54,6 +54,10 @@ class GRPOConfig(PromptRLConfig):
     """Per-token KL estimator (k3 = DeepSeekMath)."""
     kl_placement: Literal["loss", "reward"] = "loss"
     """KL added to the loss (GRPO) or subtracted from each sequence's score before advantages."""
+    kl_clamp: float = 10.0
+    """Bound on the per-token KL estimate: beyond +-kl_clamp its value is the bound and its
+    gradient 0 (OpenRLHF for k1/k2/k3, verl for k3), so one token far from the reference cannot
+    dominate; 0 turns it off (docs/algorithms.md)."""
     # --- update ---
     num_iterations: int = 1
     """Passes over each rollout batch (GRPO's mu)."""
@@ -104,6 +108,8 @@ class GRPOConfig(PromptRLConfig):
                 f"config key 'process_reward_model' is set but advantage={self.advantage!r}: "
                 "step scores are only used by advantage=grpo_process (to train on an "
                 "aggregated PRM score, list {name: process_reward_model, path: ...} in rewards)")
+        if not self.kl_clamp >= 0:
+            raise ConfigError(f"config key 'kl_clamp'={self.kl_clamp}: expected >= 0 (0: off)")
         if not math.isfinite(self.process_weight) or self.process_weight < 0:
             raise ConfigError(f"config key 'process_weight'={self.process_weight}: expected a "
                               "finite number >= 0")

@@ -39,6 +39,10 @@ class PPOConfig(PromptRLConfig):
     """beta: per-token reward -beta * KL(policy || reference). 0 loads no reference model."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
     """Per-token KL estimator in the reward (k1 = log ratio, the classic RLHF penalty)."""
+    kl_clamp: float = 10.0
+    """Bound on the per-token KL estimate: beyond +-kl_clamp its value is the bound and its
+    gradient 0 (OpenRLHF for k1/k2/k3, verl for k3), so one token far from the reference cannot
+    dominate; 0 turns it off (docs/algorithms.md)."""
     adaptive_kl: bool = False
     """Adapt beta toward kl_target (Ziegler et al. 2019, section 2.2); false: beta fixed."""
     kl_target: float = 6.0
@@ -96,6 +100,8 @@ class PPOConfig(PromptRLConfig):
             raise ConfigError("config key 'temperature': expected > 0 (sampling is required)")
         if not self.rewards:
             raise ConfigError("config key 'rewards': at least one reward function is required")
+        if not self.kl_clamp >= 0:
+            raise ConfigError(f"config key 'kl_clamp'={self.kl_clamp}: expected >= 0 (0: off)")
         if self.kl_coef < 0:
             raise ConfigError(f"config key 'kl_coef'={self.kl_coef}: expected >= 0")
         if self.adaptive_kl and (self.kl_coef == 0 or self.kl_target <= 0

@@ -24,8 +24,12 @@ class PromptRLConfig(BaseConfig):
     answer field (GSM8K solutions end with "#### 72": use "####")."""
     rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
     """Reward functions and weights: [{name: math|format|code|pkg.module:function, weight: w}]."""
-    reward_on_error: Literal["zero", "raise"] = "zero"
-    """A reward function that raises: score 0 (counted in reward/errors) or stop training."""
+    reward_on_error: Literal["auto", "zero", "raise"] = "auto"
+    """A reward function that raises on a sample. auto: that sample scores 0 (counted in
+    reward/errors/<name>, recorded with the sample in out_dir/reward_errors.jsonl), but a
+    function that fails on more than half of a step's samples stops the run with its first
+    error and sample; zero: always score 0 and go on (a reward that always fails then trains on
+    nothing); raise: stop at the first failure (docs/rewards.md)."""
     # --- sampling ---
     max_new_tokens: int = 64
     """Longest completion sampled; longer ones are truncated and flagged."""

@@ -4,7 +4,7 @@ docs/search.md). Every field is documented by the string under it (``posttrain s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from posttrain.config.base import BaseConfig, ConfigError
 
@@ -13,6 +13,8 @@ METHODS = ("best_of_n", "majority", "weighted", "beam")
 
 @dataclass
 class SearchConfig(BaseConfig):
+    trains_weights: ClassVar[bool] = False
+    required: ClassVar[tuple[str, ...]] = ("model", "eval_data")
     eval_data: str = ""
     """Problems {"prompt", "answer"} (JSONL path or `datasets` name) to search on."""
     prompt_field: str = "prompt"

@@ -72,14 +72,27 @@ def rename_columns(row: Any, columns: Mapping[str, str] | None) -> Any:
     return out
 
 
+def _required_problems(row: Any, require: Mapping[str, str] | None) -> list[tuple[str, str]]:
+    """Fields a consumer (a reward function) needs that are missing or null in ``row``."""
+    if not require or not isinstance(row, dict):
+        return []
+    return [(f, f"{'missing' if f not in row else 'null'} ({why})")
+            for f, why in require.items() if row.get(f) is None]
+
+
 def validate_rows(numbered: Iterable[tuple[int, Any]], kind: str, source: str,
-                  columns: Mapping[str, str] | None = None) -> list[dict]:
-    """Check every row against ``kind``; return normalized rows or raise :class:`DataError`."""
+                  columns: Mapping[str, str] | None = None,
+                  require: Mapping[str, str] | None = None) -> list[dict]:
+    """Check every row against ``kind``; return normalized rows or raise :class:`DataError`.
+
+    ``require``: field -> why it is needed (``"reward 'math' reads it"``); such a field must be
+    present and not null in every row (after ``columns`` renames).
+    """
     schema(kind)  # unknown kind -> ValueError listing the valid ones
     rows, errors = [], []
     for number, raw in numbered:
         row = rename_columns(raw, columns)
-        for field, msg in row_problems(row, kind):
+        for field, msg in row_problems(row, kind) + _required_problems(row, require):
             if columns and field in columns:
                 msg = f"{msg} (read from column '{columns[field]}')"
             errors.append((number, field, msg))
@@ -138,12 +151,14 @@ def load_rows(
     subset: str | None = None,
     columns: Mapping[str, str] | None = None,
     limit: int | None = None,
+    require: Mapping[str, str] | None = None,
 ) -> list[dict]:
     """Load and validate a dataset of ``kind`` (see :mod:`posttrain.data.schemas`).
 
     ``source`` is a ``.jsonl``/``.json`` file (line numbers in errors), a ``.parquet`` file, a
     ``datasets.save_to_disk`` directory or a Hub dataset name (1-based row numbers in errors).
-    ``columns`` renames source columns to schema fields; ``limit`` keeps the first rows.
+    ``columns`` renames source columns to schema fields; ``limit`` keeps the first rows;
+    ``require`` names fields every row must carry (see :func:`validate_rows`).
     """
     schema(kind)
     name = str(source)
@@ -151,4 +166,4 @@ def load_rows(
                 else _datasets_rows(name, split, subset))
     if limit is not None:
         numbered = numbered[:limit]
-    return validate_rows(numbered, kind, name, columns)
+    return validate_rows(numbered, kind, name, columns, require)

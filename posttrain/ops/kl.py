@@ -13,8 +13,16 @@ Estimators of KL(pi_theta || pi_ref) from samples of pi_theta, with the log-rati
 - ``k3 = exp(-d) + d - 1``      unbiased, never negative; the DeepSeekMath (GRPO) estimator.
 
 Deliberate difference from seed note 000: that note writes k3 with the ratio upside down
-(``pi_theta / pi_ref``), which is biased; we use the paper form. ``d`` is clamped to
-``[-clamp, clamp]`` before ``exp`` (k3 only) so one bad token cannot produce inf.
+(``pi_theta / pi_ref``), which is biased; we use the paper form.
+
+Two clamps (formulas.md section 1):
+
+- ``d`` is clamped to ``[-log_ratio_clamp, log_ratio_clamp]`` (20) before ``exp`` (k3 only), so
+  one bad token cannot produce inf.
+- The per-token estimate itself is clamped to ``[-clamp, clamp]`` (default 10, as OpenRLHF does
+  for k1/k2/k3 and verl for k3): beyond the bound the value is the bound and the gradient 0, so
+  a token far below the reference (k3 is 16.09 with gradient -19.09 at ``d = -3``) cannot
+  dominate the loss. ``clamp=None`` or ``0`` turns it off.
 """
 
 from __future__ import annotations
@@ -42,7 +50,9 @@ def kl_penalty(
     logprobs: Tensor,
     ref_logprobs: Tensor,
     kind: str = "k1",
-    clamp: float | None = 20.0,
+    clamp: float | None = 10.0,
+    *,
+    log_ratio_clamp: float = 20.0,
 ) -> Tensor:
     """Per-token KL estimate between the policy and the reference.
 
@@ -50,7 +60,9 @@ def kl_penalty(
         logprobs: [N, T] log pi_theta of the sampled tokens.
         ref_logprobs: [N, T] log pi_ref of the same tokens.
         kind: "k1" | "k2" | "k3" (see the module docstring).
-        clamp: bound on |d| applied before ``exp`` for k3; None disables it.
+        clamp: bound on the per-token estimate (value ``+-clamp`` and gradient 0 beyond it);
+            None or 0 disables it (config key ``kl_clamp``).
+        log_ratio_clamp: bound on ``|d|`` applied before ``exp`` (k3 only).
 
     Returns:
         [N, T] per-token KL. Masked slots are not special-cased: mask in the aggregation.
@@ -59,9 +71,12 @@ def kl_penalty(
     if kind not in estimators:
         raise ValueError(f"kl_penalty: unknown kind {kind!r}; valid kinds: {sorted(estimators)}")
     d = logprobs - ref_logprobs  # [N, T]
-    if kind == "k3" and clamp is not None:
-        d = d.clamp(-clamp, clamp)  # [N, T]
-    return estimators[kind](d)  # [N, T]
+    if kind == "k3":
+        d = d.clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
+    kl = estimators[kind](d)  # [N, T]
+    if clamp:
+        kl = kl.clamp(-clamp, clamp)  # [N, T]; gradient 0 outside the bound
+    return kl
 
 
 class FixedKLController:

@@ -17,8 +17,10 @@ with sequence log-probs ``logp(y|x) = sum_t m * logp`` (see ``sequence_logprobs`
   token-AVERAGED log-probs here (``sequence_logprobs(..., average=True)``), not sums.
 - ``hinge`` (SLiC-style): ``relu(1 - h)``.
 
-Deliberate choice: ``sigmoid`` also honours ``label_smoothing`` (as TRL does), which makes it
-identical to ``cdpo``; with the default s = 0 it is plain DPO.
+Deliberate choice: ``sigmoid`` also honours ``label_smoothing`` (as OpenRLHF's DPO loss does),
+which makes it identical to ``cdpo``; with the default s = 0 it is plain DPO. TRL 1.16's
+``sigmoid`` ignores ``label_smoothing`` (documented for ``robust`` only): the same config is
+plain DPO there and cDPO here.
 """
 
 from __future__ import annotations

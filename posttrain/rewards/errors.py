@@ -16,9 +16,18 @@ class SandboxUnavailableError(RuntimeError):
 
 
 class RewardFunctionError(RuntimeError):
-    """A reward function raised; carries the function name and sample index."""
+    """A reward function raised; carries the function name, the sample index and its completion.
 
-    def __init__(self, name: str, index: int, exc: BaseException) -> None:
-        super().__init__(f"reward function {name!r} failed on sample {index}: {exc!r}")
+    The message is one line: the function, the sample, the error and the completion's first
+    200 characters (``repr``, so newlines stay escaped), plus an optional note.
+    """
+
+    def __init__(self, name: str, index: int, exc: BaseException,
+                 completion: str | None = None, note: str = "") -> None:
+        sample = "" if completion is None else f"; completion: {completion[:200]!r}"
+        tail = f" ({note})" if note else ""
+        super().__init__(f"reward function {name!r} failed on sample {index}: {exc!r}"
+                         f"{sample}{tail}")
         self.name = name
         self.index = index
+        self.completion = completion

@@ -1,23 +1,27 @@
 """Named reward functions, their weighted sum, and a scorer that counts every failure.
 
-A reward function is a plain callable ``fn(completion, **fields) -> float``. Built-in names:
-``math``, ``format``, ``code``, and the learned ``reward_model`` / ``process_reward_model``
-(:mod:`posttrain.rewards.learned`); anything else is ``"package.module:function"``. A function
-with ``batched = True`` is called once per batch as ``fn(completions, rows, **kwargs) -> [float]``
-(the learned rewards, which run a model); one with ``validate_kwargs`` has its recipe keys
-checked by :func:`validate_specs`. A recipe entry's keys other than ``name``/``weight``/``kwargs``
-become keyword arguments (:meth:`RewardSpec.from_dict`). The dataset
-row's extra fields are passed by parameter name (``inspect.signature``), so
+A reward function is a plain callable ``fn(completion, **fields) -> float``, or TRL's batched
+form ``fn(completions, prompts=None, **fields) -> list[float]`` (the contract, with the learned
+rewards' ``fn(completions, rows, **kwargs)``, is :mod:`posttrain.rewards.contract` and
+docs/rewards.md). Built-in names: ``math``, ``format``, ``code``, and the learned
+``reward_model`` / ``process_reward_model`` (:mod:`posttrain.rewards.learned`); anything else is
+``"package.module:function"``. A recipe entry's keys other than ``name``/``weight``/``kwargs``
+become keyword arguments (:meth:`RewardSpec.from_dict`); :func:`validate_specs` refuses one the
+function does not take. The dataset row's fields are passed by parameter name, so
 ``math_reward(completion, answer)`` and ``code_reward(completion, tests)`` work unchanged; a
-function with ``**kwargs`` receives every field. ``RewardSpec.kwargs`` (from the recipe) are
-passed too and win over a row field of the same name.
+function with ``**kwargs`` receives every field. ``RewardSpec.kwargs`` win over a row field of
+the same name. :meth:`RewardScorer.needed_fields` lists the row fields each function requires,
+for the data loader to check every row before any model loads.
 
 ``RewardScorer.score`` returns the weighted sum per sample (``nan`` if any function raised
-:class:`UnscorableError` for it: the sample is excluded and counted), each function's values,
-metrics (means, error counts, unscorable count, code outcome counters) and the error records.
-A function that raises anything else is counted and recorded; ``on_error="raise"`` re-raises it
-as :class:`RewardFunctionError` naming the function and the sample (always so for
-:class:`SandboxUnavailableError`: a strict sandbox that cannot run is a set-up error).
+:class:`UnscorableError` for it, or if every function returned ``None``: the sample is excluded
+and counted), each function's values, metrics (means, error counts, unscorable count, code
+outcome counters) and the error records. A function that raises anything else is counted and
+recorded; ``on_error`` decides what then happens: ``auto`` (default) raises
+:class:`RewardFunctionError` with the first error and its sample when one function fails on
+more than half of a batch's samples (a broken reward must not train on zeros), ``zero`` never
+raises, ``raise`` raises at the first failure; always so for
+:class:`SandboxUnavailableError` (a strict sandbox that cannot run is a set-up error).
 """
 
 from __future__ import annotations
@@ -33,6 +37,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.rewards.code import code_reward, code_reward_detailed
+from posttrain.rewards.contract import (
+    PER_SAMPLE,
+    ROWS,
+    batched_arguments,
+    call_style,
+    check_entry_keys,
+    needed_fields,
+)
 from posttrain.rewards.errors import (
     RewardFunctionError,
     SandboxUnavailableError,
@@ -55,7 +67,7 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
 # Functions whose detailed variant also reports an outcome status for the counters.
 _DETAILED: dict[Any, Callable[..., tuple[float, Any]]] = {code_reward: code_reward_detailed}
 _TARGET_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-_ON_ERROR = {"zero": "zero", "raise": "raise"}
+_ON_ERROR = {"auto": "auto", "zero": "zero", "raise": "raise"}
 _EXCERPT_CHARS = 200
 
 
@@ -141,6 +153,7 @@ def validate_specs(specs: Sequence[RewardSpec | str]) -> list[tuple[RewardSpec, 
             raise ValueError(f"reward {spec.name!r}: cannot read its signature: {exc}") from exc
         if hasattr(fn, "validate_kwargs"):  # learned rewards: check `path` before any model loads
             fn.validate_kwargs(spec.kwargs)
+        check_entry_keys(spec.name, fn, list(spec.kwargs))
         resolved.append((spec, fn))
     return resolved
 
@@ -169,13 +182,21 @@ def call_arguments(fn: RewardFn, spec: RewardSpec, row: dict[str, Any], index: i
 class RewardScorer:
     """Weighted sum of named reward functions over a batch, run on a thread pool."""
 
-    def __init__(self, specs: Sequence[RewardSpec | str], on_error: str = "zero",
+    def __init__(self, specs: Sequence[RewardSpec | str], on_error: str = "auto",
                  max_workers: int | None = None) -> None:
         if on_error not in _ON_ERROR:
             raise ValueError(f"unknown on_error {on_error!r}; valid values: {sorted(_ON_ERROR)}")
         self.resolved = validate_specs(specs)
         self.on_error = on_error
         self.max_workers = max(1, max_workers or os.cpu_count() or 1)
+
+    def needed_fields(self) -> dict[str, list[str]]:
+        """Row field -> the reward functions that require it (for a check of every row)."""
+        out: dict[str, list[str]] = {}
+        for spec, fn in self.resolved:
+            for name in needed_fields(fn, spec.kwargs):
+                out.setdefault(name, []).append(spec.name)
+        return out
 
     def _call(self, spec: RewardSpec, fn: RewardFn, completion: str,
               kwargs: dict[str, Any]) -> tuple[float, Any, BaseException | None]:
@@ -192,51 +213,68 @@ class RewardScorer:
         """Score every completion with every function; ``rows[i]`` holds sample i's fields."""
         if len(completions) != len(rows):
             raise ValueError(f"{len(completions)} completions but {len(rows)} rows")
-        per_sample = [(spec, fn) for spec, fn in self.resolved if not _is_batched(fn)]
+        per_sample = [(spec, fn) for spec, fn in self.resolved if call_style(fn) == PER_SAMPLE]
         jobs = [(spec, fn, i, call_arguments(fn, spec, rows[i], i))
                 for spec, fn in per_sample for i in range(len(completions))]
         with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
             outcomes = list(pool.map(lambda job: self._call(job[0], job[1], completions[job[2]],
                                                             job[3]), jobs))
-        for spec, fn in self.resolved:  # batched functions (learned rewards): one call each
-            if _is_batched(fn):
+        for spec, fn in self.resolved:  # batched functions: one call each
+            if call_style(fn) != PER_SAMPLE:
                 jobs += [(spec, fn, i, spec.kwargs) for i in range(len(completions))]
                 outcomes += self._call_batched(spec, fn, completions, rows)
         return self._collect(completions, jobs, outcomes)
 
     def _call_batched(self, spec: RewardSpec, fn: RewardFn, completions: Sequence[str],
-                      rows: Sequence[dict[str, Any]]) -> list[tuple[float, None, Any]]:
-        """One call ``fn(completions, rows, **kwargs) -> [float]``; an error marks every sample."""
+                      rows: Sequence[dict[str, Any]]) -> list[tuple[float | None, None, Any]]:
+        """One call for the whole batch (``rows`` or TRL form); an error marks every sample."""
         try:
-            values = fn(list(completions), list(rows), **spec.kwargs)
+            if call_style(fn) == ROWS:
+                values = fn(list(completions), list(rows), **spec.kwargs)
+            else:
+                kwargs = batched_arguments(fn, list(completions), list(rows), spec.kwargs)
+                by_name = "completions" in inspect.signature(fn).parameters
+                values = (fn(completions=list(completions), **kwargs) if by_name
+                          else fn(list(completions), **kwargs))
+            if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+                raise TypeError(f"a batched reward must return a list of floats, got "
+                                f"{type(values).__name__}")
             if len(values) != len(completions):
                 raise ValueError(f"returned {len(values)} values for {len(completions)} samples")
-            return [(float(v), None, None) for v in values]
+            return [(None if v is None else float(v), None, None) for v in values]
         except Exception as exc:
             return [(math.nan, None, exc)] * len(completions)
 
     def _collect(self, completions: Sequence[str], jobs: list, outcomes: list) -> ScoreResult:
         n = len(completions)
         per_function = {spec.name: [0.0] * n for spec, _ in self.resolved}
-        unscorable = [False] * n
+        unscorable, applies = [False] * n, [False] * n
         errors: list[dict[str, Any]] = []
         counters = dict.fromkeys((*STATUSES, "in_process_verdicts"), 0)
         error_counts = dict.fromkeys(per_function, 0)
+        first: dict[str, tuple[int, BaseException]] = {}
         for (spec, _, i, _), (value, result, exc) in zip(jobs, outcomes, strict=True):
             if isinstance(exc, UnscorableError):
                 unscorable[i], value = True, math.nan
             elif exc is not None:
                 # a sandbox that refuses to run (strict mode) is a set-up error, never a zero
                 if self.on_error == "raise" or isinstance(exc, SandboxUnavailableError):
-                    raise RewardFunctionError(spec.name, i, exc) from exc
+                    raise RewardFunctionError(spec.name, i, exc, completions[i]) from exc
                 error_counts[spec.name] += 1
+                first.setdefault(spec.name, (i, exc))
                 errors.append({"function": spec.name, "index": i, "error": repr(exc),
                                "completion": completions[i][:_EXCERPT_CHARS]})
                 value = 0.0
+            if value is None:  # a batched reward that does not apply to this sample
+                value = 0.0
+            else:
+                applies[i] = True
             if result is not None:  # a SandboxResult
                 counters[result.status] += 1
                 counters["in_process_verdicts"] += result.in_process_verdicts
             per_function[spec.name][i] = value
+        self._stop_if_mostly_failing(error_counts, first, completions)
+        unscorable = [u or not a for u, a in zip(unscorable, applies, strict=True)]
         scores = [math.nan if unscorable[i] else
                   sum(spec.weight * per_function[spec.name][i] for spec, _ in self.resolved)
                   for i in range(n)]
@@ -244,9 +282,19 @@ class RewardScorer:
                            counters if any(fn in _DETAILED for _, fn in self.resolved) else None)
         return ScoreResult(scores, per_function, metrics, errors)
 
-
-def _is_batched(fn: RewardFn) -> bool:
-    return bool(getattr(fn, "batched", False))
+    def _stop_if_mostly_failing(self, error_counts: dict[str, int],
+                                first: dict[str, tuple[int, BaseException]],
+                                completions: Sequence[str]) -> None:
+        """on_error=auto: a function that failed on more than half the samples stops the run."""
+        if self.on_error != "auto":
+            return
+        for name, count in error_counts.items():
+            if count * 2 > len(completions):
+                i, exc = first[name]
+                raise RewardFunctionError(
+                    name, i, exc, completions[i],
+                    note=f"it failed on {count} of {len(completions)} samples; set "
+                         "reward_on_error: zero to score failures 0 and go on") from exc
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -586,7 +586,9 @@ def _resolve_config(cls: type[BaseConfig], cfg: BaseConfig | None, model: Any, t
     """Config + in-memory objects from the Python API's keyword arguments.
 
     Strings (paths, names) go into the config; objects (a model, row lists, datasets, reward
-    callables) are handed to the session as they are.
+    callables) are handed to the session as they are. With a config object (TRL's
+    ``GRPOTrainer(GRPOConfig(...), model=m, ...)``), the objects and any config keys given
+    beside it are applied on top of it, checked like overrides.
     """
     objects: dict[str, Any] = {}
     values = dict(keys)
@@ -606,10 +608,15 @@ def _resolve_config(cls: type[BaseConfig], cfg: BaseConfig | None, model: Any, t
         if fns:
             objects["reward_fns"] = fns
     if cfg is not None:
-        if values:
-            raise ConfigError("pass either a config object or config keys, not both: "
-                              f"got {sorted(values)} besides the config")
-        return cfg, objects
+        if not isinstance(cfg, cls):
+            raise ConfigError(f"this trainer takes a {cls.__name__}, got a "
+                              f"{type(cfg).__name__}")
+        if not values:  # the object itself (callers may hold it), with the keys a run needs
+            from posttrain.config import validate_config
+
+            validate_config(cfg)
+            return cfg, objects
+        return build_config(cls, overrides=values, base=cfg), objects
     return build_config(cls, overrides=values), objects
 
 

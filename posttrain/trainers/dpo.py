@@ -165,7 +165,7 @@ class DPOTrainer(Trainer):
     @torch.no_grad()
     def reference_table(self, pairs: PairTensors, source: str, name: str) -> dict[str, Tensor]:
         """Reference log-probs of every pair (each of REF_KEYS -> [M]), cached on disk."""
-        path = ref_cache_path(self.cfg, source, pairs)
+        path = ref_cache_path(self.cfg, source, pairs, self.model)
         if path.is_file():
             table = load_file(str(path))
             if set(table) == set(REF_KEYS) and all(v.shape[0] == len(pairs)

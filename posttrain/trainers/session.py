@@ -180,10 +180,10 @@ def _normalise_rows(rows: list[dict[str, Any]], answer_field: str,
     return out
 
 
-def _rows(cfg: BaseConfig, source: Any, kind: str, split: str,
-          limit: int | None = None) -> list[dict[str, Any]]:
+def _rows(cfg: BaseConfig, source: Any, kind: str, split: str, limit: int | None = None,
+          require: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Validated rows of a path / `datasets` name, or of an in-memory list or Dataset."""
-    opts = {"columns": cfg.columns or None}
+    opts = {"columns": cfg.columns or None, "require": require}
     if isinstance(source, str):
         return load_rows(source, kind=kind, split=split, subset=cfg.data_subset or None,
                          limit=limit, **opts)
@@ -206,8 +206,20 @@ def _scorer(cfg: BaseConfig, reward_fns: dict[str, Any] | None
         validate_specs(specs)
     except ValueError as err:
         raise ConfigError(f"config key 'rewards': {err}") from err
-    return (RewardScorer(specs, on_error=getattr(cfg, "reward_on_error", "zero")),
+    return (RewardScorer(specs, on_error=getattr(cfg, "reward_on_error", "auto")),
             [s.name for s in specs])
+
+
+def _needed_fields(scorer: RewardScorer | None, answer_field: str) -> dict[str, str]:
+    """Row field -> why it is needed, for every field a reward function requires; `answer` is
+    read from `answer_field`, so that is the field every row must carry."""
+    need: dict[str, str] = {}
+    for name, rewards in (scorer.needed_fields() if scorer else {}).items():
+        why = f"reward {', '.join(map(repr, rewards))} needs it"
+        if name == "answer" and answer_field != "answer":
+            name, why = answer_field, f"{why} as 'answer': answer_field={answer_field}"
+        need[name] = why
+    return need
 
 
 def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
@@ -222,14 +234,16 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
     scorer, names = _scorer(cfg, reward_fns)
     if kind == "prompts" and "code" in names:
         kind = "code"  # code rows carry `tests`: validate them before any training starts
+    answer_field = getattr(cfg, "answer_field", "answer")
+    need = _needed_fields(scorer, answer_field)  # every row carries what the rewards read
     train_split = getattr(cfg, "train_split", "train")
     train_rows = (_rows(cfg, train_data if train_data is not None else cfg.train_data, kind,
-                        train_split) if with_train else [])
+                        train_split, require=need if kind in ("prompts", "code") else None)
+                  if with_train else [])
     eval_source = eval_data if eval_data is not None else cfg.eval_data
     eval_kind = kind if kind == "code" else "prompts"
-    eval_rows = (_rows(cfg, eval_source, eval_kind, cfg.eval_split, cfg.eval_size)
+    eval_rows = (_rows(cfg, eval_source, eval_kind, cfg.eval_split, cfg.eval_size, need)
                  if eval_source else [])
-    answer_field = getattr(cfg, "answer_field", "answer")
     marker = getattr(cfg, "answer_marker", "")
     if kind == "prompts":
         train_rows = _normalise_rows(train_rows, answer_field, marker)

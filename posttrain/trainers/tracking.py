@@ -8,12 +8,18 @@
 - `wandb`: Weights & Biases; `pip install wandb` (offline with `WANDB_MODE=offline`).
 
 A tracker that cannot be imported is a clear error when the logger starts, before any training.
+
+Console: on a terminal the trainer shows a rich progress bar; when stderr is not a terminal
+(a pipe, nohup, Slurm, Jupyter) the bar is off, so `MetricsLogger` prints one line of key
+metrics (`CONSOLE_KEYS`, those present) to stderr at every logged step instead, as TRL does;
+`progress: false` silences both.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -72,18 +78,42 @@ def _make(kind: str, out_dir: Path, run_name: str, config: dict[str, Any],
     return _WandbLike(kind, out_dir, run_name, config)
 
 
+# the metrics of a console line, in this order (each only when the step has it)
+CONSOLE_KEYS = ("loss/total", "loss/policy", "loss/sft", "loss/dpo", "loss/rm", "loss/prm",
+                "reward/mean", "reward/accuracy", "rewards/accuracy", "train/accuracy",
+                "train/step_accuracy", "kl/mean", "kl/token_mean", "kl/coef", "train/grad_norm",
+                "train/lr", "eval/accuracy", "perf/step_seconds")
+
+
+def console_line(step: int, metrics: dict[str, float], max_steps: int | None = None,
+                 name: str = "") -> str:
+    """``[run] step 5/100 loss/policy=0.0123 reward/mean=0.5 ...`` for a non-terminal stderr."""
+    head = f"step {step}/{max_steps}" if max_steps else f"step {step}"
+    parts = [f"[{name}] {head}" if name else head]
+    parts += [f"{k}={metrics[k]:.4g}" for k in CONSOLE_KEYS
+              if k in metrics and math.isfinite(metrics[k])]
+    return " ".join(parts)
+
+
 class MetricsLogger:
-    """Metrics to `metrics.jsonl` (one object per step) and the trackers in `report_to`."""
+    """Metrics to `metrics.jsonl` (one object per step) and the trackers in `report_to`, and
+    a console line per logged step when stderr is not a terminal (`console`: None = that
+    rule, honouring the config's `progress`; True / False forces it)."""
 
     def __init__(self, out_dir: str | Path, report_to: list[str] | tuple[str, ...] = (
             "tensorboard",), run_name: str = "", config: dict[str, Any] | None = None,
-                 purge_step: int | None = None) -> None:
+                 purge_step: int | None = None, console: bool | None = None) -> None:
+        config = config or {}
+        self.console = (bool(config.get("progress", True)) and not sys.stderr.isatty()
+                        if console is None else console)
+        self.max_steps = config.get("max_steps")
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
         self._fh = self.path.open("a")
         name = run_name or self.out_dir.name
-        self._trackers = [_make(k, self.out_dir, name, config or {}, purge_step)
+        self.name = name
+        self._trackers = [_make(k, self.out_dir, name, config, purge_step)
                           for k in report_to]
 
     def tell(self) -> int:
@@ -97,6 +127,9 @@ class MetricsLogger:
         self._fh.flush()
         for tracker in self._trackers:
             tracker.log(step, flat)
+        if self.console:
+            print(console_line(step, flat, self.max_steps, self.name), file=sys.stderr,
+                  flush=True)
         return flat
 
     def close(self) -> None:

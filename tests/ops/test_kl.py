@@ -32,7 +32,8 @@ def test_k3_is_never_negative():
 
 def test_k3_clamps_before_exp():
     # d = -1000 clamped to -20: exp(20) - 20 - 1 = 4.8517e8 - 21 (finite); d = +1000 -> 19 + e^-20
-    out = kl_penalty(torch.tensor([-1000.0, 1000.0]), torch.zeros(2), "k3")
+    # (the estimate clamp is off here, so the log-ratio clamp alone is visible)
+    out = kl_penalty(torch.tensor([-1000.0, 1000.0]), torch.zeros(2), "k3", clamp=None)
     assert torch.isfinite(out).all()
     assert out[0].item() == pytest.approx(math.exp(20) - 21, rel=1e-5)
     assert out[1].item() == pytest.approx(19.0, abs=1e-6)
@@ -61,6 +62,42 @@ def test_gradient_of_k3():
     logp = torch.tensor([LN2], requires_grad=True)
     kl_penalty(logp, torch.zeros(1), "k3").sum().backward()
     assert logp.grad.item() == pytest.approx(0.5, abs=1e-6)
+
+
+def _value_and_grad(d: list[float], kind: str, **kw) -> tuple[list[float], list[float]]:
+    logp = torch.tensor(d, requires_grad=True)
+    kl = kl_penalty(logp, torch.zeros(len(d)), kind, **kw)
+    kl.sum().backward()
+    return kl.tolist(), logp.grad.tolist()
+
+
+def test_k3_estimate_clamped_at_10_by_default():
+    # d = -3: k3 = exp(3) - 3 - 1 = 20.0855 - 4 = 16.0855 -> clamped to 10, gradient 0
+    # d = -2: k3 = exp(2) - 2 - 1 = 7.3891 - 3 = 4.3891 (inside), dk3/dd = 1 - exp(2) = -6.3891
+    # d = +3: k3 = exp(-3) + 3 - 1 = 0.0498 + 2 = 2.0498 (inside), dk3/dd = 1 - 0.0498 = 0.9502
+    values, grads = _value_and_grad([-3.0, -2.0, 3.0], "k3")
+    assert values == pytest.approx([10.0, 4.38906, 2.04979], abs=1e-4)
+    assert grads == pytest.approx([0.0, -6.38906, 0.95021], abs=1e-4)
+
+
+def test_k3_unclamped_when_clamp_off():
+    # d = -3 without the estimate clamp: 16.0855 with gradient 1 - exp(3) = -19.0855
+    for off in (None, 0):
+        values, grads = _value_and_grad([-3.0], "k3", clamp=off)
+        assert values == pytest.approx([16.08554], abs=1e-4)
+        assert grads == pytest.approx([-19.08554], abs=1e-4)
+
+
+def test_k1_k2_estimates_clamped():
+    # k1 = d: d = -12 -> -10 (grad 0), d = 11 -> 10 (grad 0), d = 5 -> 5 (grad 1)
+    values, grads = _value_and_grad([-12.0, 11.0, 5.0], "k1")
+    assert values == [-10.0, 10.0, 5.0] and grads == [0.0, 0.0, 1.0]
+    # k2 = d^2/2: d = 5 -> 12.5 -> 10 (grad 0); d = 4 -> 8 (grad d = 4); d = -4.5 -> 10.125 -> 10
+    values, grads = _value_and_grad([5.0, 4.0, -4.5], "k2")
+    assert values == [10.0, 8.0, 10.0] and grads == [0.0, 4.0, 0.0]
+    # a custom bound: k1 with clamp=2 at d = 3 -> 2 (grad 0)
+    values, grads = _value_and_grad([3.0], "k1", clamp=2.0)
+    assert values == [2.0] and grads == [0.0]
 
 
 def test_adaptive_controller_golden():

@@ -114,25 +114,62 @@ def test_dpo_learns_the_train_pairs(world, tmp_path, bf16_compute):
 
 def test_reference_cache_hit_miss_and_invalidation(world, tmp_path):
     data = _copy_pairs(world, tmp_path / "d" / "pairs.jsonl")
-    first = DPOTrainer(_cfg(world, tmp_path / "a", train_data=data))
+    shared = str(tmp_path / "cache")
+    first = DPOTrainer(_cfg(world, tmp_path / "a", train_data=data, ref_cache_dir=shared))
     first.train()
     assert first.ref_cache["train"].startswith("miss ")
     path = Path(first.ref_cache["train"].split(" ", 1)[1])
-    assert path.parent == Path(data).parent / "pairs.jsonl.refcache" and path.is_file()
+    assert path.parent == Path(shared) and path.is_file()
     # the cached table equals a fresh forward pass of the reference (the starting model)
     base, _ = load_model_and_tokenizer(world["model"])
     fresh = pair_logprobs(base.eval(), first.pairs)
     for k, v in fresh.items():
         torch.testing.assert_close(first.ref_tables["train"][k], v.detach())
-    second = DPOTrainer(_cfg(world, tmp_path / "b", train_data=data))
+    second = DPOTrainer(_cfg(world, tmp_path / "b", train_data=data, ref_cache_dir=shared))
     second.train()
     assert second.ref_cache["train"] == f"hit {path}"
     # editing one pair changes the key: a miss, written to a new file
     _copy_pairs(world, Path(data), edit=True)
-    third = DPOTrainer(_cfg(world, tmp_path / "c", train_data=data))
+    third = DPOTrainer(_cfg(world, tmp_path / "c", train_data=data, ref_cache_dir=shared))
     third.train()
     status = third.ref_cache["train"]
     assert status.startswith("miss ") and str(path) not in status
+
+
+def test_reference_cache_defaults_to_out_dir_not_the_data_folder(world, tmp_path):
+    data_dir = tmp_path / "ro"
+    data = _copy_pairs(world, data_dir / "pairs.jsonl")
+    data_dir.chmod(0o555)  # a read-only data folder (root ignores the mode: checked below too)
+    try:
+        trainer = DPOTrainer(_cfg(world, tmp_path / "out", train_data=data))
+    finally:
+        data_dir.chmod(0o755)
+    path = Path(trainer.ref_cache["train"].split(" ", 1)[1])
+    assert path.parent == tmp_path / "out" / "refcache" and path.is_file()
+    assert sorted(p.name for p in data_dir.iterdir()) == ["pairs.jsonl"]
+
+
+def test_reference_cache_keyed_by_the_weights_of_an_in_memory_model(world, tmp_path):
+    """Two different in-memory policies with the same name_or_path (a model fine-tuned in
+    memory keeps its base's) must not share a reference table."""
+    base, tok = load_model_and_tokenizer(world["model"])
+    other = build_tiny_llama(tok, hidden_size=32, num_layers=1, num_heads=2,
+                             intermediate_size=64, seed=1)
+    other.name_or_path = other.config.name_or_path = base.name_or_path
+    assert other.name_or_path == base.name_or_path
+    keys = {"out_dir": str(tmp_path / "out"), "max_steps": 1, "batch_size": 8,
+            "micro_batch_size": 16, "progress": False, "max_seq_len": 128,
+            "ref_cache_dir": str(tmp_path / "cache"), "rewards": []}
+    first = DPOTrainer(model=base, tokenizer=tok, train_data=world["pairs"], **keys)
+    second = DPOTrainer(model=other, tokenizer=tok, train_data=world["pairs"], **keys)
+    assert first.ref_cache["train"].startswith("miss ")
+    assert second.ref_cache["train"].startswith("miss ")
+    assert first.ref_cache["train"] != second.ref_cache["train"]
+    fresh = pair_logprobs(other.eval(), second.pairs)
+    for k, v in fresh.items():
+        torch.testing.assert_close(second.ref_tables["train"][k], v.detach())
+    again = DPOTrainer(model=other, tokenizer=tok, train_data=world["pairs"], **keys)
+    assert again.ref_cache["train"] == "hit " + second.ref_cache["train"].split(" ", 1)[1]
 
 
 def test_precomputed_and_on_the_fly_reference_agree(world, tmp_path):
