@@ -108,4 +108,4 @@ def test_search_refuses_a_beam_separator_the_prm_does_not_split_at(saved: dict[s
     with pytest.raises(ConfigError, match=r"step_separator.*saved rule '\\n'"):
         check_verifiers(cfg(saved["lines"], "; "))
     with pytest.raises(ConfigError, match="'orm'.*not an outcome reward model"):
-        check_verifiers(SearchConfig(eval_data="e", orm=saved["think"]))
+        check_verifiers(SearchConfig(eval_data="e", orm=saved["think"], methods=["best_of_n"]))
