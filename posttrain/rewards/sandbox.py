@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -44,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posttrain.rewards._wire import dumps_frame
 from posttrain.rewards.code_tests import CodeTest, CompareOptions, judge, parse_test
 from posttrain.rewards.errors import SandboxUnavailableError
 from posttrain.rewards.sandbox_host import (
@@ -54,13 +56,23 @@ from posttrain.rewards.sandbox_host import (
     probe_python,
     uid_is_idle,
 )
-from posttrain.rewards.sandbox_io import Exchange, exchange
+from posttrain.rewards.sandbox_io import Exchange, ProtocolError, exchange
 
 logger = logging.getLogger(__name__)
 
 STATUSES = ("passed", "failed", "timeout", "memory", "crashed", "sandbox_error")
 _MODES = {"auto": "auto", "bwrap": "bwrap", "strict": "bwrap", "limits": "limits"}
-_HARNESS_SOURCE = Path(__file__).with_name("_harness.py").read_text()
+_PARENT_ONLY = re.compile(r"^# <parent-only>.*?^# </parent-only>\n", re.DOTALL | re.MULTILINE)
+
+
+def _sandbox_source() -> str:
+    """The supervisor's source: _wire, _judge, _harness, without their parent-only imports."""
+    parts = [Path(__file__).with_name(name).read_text()
+             for name in ("_wire.py", "_judge.py", "_harness.py")]
+    return "\n".join(_PARENT_ONLY.sub("", part) for part in parts)
+
+
+_HARNESS_SOURCE = _sandbox_source()
 _STARTUP_S = 10.0  # interpreter + bubblewrap start-up allowance for the whole-run deadline
 
 
@@ -114,7 +126,8 @@ class SandboxResult:
     test_kinds: list[str] = field(default_factory=list)
     """``value`` / ``stdio`` / ``assert`` per test (:mod:`posttrain.rewards.code_tests`)."""
     in_process_verdicts: int = 0
-    """Tests judged inside the program's interpreter (``assert`` kind; forgeable)."""
+    """Assert tests judged inside the program's interpreter after all (the judge could not
+    carry what they need; forgeable)."""
 
 
 class _Slots:
@@ -256,12 +269,16 @@ class _Judge:
                  stop_on_failure: bool) -> None:
         self.tests, self.options, self.stop_on_failure = tests, options, stop_on_failure
         self.status: list[str] = []
+        self.in_process: list[bool] = []
         self.detail = ""
 
     def __call__(self, index: int, response: dict) -> bool:
         test = self.tests[index]
+        if response["in_process"] and test.kind != "assert":
+            raise ProtocolError(f"an in-process verdict for a {test.kind} test")
         status = judge(test, response, self.options)
         self.status.append(status)
+        self.in_process.append(response["in_process"] and status != "sandbox_error")
         if status == "passed":
             return True
         top_failed = not response["top"] and test.kind != "stdio"
@@ -293,11 +310,12 @@ def _outcome(judged: _Judge, done: Exchange, n_tests: int) -> tuple[str, list[st
 
 
 def _launch(mode: str, limits: SandboxLimits, uid: int | None, workdir: str | None,
-            result_w: int) -> subprocess.Popen:
+            result_w: int, tests_r: int) -> subprocess.Popen:
     python = limits.python or probe_python(uid)
     if mode == "bwrap":
         python = os.path.realpath(python)  # only the interpreter's own directories are bound
-    command = [python, "-I", "-S", "-B", "-u", "-c", _HARNESS_SOURCE, str(result_w)]
+    command = [python, "-I", "-S", "-B", "-u", "-c", _HARNESS_SOURCE, str(result_w),
+               str(tests_r)]
     if mode == "bwrap":
         command = _bwrap_argv(limits, python) + command
         env = {}
@@ -306,7 +324,7 @@ def _launch(mode: str, limits: SandboxLimits, uid: int | None, workdir: str | No
                "TMPDIR": str(workdir), "LANG": "C.UTF-8"}
     return subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        pass_fds=(result_w,), start_new_session=True, env=env, cwd=workdir,
+        pass_fds=(result_w, tests_r), start_new_session=True, env=env, cwd=workdir,
         **_user_kwargs(uid),
     )
 
@@ -357,29 +375,35 @@ def _run_in_slot(code: str, tests: list[CodeTest], limits: SandboxLimits, mode: 
             os.chown(workdir, uid, uid)
     kill_all = mode == "bwrap" or uid is not None  # alone in a PID namespace or a uid
     run = _run_message(code, len(tests), limits, _nproc_limit(limits, mode, uid), kill_all)
-    messages = [json.dumps(t.sandbox_message()).encode() for t in tests]
+    messages = [json.dumps(t.sandbox_message(i)).encode() for i, t in enumerate(tests)]
+    # assert tests' sources go to the judge processes alone, on a pipe the supervisor never
+    # reads (so no program process, forked from it, ever holds an expected value)
+    sources = b"".join(dumps_frame({"index": i, "source": t.source})
+                       for i, t in enumerate(tests) if t.kind == "assert")
     line_cap = 8 * (limits.max_value_bytes + limits.max_output_bytes) + 1024
     result_r, result_w = os.pipe()
+    tests_r, tests_w = os.pipe()
     proc, done = None, Exchange(timed_out=True)
     try:
         try:
-            proc = _launch(mode, limits, uid, workdir, result_w)
+            proc = _launch(mode, limits, uid, workdir, result_w, tests_r)
         except OSError as exc:
             return SandboxResult("sandbox_error", 0, len(tests), ["sandbox_error"] * len(tests),
                                  f"cannot start the sandbox: {exc!r}", mode=mode,
                                  duration_s=time.monotonic() - started)
         finally:
             os.close(result_w)
+            os.close(tests_r)
         deadline = started + _STARTUP_S + len(tests) * (limits.timeout_s + 1.0)
         done = exchange(proc, result_r, run, messages, judged, deadline,
-                        limits.max_output_bytes, line_cap)
+                        limits.max_output_bytes, line_cap, sources=(tests_w, sources))
     finally:
         os.close(result_r)
+        os.close(tests_w)
         _cleanup(proc, mode, uid, workdir, limits,
                  graceful=not (done.timed_out or done.error or done.stopped_early))
     status, test_status, detail = _outcome(judged, done, len(tests))
-    in_process = sum(1 for t, s in zip(tests, test_status, strict=True)
-                     if t.kind == "assert" and s not in ("skipped", "sandbox_error"))
+    in_process = sum(judged.in_process)
     return SandboxResult(
         status=status, tests_passed=test_status.count("passed"), tests_total=len(tests),
         test_status=test_status, detail=detail, stdout=done.stdout.decode(errors="replace"),
