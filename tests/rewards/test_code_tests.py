@@ -10,6 +10,7 @@ import pytest
 
 from posttrain.data.loading import DataError, load_rows
 from posttrain.rewards import code_reward, code_reward_detailed, split_tests
+from posttrain.rewards._wire import wire_encode
 from posttrain.rewards.code_tests import (
     CodeTest,
     CompareOptions,
@@ -19,7 +20,6 @@ from posttrain.rewards.code_tests import (
     stdout_equal,
     values_equal,
 )
-from posttrain.rewards._wire import wire_encode
 from posttrain.rewards.sandbox_io import ProtocolError
 from posttrain.tasks.functions import code_rows
 from tests.rewards.test_sandbox_adversarial import mode
