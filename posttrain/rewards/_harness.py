@@ -1,28 +1,25 @@
 """Sandbox supervisor (standard library only, never imports posttrain; runs inside the sandbox).
 
-Started by :mod:`posttrain.rewards.sandbox` as ``python -I -S -B -u -c <this source> RESULT_FD``.
-It makes itself non-dumpable (``PR_SET_DUMPABLE 0``: processes of its uid cannot open its
-``/proc/<pid>/mem`` or ``/proc/<pid>/fd``, ``ptrace`` it or use ``process_vm_writev`` /
-``pidfd_getfd`` on it), applies the resource limits to itself (every descendant inherits them)
-and then talks to the parent, one JSON object per line:
+Started by :mod:`posttrain.rewards.sandbox` as ``python -I -S -B -u -c <_wire + _judge + this
+source> RESULT_FD TESTS_FD``. It makes itself non-dumpable (``PR_SET_DUMPABLE 0``: processes of
+its uid cannot open its ``/proc/<pid>/mem`` or ``/proc/<pid>/fd``, ``ptrace`` it or use
+``process_vm_writev`` / ``pidfd_getfd`` on it; every process it forks inherits this until the
+program changes its own), applies the resource limits to itself and talks to the parent:
 
-* stdin (fd 0): first the run ``{"code", "timeout_s", "cpu_s", "kill_all", "limits",
-  "max_value_bytes", "max_stdout_bytes"}``; then one test per line: ``{"kind": "value",
-  "prelude", "expr"}``, ``{"kind": "stdio", "input"}`` or ``{"kind": "assert", "source"}``.
-  EOF ends the run (the parent kills the run instead when it has seen enough).
-* RESULT_FD: ``R`` once started, then one line per test: ``{"status", "top", "value",
-  "stdout", "truncated"}``.
+* stdin: the run ``{"code", "timeout_s", "cpu_s", "kill_all", "limits", "max_value_bytes",
+  "max_stdout_bytes"}``, then one test per line: ``{"kind": "value", "prelude", "name",
+  "args", "kwargs"}``, ``{"kind": "stdio", "input"}`` or ``{"kind": "assert", "index"}``.
+* TESTS_FD: the assert tests' sources, framed; only judge processes read it (below).
+* RESULT_FD: ``R`` once started, then one JSON line per test, in order: ``{"id", "status",
+  "top", "value", "stdout", "truncated", "in_process"}``.
 
-For each test a fresh child is forked that runs the program and then the test; the supervisor
-never executes untrusted code and never sees an expected value or output: for ``value`` tests
-the child sends ``repr`` of the value (plain data of exact types only), for ``stdio`` tests its
-stdout is captured, and the parent compares both outside the sandbox. Only ``assert`` tests are
-decided here, by an in-process token (forgeable by a program that digs it out of its own
-interpreter; the parent counts such verdicts).
-
-After every test the supervisor kills the child and everything it spawned (it is a child
-subreaper, see ``_sweep``) before it answers, so no process of the program is alive while the
-parent reads that answer.
+Per test: a ``value`` test forks a program process that answers one call with the value in
+wire form (compared by the parent); a ``stdio`` test forks a child that runs the program as a
+script (stdout compared by the parent); an ``assert`` test forks a program process and then a
+judge process (:mod:`._judge`), which alone reads the test's source from TESTS_FD, so no
+process of the program, forked before it, ever held an expected value. After every test the
+supervisor kills everything the program started (``_sweep``; it is a child subreaper) before
+it answers.
 """
 
 import contextlib
@@ -37,6 +34,7 @@ import time
 
 # <parent-only> (removed from the sandbox's source, which starts with _wire's and _judge's)
 from posttrain.rewards._judge import Link, judge_test, serve_program
+from posttrain.rewards._procs import _apply_limits, _clear_keyrings, _prctl, _sweep
 from posttrain.rewards._wire import (
     WireError,
     dumps_frame,
@@ -50,106 +48,6 @@ from posttrain.rewards._wire import (
 _TOKEN_BYTES = 16
 _SUPERVISOR_FDS = []  # the result and tests pipes: every child closes them first
 _SOURCE_CAP = 1 << 24
-
-
-def _prctl(option, value):
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
-    except Exception:  # best effort: the outer layer still kills the process group
-        return -1
-
-
-def _apply_limits(limits):
-    """Limits on the supervisor, inherited by every process of the program."""
-    mb = 1024 * 1024
-    table = [
-        (resource.RLIMIT_AS, limits["address_space_mb"] * mb),
-        (resource.RLIMIT_NPROC, limits["nproc"]),
-        (resource.RLIMIT_FSIZE, limits["file_size_mb"] * mb),
-        (resource.RLIMIT_NOFILE, limits["nofile"]),
-        (resource.RLIMIT_CORE, 0),
-        (resource.RLIMIT_CPU, limits["supervisor_cpu_s"]),
-    ]
-    for which, value in table:
-        resource.setrlimit(which, (value, value))
-
-
-def _direct_children(me):
-    """Pids whose parent is ``me`` (includes re-parented orphans and zombies)."""
-    kids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open("/proc/" + name + "/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == me:
-            kids.append(int(name))
-    return kids
-
-
-def _others_alive(me):
-    """True while a process of our uid other than us and init exists (zombies count)."""
-    uid = str(os.getuid()).encode()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) in (me, 1):
-            continue
-        try:
-            with open("/proc/" + name + "/status", "rb") as f:
-                for line in f:
-                    if line.startswith(b"Uid:"):
-                        if line.split()[1] == uid:
-                            return True
-                        break
-        except OSError:
-            continue
-    return False
-
-
-def _reap():
-    """Reap every child that has exited (we are the subreaper: orphans included)."""
-    while True:
-        try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                return
-        except ChildProcessError:
-            return
-
-
-def _sweep(kill_all, pgid):
-    """Kill every process the program left, then reap them.
-
-    ``kill_all``: we are alone with the program in a PID namespace or under a uid of our own,
-    so ``kill(-1, SIGKILL)`` reaches exactly the program's processes (never us, never init) and
-    is atomic with respect to fork - a fork bomb cannot outrun it. Otherwise (limits mode under
-    a shared uid) kill the test's process group and our direct children until none is left.
-    """
-    me = os.getpid()
-    for _ in range(5000):
-        if kill_all:
-            with contextlib.suppress(OSError):
-                os.kill(-1, signal.SIGKILL)
-            _reap()
-            if not _others_alive(me):  # kill(-1)'s return value cannot tell us (kernel counts
-                break  # tasks it failed on with errors other than EPERM)
-        else:
-            if pgid:
-                with contextlib.suppress(OSError):
-                    os.killpg(pgid, signal.SIGKILL)
-            kids = _direct_children(me)
-            if not kids:
-                break
-            for pid in kids:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-        _reap()
-        time.sleep(0.001)
-    _reap()
 
 
 def _setup_child(fds, cpu_s):
@@ -572,6 +470,7 @@ def main():
     _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
     _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die if the parent dies
     _SUPERVISOR_FDS.extend([result_fd, tests_fd])
+    _clear_keyrings()  # what an earlier run of this uid left there never reaches this one
     _write_all(result_fd, b"R\n")
     commands = _lines(0)
     run = json.loads(next(commands))
@@ -585,6 +484,7 @@ def main():
         response["id"] = index
         _write_all(result_fd, (json.dumps(response) + "\n").encode())
     _sweep(run["kill_all"], 0)  # nothing may outlive the run
+    _clear_keyrings()
 
 
 if __name__ == "__main__":

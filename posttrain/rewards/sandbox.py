@@ -66,9 +66,10 @@ _PARENT_ONLY = re.compile(r"^# <parent-only>.*?^# </parent-only>\n", re.DOTALL |
 
 
 def _sandbox_source() -> str:
-    """The supervisor's source: _wire, _judge, _harness, without their parent-only imports."""
+    """The supervisor's source: _wire, _judge, _procs, _harness, without their parent-only
+    imports."""
     parts = [Path(__file__).with_name(name).read_text()
-             for name in ("_wire.py", "_judge.py", "_harness.py")]
+             for name in ("_wire.py", "_judge.py", "_procs.py", "_harness.py")]
     return "\n".join(_PARENT_ONLY.sub("", part) for part in parts)
 
 
@@ -174,12 +175,26 @@ _BWRAP_OK: dict[bool, str | None] = {}  # as_root -> None if bwrap works, else t
 _WARNED: set[str] = set()
 
 
+# A read-only /dev of 64 KiB holding only these devices (bwrap's own --dev is a writable tmpfs
+# of half the RAM); /dev/shm is a size-capped tmpfs of its own (_bwrap_argv).
+_DEVICES = ("null", "zero", "full", "random", "urandom")
+_MINIMAL_DEV = (
+    "--size", "65536", "--tmpfs", "/dev",
+    *[arg for name in _DEVICES for arg in ("--dev-bind", f"/dev/{name}", f"/dev/{name}")],
+    "--symlink", "/proc/self/fd", "/dev/fd",
+    *[arg for number, name in enumerate(("stdin", "stdout", "stderr"))
+      for arg in ("--symlink", f"/proc/self/fd/{number}", f"/dev/{name}")],
+    "--dir", "/dev/shm",
+    "--remount-ro", "/dev",
+)
+
+
 def _bwrap_argv(limits: SandboxLimits, python: str) -> list[str]:
     size = str(limits.tmpfs_mb * 1024 * 1024)
     return [
         shutil.which("bwrap") or "bwrap",
         *bwrap_binds(python),
-        "--dev", "/dev",
+        *_MINIMAL_DEV,
         "--proc", "/proc",
         "--size", size, "--tmpfs", "/tmp",
         "--size", size, "--tmpfs", "/var/tmp",
@@ -316,17 +331,34 @@ def _launch(mode: str, limits: SandboxLimits, uid: int | None, workdir: str | No
         python = os.path.realpath(python)  # only the interpreter's own directories are bound
     command = [python, "-I", "-S", "-B", "-u", "-c", _HARNESS_SOURCE, str(result_w),
                str(tests_r)]
+    user = _user_kwargs(uid)
     if mode == "bwrap":
         command = _bwrap_argv(limits, python) + command
         env = {}
     else:
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(workdir),
                "TMPDIR": str(workdir), "LANG": "C.UTF-8"}
+        if uid is not None:  # a fresh IPC namespace, then drop root (_ipc_wrapper)
+            command, user = _ipc_wrapper(uid) + command, {}
     return subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        pass_fds=(result_w, tests_r), start_new_session=True, env=env, cwd=workdir,
-        **_user_kwargs(uid),
+        pass_fds=(result_w, tests_r), start_new_session=True, env=env, cwd=workdir, **user,
     )
+
+
+def _ipc_wrapper(uid: int) -> list[str]:
+    """``unshare --ipc`` then ``setpriv`` to the sandbox uid (util-linux): in limits mode as
+    root each run gets an IPC namespace of its own, so SysV shared memory, message queues,
+    semaphores and POSIX message queues die with the run. Without both tools limits mode
+    refuses to run as root (SandboxUnavailableError)."""
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    if not (unshare and setpriv):
+        raise SandboxUnavailableError(
+            "limits mode as root needs unshare and setpriv (util-linux) so that nothing a run "
+            "leaves in SysV IPC or POSIX message queues reaches a later run; install "
+            "util-linux or bubblewrap, or run the trainer as a non-root user")
+    return [unshare, "--ipc", "--", setpriv, f"--reuid={uid}", f"--regid={uid}",
+            "--clear-groups", "--"]
 
 
 def _nproc_limit(limits: SandboxLimits, mode: str, uid: int | None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -97,18 +98,27 @@ def _alive(fields: dict[str, str]) -> bool:
 
 
 def cleanup_world_writable(uid: int) -> int:
-    """Remove entries owned by ``uid`` at the top of /tmp, /var/tmp, /dev/shm, /run/lock."""
-    removed = 0
-    for directory in _WORLD_WRITABLE:
+    """Remove what ``uid`` left in /tmp, /var/tmp, /dev/shm, /run/lock, at any depth.
+
+    A process of ``uid`` can only create entries in directories it owns (removed whole) or in
+    world-writable ones, so the walk descends into world-writable directories only (such as
+    ``/tmp/.X11-unix``) and removes every entry ``uid`` owns there.
+    """
+    removed, pending = 0, list(_WORLD_WRITABLE)
+    while pending:
+        directory = pending.pop()
         try:
             entries = list(os.scandir(directory))
         except OSError:
             continue
         for entry in entries:
             try:
-                if entry.stat(follow_symlinks=False).st_uid != uid:
+                info = entry.stat(follow_symlinks=False)
+                if info.st_uid != uid:
+                    if stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_IWOTH:
+                        pending.append(entry.path)
                     continue
-                if entry.is_dir(follow_symlinks=False):
+                if stat.S_ISDIR(info.st_mode):
                     shutil.rmtree(entry.path, ignore_errors=True)
                 else:
                     os.unlink(entry.path)
