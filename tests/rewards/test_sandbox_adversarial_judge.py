@@ -284,3 +284,38 @@ def test_the_judge_is_out_of_reach(mode: str) -> None:
     score, result = _score(_REACH_JUDGE, ["seen, reached = f()\nassert seen >= 2\n"
                                           "assert reached == []"], mode)
     assert (score, result.status) == (1.0, "passed"), result.test_status
+
+
+# ---- what the proxy carries for honest programs (exact scores, no in-process verdict) --------
+_STACK = ("class Stack:\n"
+          "    def __init__(self):\n        self.items = []\n"
+          "    def push(self, x):\n        self.items.append(x)\n"
+          "    def pop(self):\n        return self.items.pop()\n"
+          "def sort_in_place(a):\n    a.sort()\n"
+          "def tally(d, k):\n    d[k] = d.get(k, 0) + 1\n"
+          "def root(x):\n"
+          "    if x < 0:\n        raise ValueError('negative')\n"
+          "    return x ** 0.5\n"
+          "def pairs(n):\n    return ((i, i * i) for i in range(n))\n"
+          "def adder(k):\n    return lambda x: x + k\n"
+          "def as_set(xs):\n    return set(xs)\n"
+          "LIMIT = 10\n"
+          "import math\n")
+HONEST_SEMANTICS = [
+    "s = Stack()\ns.push(1)\ns.push(2)\nassert s.pop() == 2 and s.items == [1]",  # handles
+    "a = [3, 1, 2]\nsort_in_place(a)\nassert a == [1, 2, 3]",  # a mutated list comes back
+    "d = {}\ntally(d, 'x')\ntally(d, 'x')\nassert d == {'x': 2}",
+    "try:\n    root(-1)\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError",
+    "assert math.isclose(root(2.0), 2 ** 0.5)",  # the program's `math` is the judge's own
+    "assert list(pairs(3)) == [(0, 0), (1, 1), (2, 4)]",  # a generator, iterated
+    "assert adder(2)(3) == 5",  # a returned function is a handle that can be called
+    "assert as_set([1, 2, 2]) == {1, 2} and LIMIT == 10",  # sets; a top-level constant
+    "assert f(10**30) == 2 * 10**30 + 3",
+    "assert Stack() != Stack() and not Stack()",  # a handle equals nothing and is not true
+]
+
+
+def test_the_proxy_carries_what_honest_tests_need(mode: str) -> None:
+    score, result = _score(HONEST + _STACK, HONEST_SEMANTICS, mode)
+    assert result.test_status == ["passed"] * len(HONEST_SEMANTICS), result.test_status
+    assert result.in_process_verdicts == 0 and score == 1.0
