@@ -13,11 +13,13 @@ that each see the right ``x``; decorators and class bodies are kept whole); a st
 top-level asserts (e.g. HumanEval's ``def check(candidate): ...`` followed by ``check(f)``) is
 one test. A test of any other type or shape is a ``ValueError``, never a pass.
 
-Each test runs in its own fresh process: the program, then that test. How a test is judged
-depends on its shape (:mod:`posttrain.rewards.code_tests`, docs/sandbox.md): ``assert <expr>
-== <literal>`` and stdin/stdout tests are compared outside the sandbox, type-strictly, with the
-expected value the sandbox never sees (``compare`` options); any other assert is judged inside
-the program's interpreter (counted as ``code/in_process_verdicts``). Never by what it prints.
+Each test runs in fresh processes of its own. How a test is judged depends on its shape
+(:mod:`posttrain.rewards.code_tests`, docs/sandbox.md): ``assert name(<literals>) ==
+<literal>`` and stdin/stdout tests are compared here, type-strictly, with the expected value
+the sandbox never sees (``compare`` options); any other assert runs in a judge process where
+the program's names are proxies returning plain data, so the comparison never runs in the
+program's interpreter (a test the proxies cannot carry falls back to it and is counted as
+``code/in_process_verdicts``). Never by what it prints.
 ``timeout_s`` bounds each test (wall clock and CPU); with ``partial=False`` the run stops at the
 first failing test, so a stuck program costs about one ``timeout_s``.
 """

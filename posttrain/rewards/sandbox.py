@@ -8,12 +8,13 @@ each mode are tabulated in ``docs/sandbox.md``. In short:
 
 * ``bwrap`` (bubblewrap): only ``/usr``, ``/bin``, ``/sbin``, ``/lib*``, the loader cache and the
   interpreter's prefix are visible (read-only; no host data, home or work directories),
-  private size-capped tmpfs for ``/tmp``, ``/var/tmp``,
-  ``/dev/shm``, new ``/proc`` and ``/dev``, all namespaces unshared (network, PID, IPC, UTS,
-  cgroup, user; nested user namespaces disabled), ``--die-with-parent``, ``--new-session``,
-  ``--clearenv``. Killing bubblewrap kills every process of the run (PID namespace).
+  private size-capped tmpfs for ``/tmp``, ``/var/tmp``, ``/dev/shm``, a new ``/proc``, a
+  read-only 64 KiB ``/dev`` with five devices, all namespaces unshared (network, PID, IPC,
+  UTS, cgroup, user; nested user namespaces disabled), ``--die-with-parent``,
+  ``--new-session``, ``--clearenv``. Killing bubblewrap kills every process of the run (PID namespace).
 * ``limits``: the same resource limits and process sweep, no file-system or network isolation
-  (a one-time warning says so).
+  (a one-time warning says so); as root, an IPC namespace per run (``unshare`` + ``setpriv``,
+  else it refuses), keyrings emptied, what the uid left in world-writable directories removed.
 * ``strict``/``bwrap``: refuse to run without a working bubblewrap
   (:class:`SandboxUnavailableError`). ``auto``: bwrap if it works here, else ``limits``.
 
