@@ -36,7 +36,15 @@ from posttrain.rewards._wire import (
 
 HELLO_VALUE_BYTES = 1024  # a top-level plain value larger than this is sent as a handle
 MAX_NAMES = 4096
-_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
+# standard-library modules without side channels to the judge's process (no os, sys, io,
+# ctypes, signal...): a program name bound to one of these, or to an attribute of one, is
+# resolved by the judge's own import; any other module or object is a handle
+_PURE_MODULES = frozenset((
+    "array", "base64", "binascii", "bisect", "builtins", "calendar", "cmath", "collections",
+    "collections.abc", "copy", "dataclasses", "datetime", "decimal", "difflib", "enum",
+    "fractions", "functools", "hashlib", "heapq", "itertools", "json", "math", "numbers",
+    "operator", "random", "re", "statistics", "string", "struct", "textwrap", "typing",
+    "unicodedata", "zlib"))
 _MUTABLE = (list, dict, set)
 
 
@@ -66,10 +74,11 @@ def _stdlib_origin(value):
     try:
         if type(value) is type(sys):
             name = value.__name__
-            return ["m", name] if type(name) is str and name.split(".")[0] in _STDLIB else None
+            return ["m", name] if name in _PURE_MODULES else None
         module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
-        if type(module) is str and type(qualname) is str and module.split(".")[0] in _STDLIB \
-                and "<" not in qualname and sys.modules.get(module) is not None:
+        if module in _PURE_MODULES and type(qualname) is str and "<" not in qualname \
+                and not any(p.startswith("_") for p in qualname.split(".")) \
+                and sys.modules.get(module) is not None:
             found = sys.modules[module]
             for part in qualname.split("."):
                 found = getattr(found, part)
@@ -319,10 +328,12 @@ def _bind(link, name, how):
     if tag == "h" and len(how) == 2:
         return link.handle(how[1])
     if tag in ("m", "a") and all(type(x) is str for x in how[1:]) and \
-            how[1].split(".")[0] in _STDLIB:
+            how[1] in _PURE_MODULES and len(how) == (2 if tag == "m" else 3):
         try:
             found = importlib.import_module(how[1])
-            for part in (how[2].split(".") if tag == "a" and len(how) == 3 else []):
+            for part in (how[2].split(".") if tag == "a" else []):
+                if part.startswith("_"):
+                    raise ProgramBroke(f"private attribute in {how!r}")
                 found = getattr(found, part)
             return found
         except Exception:

@@ -11,7 +11,8 @@ each mode are tabulated in ``docs/sandbox.md``. In short:
   private size-capped tmpfs for ``/tmp``, ``/var/tmp``, ``/dev/shm``, a new ``/proc``, a
   read-only 64 KiB ``/dev`` with five devices, all namespaces unshared (network, PID, IPC,
   UTS, cgroup, user; nested user namespaces disabled), ``--die-with-parent``,
-  ``--new-session``, ``--clearenv``. Killing bubblewrap kills every process of the run (PID namespace).
+  ``--new-session``, ``--clearenv``. Killing bubblewrap kills every process of the run (PID
+  namespace).
 * ``limits``: the same resource limits and process sweep, no file-system or network isolation
   (a one-time warning says so); as root, an IPC namespace per run (``unshare`` + ``setpriv``,
   else it refuses), keyrings emptied, what the uid left in world-writable directories removed.
