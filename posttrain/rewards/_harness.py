@@ -1,10 +1,12 @@
 """Sandbox supervisor (standard library only, never imports posttrain; runs inside the sandbox).
 
-Started by :mod:`posttrain.rewards.sandbox` as ``python -I -S -B -u -c <_wire + _judge + this
-source> RESULT_FD TESTS_FD``. It makes itself non-dumpable (``PR_SET_DUMPABLE 0``: processes of
-its uid cannot open its ``/proc/<pid>/mem`` or ``/proc/<pid>/fd``, ``ptrace`` it or use
-``process_vm_writev`` / ``pidfd_getfd`` on it; every process it forks inherits this until the
-program changes its own), applies the resource limits to itself and talks to the parent:
+Started by :mod:`posttrain.rewards.sandbox` as ``python -I -S -B -u -c <_wire + _judge +
+_procs + this source> RESULT_FD TESTS_FD`` (or a bootstrap that loads the same code compiled by
+the parent, when the interpreters share a bytecode format). It makes itself non-dumpable
+(``PR_SET_DUMPABLE 0``: processes of its uid cannot open its ``/proc/<pid>/mem`` or
+``/proc/<pid>/fd``, ``ptrace`` it or use ``process_vm_writev`` / ``pidfd_getfd`` on it; every
+process it forks inherits this until the program changes its own), applies the resource limits
+to itself and talks to the parent:
 
 * stdin: the run ``{"code", "timeout_s", "cpu_s", "kill_all", "limits", "max_value_bytes",
   "max_stdout_bytes"}``, then one test per line: ``{"kind": "value", "prelude", "name",
@@ -22,13 +24,13 @@ supervisor kills everything the program started (``_sweep``; it is a child subre
 it answers.
 """
 
+import _socket  # the C module: socket.py would cost ~3 ms of imports per run
 import contextlib
 import json
 import os
 import resource
 import select
 import signal
-import socket
 import sys
 import time
 
@@ -307,7 +309,7 @@ def _program_process(code, link, close, run, describe):
 
 def _fork_program(code, run, describe):
     """(pid, our end of its socket) of a fresh program process, or None when fork fails."""
-    ours, theirs = socket.socketpair()
+    ours, theirs = _socket.socketpair()
     try:
         pid = os.fork()
     except OSError:
@@ -346,7 +348,7 @@ def _run_value(code, test, run):
                "kwargs": test["kwargs"], "prelude": test["prelude"]}
     try:
         ours.sendall(dumps_frame(request))  # small (the parent checks): fits the buffer
-        ours.shutdown(socket.SHUT_WR)
+        ours.shutdown(_socket.SHUT_WR)
     except OSError:
         pass
     fd = ours.detach()
@@ -465,7 +467,7 @@ def _answer(code, test, run):
 
 
 def main():
-    result_fd, tests_fd = int(sys.argv[1]), int(sys.argv[2])
+    result_fd, tests_fd = int(sys.argv[-2]), int(sys.argv[-1])
     _prctl(4, 0)  # PR_SET_DUMPABLE 0, before anything else (see the module docstring)
     _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
     _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die if the parent dies

@@ -19,7 +19,6 @@ import isclose``): the judge imports its own copy.
 """
 
 import builtins
-import importlib
 import select
 import sys
 
@@ -330,7 +329,8 @@ def _bind(link, name, how):
     if tag in ("m", "a") and all(type(x) is str for x in how[1:]) and \
             how[1] in _PURE_MODULES and len(how) == (2 if tag == "m" else 3):
         try:
-            found = importlib.import_module(how[1])
+            __import__(how[1])
+            found = sys.modules[how[1]]
             for part in (how[2].split(".") if tag == "a" else []):
                 if part.startswith("_"):
                     raise ProgramBroke(f"private attribute in {how!r}")

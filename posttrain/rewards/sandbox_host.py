@@ -3,6 +3,7 @@ remove what a uid left in world-writable directories. Linux ``/proc`` only; no t
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import stat
@@ -40,6 +41,24 @@ def probe_python(uid: int | None) -> str:
                 return candidate
         raise RuntimeError(f"no Python interpreter runnable by uid {uid}: tried {candidates}; "
                            "set SandboxLimits(python=...)")
+
+
+_MAGIC_CACHE: dict[str, bool] = {}
+
+
+def same_bytecode(python: str) -> bool:
+    """True if ``python`` reads this interpreter's marshalled code (same bytecode magic)."""
+    with _PYTHON_LOCK:
+        if python not in _MAGIC_CACHE:
+            try:
+                done = subprocess.run([python, "-I", "-S", "-c", "import importlib.util, sys; "
+                                       "sys.stdout.write(importlib.util.MAGIC_NUMBER.hex())"],
+                                      capture_output=True, text=True, timeout=30, cwd="/")
+                theirs = done.stdout.strip() if done.returncode == 0 else ""
+            except (OSError, subprocess.TimeoutExpired):
+                theirs = ""
+            _MAGIC_CACHE[python] = theirs == importlib.util.MAGIC_NUMBER.hex()
+        return _MAGIC_CACHE[python]
 
 
 def _status_fields(pid: str) -> dict[str, str]:
