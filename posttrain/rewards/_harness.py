@@ -154,7 +154,10 @@ def _wait_child(pid, pipes, timeout_s):
 
 
 def _read_into(fd, data, cap, open_fds, truncated):
-    chunk = os.read(fd, 65536)
+    try:
+        chunk = os.read(fd, 65536)
+    except ConnectionResetError:  # a program process killed with our request still unread
+        chunk = b""
     if not chunk:
         open_fds.discard(fd)
     elif len(data[fd]) + len(chunk) > cap:

@@ -286,6 +286,14 @@ def test_the_judge_is_out_of_reach(mode: str) -> None:
     assert (score, result.status) == (1.0, "passed"), result.test_status
 
 
+def test_a_program_stuck_before_its_call_times_out(mode: str) -> None:
+    """The value path's request is never read (the program loops at top level): the program
+    process is killed with it unread, which must not crash the supervisor."""
+    for tests in (["assert f(1) == 5"], _tests("eq_is_true")):
+        score, result = _score("while True:\n    pass\n", tests, mode)
+        assert (score, result.test_status[0]) == (0.0, "timeout"), result.stderr[-500:]
+
+
 # ---- what the proxy carries for honest programs (exact scores, no in-process verdict) --------
 _STACK = ("class Stack:\n"
           "    def __init__(self):\n        self.items = []\n"
