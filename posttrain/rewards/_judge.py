@@ -24,6 +24,7 @@ import sys
 
 # <parent-only> (removed from the sandbox's source, which starts with _wire's)
 from posttrain.rewards._wire import (
+    FrameTooLarge,
     WireError,
     read_frame,
     wire_decode,
@@ -33,7 +34,8 @@ from posttrain.rewards._wire import (
 
 # </parent-only>
 
-HELLO_VALUE_BYTES = 1024  # a top-level plain value larger than this is sent as a handle
+HELLO_VALUE_BYTES = 1024  # a top-level plain value larger than this is sent as a handle,
+HELLO_BUDGET = 65536  # and so is every plain value once the hello's values reach this size
 MAX_NAMES = 4096
 # standard-library modules without side channels to the judge's process (no os, sys, io,
 # ctypes, signal...): a program name bound to one of these, or to an attribute of one, is
@@ -63,6 +65,10 @@ class Unsupported(BaseException):
     """The test needs a value the proxy cannot carry (a callback, a test-defined object)."""
 
 
+class AnswerTooLarge(BaseException):
+    """An answer over the frame cap (``4 x max_value_bytes + 1 KiB``): the test fails."""
+
+
 class ProgramMemory(BaseException):
     """The program ran out of memory in a call."""
 
@@ -89,7 +95,7 @@ def _stdlib_origin(value):
 
 def describe_names(namespace, handles):
     """Top-level names -> how the judge binds them (plain copy, stdlib object or handle)."""
-    names = {}
+    names, budget = {}, HELLO_BUDGET
     for name, value in list(namespace.items())[:MAX_NAMES]:
         if type(name) is not str or name.startswith("__"):
             continue
@@ -99,8 +105,9 @@ def describe_names(namespace, handles):
             continue
         try:
             encoded = wire_encode(value)
-            if len(repr(encoded)) <= HELLO_VALUE_BYTES:
-                names[name] = ["v", encoded]
+            size = len(repr(encoded))
+            if size <= min(HELLO_VALUE_BYTES, budget):
+                names[name], budget = ["v", encoded], budget - size
                 continue
         except (WireError, RecursionError, ValueError):
             pass
@@ -184,6 +191,8 @@ class Link:
     def _read(self):
         try:
             frame = read_frame(self.fd, self.cap)
+        except FrameTooLarge:
+            raise AnswerTooLarge() from None
         except (WireError, OSError) as exc:
             raise ProgramBroke(f"broken frame: {exc}") from None
         if frame is None:
@@ -371,6 +380,8 @@ def judge_test(check, link, reached_top):
         return "gone", True
     except ProgramMemory:
         return "memory", True
+    except AnswerTooLarge:
+        return "failed", True
     except BaseException:
         return "failed", True
     return "passed", True

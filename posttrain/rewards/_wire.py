@@ -30,6 +30,10 @@ class WireError(ValueError):
     """A frame or value that breaks the wire format."""
 
 
+class FrameTooLarge(WireError):
+    """A well-formed frame header announcing more than the reader's cap."""
+
+
 def wire_encode(value, handle=None, depth=0):
     """Tagged JSON form of ``value``; ``handle(obj) -> int`` names anything that is not plain
     data (without it such a value is a :class:`WireError`)."""
@@ -169,7 +173,7 @@ def read_frame(fd, cap):
         raise WireError("truncated frame header")
     (size,) = _HEADER.unpack(header)
     if size > cap:
-        raise WireError(f"frame of {size} bytes is over the cap of {cap}")
+        raise FrameTooLarge(f"frame of {size} bytes is over the cap of {cap}")
     data = _read_exact(fd, size)
     if len(data) < size:
         raise WireError("truncated frame")

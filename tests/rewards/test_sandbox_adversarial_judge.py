@@ -327,3 +327,14 @@ def test_the_proxy_carries_what_honest_tests_need(mode: str) -> None:
     score, result = _score(HONEST + _STACK, HONEST_SEMANTICS, mode)
     assert result.test_status == ["passed"] * len(HONEST_SEMANTICS), result.test_status
     assert result.in_process_verdicts == 0 and score == 1.0
+
+
+def test_big_values_fail_cleanly_and_many_names_still_work(mode: str) -> None:
+    program = HONEST + "".join(f"C{i} = 'x' * 1000\n" for i in range(300)) + (
+        "def big():\n    return list(range(10**6))\n")
+    # 300 KB of top-level constants: the first 64 KiB of plain values travel in the hello, the
+    # rest become handles (documented); the hello stays under the frame cap
+    tests = ["assert f(1) == 5 and C0 == 'x' * 1000 and C299 != 'x' * 1000",
+             "assert len(big()) == 10**6"]  # an answer over 4 x max_value_bytes: fails
+    score, result = _score(program, tests, mode)
+    assert result.test_status == ["passed", "failed"], result.test_status
