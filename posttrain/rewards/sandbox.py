@@ -117,8 +117,8 @@ class SandboxLimits:
     """Stdout and stderr are each kept up to this many bytes [64 KiB]; the rest is drained.
     Also the most stdout a stdin/stdout test may print (more fails that test)."""
     max_value_bytes: int = 65536
-    """Largest ``repr`` of a value sent back by an ``expr == literal`` test [64 KiB]; a larger
-    value fails that test."""
+    """A value test's value, or an answer to the judge, may take ``4 x max_value_bytes + 1 KiB``
+    in wire form [64 KiB]; a larger one fails that test."""
     uid_base: int = 200000
     """When running as root, slot ``k`` runs as uid/gid ``uid_base + k`` [200000]."""
     python: str | None = None
