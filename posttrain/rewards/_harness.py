@@ -372,6 +372,8 @@ def _value_response(data, truncated, status, cpu_used, run, timed_out, cap):
         if truncated and exited:
             return _response("failed", top)  # a value over max_value_bytes
         return _response(_program_status(status, cpu_used, run, timed_out), top)
+    if frames == []:
+        return _response("failed", False)  # the program quit (exit status 0) at top level
     if top and len(frames) == 1:
         return _response("failed", True)  # the program quit inside the call
     if frames is None or len(frames) != 2 or not top or frames[1].get("id") != 1:

@@ -148,7 +148,8 @@ def test_scores_zero(case: str, mode: str) -> None:
     program, tests = SCORE_ZERO_CASES[case]
     score, status = run_case(program, tests, mode)
     assert score == 0.0
-    assert status in ALL_FAILURES
+    # bytes written on the program's own answer channel break the protocol (issue 23)
+    assert status in ALL_FAILURES | ({"sandbox_error"} if case == "fake_pass_markers" else set())
 
 
 def test_statuses_are_specific(mode: str) -> None:
