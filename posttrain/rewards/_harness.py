@@ -1,30 +1,30 @@
 """Sandbox supervisor (standard library only, never imports posttrain; runs inside the sandbox).
 
-Started by :mod:`posttrain.rewards.sandbox` as ``python -I -S -B -u -c <this source> RESULT_FD``.
-It makes itself non-dumpable (``PR_SET_DUMPABLE 0``: processes of its uid cannot open its
-``/proc/<pid>/mem`` or ``/proc/<pid>/fd``, ``ptrace`` it or use ``process_vm_writev`` /
-``pidfd_getfd`` on it), applies the resource limits to itself (every descendant inherits them)
-and then talks to the parent, one JSON object per line:
+Started by :mod:`posttrain.rewards.sandbox` as ``python -I -S -B -u -c <_wire + _judge +
+_procs + this source> RESULT_FD TESTS_FD`` (or a bootstrap that loads the same code compiled by
+the parent, when the interpreters share a bytecode format). It makes itself non-dumpable
+(``PR_SET_DUMPABLE 0``: processes of its uid cannot open its ``/proc/<pid>/mem`` or
+``/proc/<pid>/fd``, ``ptrace`` it or use ``process_vm_writev`` / ``pidfd_getfd`` on it; every
+process it forks inherits this until the program changes its own), applies the resource limits
+to itself and talks to the parent:
 
-* stdin (fd 0): first the run ``{"code", "timeout_s", "cpu_s", "kill_all", "limits",
-  "max_value_bytes", "max_stdout_bytes"}``; then one test per line: ``{"kind": "value",
-  "prelude", "expr"}``, ``{"kind": "stdio", "input"}`` or ``{"kind": "assert", "source"}``.
-  EOF ends the run (the parent kills the run instead when it has seen enough).
-* RESULT_FD: ``R`` once started, then one line per test: ``{"status", "top", "value",
-  "stdout", "truncated"}``.
+* stdin: the run ``{"code", "timeout_s", "cpu_s", "kill_all", "limits", "max_value_bytes",
+  "max_stdout_bytes"}``, then one test per line: ``{"kind": "value", "prelude", "name",
+  "args", "kwargs"}``, ``{"kind": "stdio", "input"}`` or ``{"kind": "assert", "index"}``.
+* TESTS_FD: the assert tests' sources, framed; only judge processes read it (below).
+* RESULT_FD: ``R`` once started, then one JSON line per test, in order: ``{"id", "status",
+  "top", "value", "stdout", "truncated", "in_process"}``.
 
-For each test a fresh child is forked that runs the program and then the test; the supervisor
-never executes untrusted code and never sees an expected value or output: for ``value`` tests
-the child sends ``repr`` of the value (plain data of exact types only), for ``stdio`` tests its
-stdout is captured, and the parent compares both outside the sandbox. Only ``assert`` tests are
-decided here, by an in-process token (forgeable by a program that digs it out of its own
-interpreter; the parent counts such verdicts).
-
-After every test the supervisor kills the child and everything it spawned (it is a child
-subreaper, see ``_sweep``) before it answers, so no process of the program is alive while the
-parent reads that answer.
+Per test: a ``value`` test forks a program process that answers one call with the value in
+wire form (compared by the parent); a ``stdio`` test forks a child that runs the program as a
+script (stdout compared by the parent); an ``assert`` test forks a program process and then a
+judge process (:mod:`._judge`), which alone reads the test's source from TESTS_FD, so no
+process of the program, forked before it, ever held an expected value. After every test the
+supervisor kills everything the program started (``_sweep``; it is a child subreaper) before
+it answers.
 """
 
+import _socket  # the C module: socket.py would cost ~3 ms of imports per run
 import contextlib
 import json
 import os
@@ -34,143 +34,28 @@ import signal
 import sys
 import time
 
+# <parent-only> (removed from the sandbox's source, which starts with _wire's and _judge's)
+from posttrain.rewards._judge import Link, judge_test, serve_program
+from posttrain.rewards._procs import _apply_limits, _clear_keyrings, _prctl, _sweep
+from posttrain.rewards._wire import (
+    WireError,
+    dumps_frame,
+    read_frame,
+    split_frames,
+    write_frame,
+)
+
+# </parent-only>
+
 _TOKEN_BYTES = 16
-_SCALARS = (type(None), bool, int, float, str)
-
-
-def _prctl(option, value):
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
-    except Exception:  # best effort: the outer layer still kills the process group
-        return -1
-
-
-def _apply_limits(limits):
-    """Limits on the supervisor, inherited by every process of the program."""
-    mb = 1024 * 1024
-    table = [
-        (resource.RLIMIT_AS, limits["address_space_mb"] * mb),
-        (resource.RLIMIT_NPROC, limits["nproc"]),
-        (resource.RLIMIT_FSIZE, limits["file_size_mb"] * mb),
-        (resource.RLIMIT_NOFILE, limits["nofile"]),
-        (resource.RLIMIT_CORE, 0),
-        (resource.RLIMIT_CPU, limits["supervisor_cpu_s"]),
-    ]
-    for which, value in table:
-        resource.setrlimit(which, (value, value))
-
-
-def _direct_children(me):
-    """Pids whose parent is ``me`` (includes re-parented orphans and zombies)."""
-    kids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open("/proc/" + name + "/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == me:
-            kids.append(int(name))
-    return kids
-
-
-def _others_alive(me):
-    """True while a process of our uid other than us and init exists (zombies count)."""
-    uid = str(os.getuid()).encode()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) in (me, 1):
-            continue
-        try:
-            with open("/proc/" + name + "/status", "rb") as f:
-                for line in f:
-                    if line.startswith(b"Uid:"):
-                        if line.split()[1] == uid:
-                            return True
-                        break
-        except OSError:
-            continue
-    return False
-
-
-def _reap():
-    """Reap every child that has exited (we are the subreaper: orphans included)."""
-    while True:
-        try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                return
-        except ChildProcessError:
-            return
-
-
-def _sweep(kill_all, pgid):
-    """Kill every process the program left, then reap them.
-
-    ``kill_all``: we are alone with the program in a PID namespace or under a uid of our own,
-    so ``kill(-1, SIGKILL)`` reaches exactly the program's processes (never us, never init) and
-    is atomic with respect to fork - a fork bomb cannot outrun it. Otherwise (limits mode under
-    a shared uid) kill the test's process group and our direct children until none is left.
-    """
-    me = os.getpid()
-    for _ in range(5000):
-        if kill_all:
-            with contextlib.suppress(OSError):
-                os.kill(-1, signal.SIGKILL)
-            _reap()
-            if not _others_alive(me):  # kill(-1)'s return value cannot tell us (kernel counts
-                break  # tasks it failed on with errors other than EPERM)
-        else:
-            if pgid:
-                with contextlib.suppress(OSError):
-                    os.killpg(pgid, signal.SIGKILL)
-            kids = _direct_children(me)
-            if not kids:
-                break
-            for pid in kids:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-        _reap()
-        time.sleep(0.001)
-    _reap()
-
-
-def _plain(value, depth=0):
-    """Plain data of exact types (a subclass can lie to repr/json); mirrors code_tests."""
-    kind = type(value)
-    if kind in _SCALARS:
-        return True
-    if depth >= 100:
-        return False
-    if kind is list or kind is tuple:
-        return all(_plain(item, depth + 1) for item in value)
-    if kind is dict:
-        return all(_plain(k, depth + 1) and type(k) is not list for k in value) and all(
-            _plain(v, depth + 1) for v in value.values())
-    return False
-
-
-def _encode(value, max_bytes, plain=_plain, as_text=repr, size=len):
-    """``V`` + repr of plain data, ``N`` for anything else, ``X`` when too large.
-
-    A courtesy check only (names bound at import, before the program runs): the parent parses
-    the text with ``ast.literal_eval`` and checks the types again; nothing here is trusted.
-    """
-    try:
-        if not plain(value):
-            return b"N"
-        data = as_text(value).encode("utf-8")
-    except Exception:  # e.g. an int beyond the str-conversion digit limit
-        return b"N"
-    return b"V" + data if size(data) <= max_bytes else b"X"
+_SUPERVISOR_FDS = []  # the result and tests pipes: every child closes them first
+_SOURCE_CAP = 1 << 24
 
 
 def _setup_child(fds, cpu_s):
     """Runs in the forked child before any untrusted code: fds, process group, limits."""
-    os.close(fds["result"])
+    for fd in _SUPERVISOR_FDS:
+        os.close(fd)
     os.close(fds["status_r"])
     stdin = fds.get("stdin")
     if stdin is None:
@@ -187,20 +72,18 @@ def _setup_child(fds, cpu_s):
         signal.signal(number, signal.SIG_DFL)
 
 
-def _child(code, test, fds, token, cpu_s, max_value_bytes):
-    """Runs in the forked child: the program, then one test. Never returns."""
+def _child(code, test, fds, token, cpu_s):
+    """Runs in the forked child: the program, then a stdio test or an in-process assert test
+    (the fallback for tests the judge cannot carry). Never returns."""
     # Bind everything used after the program runs *before* it runs: the program may
     # monkeypatch builtins, os, sys or this module, but not these local references.
-    run, evaluate, write, exit_now = exec, eval, os.write, os._exit
-    settrace, setprofile, encode = sys.settrace, sys.setprofile, _encode
+    run, write, exit_now = exec, os.write, os._exit
+    settrace, setprofile = sys.settrace, sys.setprofile
     base_exception, memory_error, system_exit = BaseException, MemoryError, SystemExit
     stdout, write_fd, kind = sys.stdout, fds["status_w"], test["kind"]
     try:
         _setup_child(fds, cpu_s)
-        if kind == "value":
-            prelude = compile(test["prelude"], "<test>", "exec")
-            expr = compile(test["expr"], "<test>", "eval")
-        elif kind == "assert":
+        if kind == "assert":
             check = compile(test["source"], "<test>", "exec")
     except base_exception:  # our own set-up failed, before any untrusted code ran
         write(write_fd, b"S")
@@ -217,10 +100,7 @@ def _child(code, test, fds, token, cpu_s, max_value_bytes):
         write(write_fd, b"U")
         settrace(None)
         setprofile(None)
-        if kind == "value":
-            run(prelude, namespace)
-            write(write_fd, encode(evaluate(expr, namespace), max_value_bytes))
-        elif kind == "assert":
+        if kind == "assert":
             run(check, namespace)
             write(write_fd, token)
     except memory_error:
@@ -274,7 +154,10 @@ def _wait_child(pid, pipes, timeout_s):
 
 
 def _read_into(fd, data, cap, open_fds, truncated):
-    chunk = os.read(fd, 65536)
+    try:
+        chunk = os.read(fd, 65536)
+    except ConnectionResetError:  # a program process killed with our request still unread
+        chunk = b""
     if not chunk:
         open_fds.discard(fd)
     elif len(data[fd]) + len(chunk) > cap:
@@ -298,8 +181,6 @@ def _classify(kind, data, status, cpu_used, cpu_s, timed_out, token):
         return "timeout"
     if exited_ok and kind == "assert" and data == b"U" + token:
         return "passed"
-    if exited_ok and kind == "value" and data.startswith(b"UV"):
-        return "returned"
     if exited_ok and kind == "stdio" and data == b"U":
         return "exited"
     if b"M" in data[:2]:
@@ -336,26 +217,25 @@ def _close_parent_ends(fds):
             os.close(fds[name])
 
 
-def _run_test(code, test, run, result_fd):
+def _run_test(code, test, run):
     """Fork a child for one test; return its response (see the module docstring)."""
     token = os.urandom(_TOKEN_BYTES)
-    fds = {"result": result_fd}
+    fds = {}
     try:
         fds["status_r"], fds["status_w"] = os.pipe()
         _pipes_for(test, fds)
         pid = os.fork()
     except OSError:  # e.g. EAGAIN: processes of an earlier run not yet reaped by the host
-        for name, fd in fds.items():
-            if name != "result":
-                os.close(fd)
+        for fd in fds.values():
+            os.close(fd)
         return _response("sandbox_error", False)
     if pid == 0:
         try:
-            _child(code, test, fds, token, run["cpu_s"], run["max_value_bytes"])
+            _child(code, test, fds, token, run["cpu_s"])
         finally:
             os._exit(72)
     _close_parent_ends(fds)
-    pipes = {fds["status_r"]: run["max_value_bytes"] + 2 + _TOKEN_BYTES}
+    pipes = {fds["status_r"]: 2 + _TOKEN_BYTES}
     if "stdout_r" in fds:
         pipes[fds["stdout_r"]] = run["max_stdout_bytes"]
     data, truncated, status, cpu_used, timed_out = _wait_child(pid, pipes, run["timeout_s"])
@@ -364,16 +244,15 @@ def _run_test(code, test, run, result_fd):
     verdict = _classify(test["kind"], verdict_bytes, status, cpu_used, run["cpu_s"], timed_out,
                         token)
     response = _response(verdict, verdict_bytes.startswith(b"U"))
-    if verdict == "returned":
-        response["value"] = verdict_bytes[2:].decode("utf-8", "replace")
     if test["kind"] == "stdio" and verdict == "exited":
         response["stdout"] = data[fds["stdout_r"]].decode("utf-8", "replace")
         response["truncated"] = fds["stdout_r"] in truncated
     return response
 
 
-def _response(status, top):
-    return {"status": status, "top": top, "value": None, "stdout": None, "truncated": False}
+def _response(status, top, in_process=False):
+    return {"status": status, "top": top, "value": None, "stdout": None, "truncated": False,
+            "in_process": in_process}
 
 
 def _write_all(fd, data):
@@ -395,11 +274,210 @@ def _lines(fd):
         yield line
 
 
+def _setup_forked(close, cpu_s):
+    """Set-up of a program or judge process before anything else runs in it."""
+    for fd in _SUPERVISOR_FDS + close:
+        os.close(fd)
+    stdin = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(stdin, 0)
+    os.close(stdin)
+    os.setpgid(0, 0)
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+        signal.signal(number, signal.SIG_DFL)
+
+
+def _program_process(code, link, close, run, describe):
+    """Forked child: the program, then :func:`serve_program` on ``link``. Never returns.
+    Exit status: 0 served to the end, 1 an exception, 3 ``MemoryError``, 71 set-up failed."""
+    execute, serve, exit_now, flush = exec, serve_program, os._exit, sys.stdout.flush
+    base_exception, memory_error = BaseException, MemoryError
+    cap = 4 * run["max_value_bytes"] + 1024
+    try:
+        _setup_forked(close, run["cpu_s"])
+    except base_exception:
+        exit_now(71)
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    try:
+        execute(code, namespace)
+        with contextlib.suppress(base_exception):
+            flush()
+        serve(namespace, link, cap, describe)
+    except memory_error:
+        exit_now(3)
+    except base_exception:
+        exit_now(1)
+    exit_now(0)
+
+
+def _fork_program(code, run, describe):
+    """(pid, our end of its socket) of a fresh program process, or None when fork fails."""
+    ours, theirs = _socket.socketpair()
+    try:
+        pid = os.fork()
+    except OSError:
+        ours.close()
+        theirs.close()
+        return None
+    if pid == 0:
+        try:
+            _program_process(code, theirs.fileno(), [ours.fileno()], run, describe)
+        finally:
+            os._exit(72)
+    theirs.close()
+    return pid, ours
+
+
+def _program_status(status, cpu_used, run, timed_out):
+    """Status of a program process that ended before answering (exit codes above)."""
+    signaled = os.WIFSIGNALED(status)
+    if timed_out or (signaled and (os.WTERMSIG(status) == signal.SIGXCPU or (
+            os.WTERMSIG(status) == signal.SIGKILL and cpu_used >= run["cpu_s"]))):
+        return "timeout"
+    if signaled:
+        return "crashed"
+    code = os.WEXITSTATUS(status)
+    return {3: "memory", 71: "sandbox_error"}.get(code, "failed")
+
+
+def _run_value(code, test, run):
+    """A value test: the program process answers one call; the value goes to the parent."""
+    forked = _fork_program(code, run, describe=False)
+    if forked is None:
+        return _response("sandbox_error", False)
+    pid, ours = forked
+    cap = 4 * run["max_value_bytes"] + 1024
+    request = {"id": 1, "op": "call", "name": test["name"], "args": test["args"],
+               "kwargs": test["kwargs"], "prelude": test["prelude"]}
+    try:
+        ours.sendall(dumps_frame(request))  # small (the parent checks): fits the buffer
+        ours.shutdown(_socket.SHUT_WR)
+    except OSError:
+        pass
+    fd = ours.detach()
+    data, truncated, status, cpu_used, timed_out = _wait_child(pid, {fd: 2 * cap + 64},
+                                                               run["timeout_s"])
+    _sweep(run["kill_all"], pid)
+    return _value_response(data[fd], fd in truncated, status, cpu_used, run, timed_out, cap)
+
+
+def _value_response(data, truncated, status, cpu_used, run, timed_out, cap):
+    exited = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    try:
+        frames = split_frames(data, cap)
+    except WireError:
+        frames = None
+    top = bool(frames) and frames[0] == {"names": {}}
+    if not exited or truncated:
+        if truncated and exited:
+            return _response("failed", top)  # a value over max_value_bytes
+        return _response(_program_status(status, cpu_used, run, timed_out), top)
+    if frames == []:
+        return _response("failed", False)  # the program quit (exit status 0) at top level
+    if top and len(frames) == 1:
+        return _response("failed", True)  # the program quit inside the call
+    if frames is None or len(frames) != 2 or not top or frames[1].get("id") != 1:
+        return _response("sandbox_error", top)  # not exactly one hello and one answer
+    answer = frames[1]
+    if set(answer) == {"id", "raise"}:
+        return _response("failed", True)
+    if set(answer) != {"id", "ok", "back"}:
+        return _response("sandbox_error", True)
+    response = _response("returned", True)
+    response["value"] = json.dumps(answer["ok"])
+    return response
+
+
+def _judge_process(run, link, verdict_w, close, index):
+    """Forked child (trusted): read test ``index`` from the tests pipe, judge it, report."""
+    try:
+        tests_fd = _SUPERVISOR_FDS[1]
+        _SUPERVISOR_FDS.remove(tests_fd)
+        _setup_forked(close, run["cpu_s"])
+        frame = read_frame(tests_fd, _SOURCE_CAP)
+        os.close(tests_fd)
+        if frame is None or frame.get("index") != index or type(frame.get("source")) is not str:
+            raise WireError("tests pipe out of step")
+        check = compile(frame["source"], "<test>", "exec")
+    except BaseException:
+        write_frame(verdict_w, {"verdict": "sandbox_error", "top": False})
+        os._exit(0)
+    verdict, top = judge_test(check, Link(link, 4 * run["max_value_bytes"] + 1024),
+                              lambda: write_frame(verdict_w, {"top": True}))
+    report = {"verdict": verdict, "top": top}
+    if verdict == "unsupported":
+        report["source"] = frame["source"]
+    write_frame(verdict_w, report)
+    os._exit(0)
+
+
+def _run_judged(code, test, run):
+    """An assert test: program process + judge process; the judge's verdict decides."""
+    forked = _fork_program(code, run, describe=True)
+    if forked is None:
+        return _response("sandbox_error", False)
+    pid, ours = forked
+    verdict_r, verdict_w = os.pipe()
+    try:
+        judge = os.fork()
+    except OSError:
+        judge = None
+    if judge == 0:
+        try:
+            _judge_process(run, ours.fileno(), verdict_w, [verdict_r], test["index"])
+        finally:
+            os._exit(72)
+    ours.close()
+    os.close(verdict_w)
+    if judge is None:
+        os.close(verdict_r)
+        _sweep(run["kill_all"], pid)
+        return _response("sandbox_error", False)
+    started = time.monotonic()
+    data, _, status, _, timed_out = _wait_child(judge, {verdict_r: _SOURCE_CAP + 4096},
+                                                run["timeout_s"])
+    try:  # {"top": true} once the program's top level ran, then the verdict
+        frames = split_frames(data[verdict_r], _SOURCE_CAP + 1024)
+    except WireError:
+        frames = []
+    report = frames[-1] if frames and "verdict" in frames[-1] else {}
+    report["top"] = {"top": True} in frames
+    verdict = report.get("verdict")
+    if timed_out:
+        response = _response("timeout", bool(report.get("top")))
+    elif verdict == "gone":  # the program ended or broke the protocol: its exit says why
+        left = max(0.0, run["timeout_s"] - (time.monotonic() - started))
+        _, _, p_status, p_cpu, p_timed_out = _wait_child(pid, {}, left)
+        response = _response(_program_status(p_status, p_cpu, run, p_timed_out),
+                             bool(report.get("top")))
+    elif verdict in ("passed", "failed", "memory", "sandbox_error", "unsupported"):
+        response = _response(verdict, bool(report.get("top")))
+    else:  # the judge died without a verdict (the program may kill it: a loss, never a pass)
+        response = _response("crashed", False)
+    _sweep(run["kill_all"], pid)
+    if verdict == "unsupported":  # judged in-process after all (counted, docs/sandbox.md)
+        response = _run_test(code, {"kind": "assert", "source": report["source"]}, run)
+        response["in_process"] = True
+    return response
+
+
+def _answer(code, test, run):
+    if code is None:
+        return _response("failed", False)
+    if test["kind"] == "value":
+        return _run_value(code, test, run)
+    if test["kind"] == "assert":
+        return _run_judged(code, test, run)
+    return _run_test(code, test, run)
+
+
 def main():
-    result_fd = int(sys.argv[1])
+    result_fd, tests_fd = int(sys.argv[-2]), int(sys.argv[-1])
     _prctl(4, 0)  # PR_SET_DUMPABLE 0, before anything else (see the module docstring)
     _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
     _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die if the parent dies
+    _SUPERVISOR_FDS.extend([result_fd, tests_fd])
+    _clear_keyrings()  # what an earlier run of this uid left there never reaches this one
     _write_all(result_fd, b"R\n")
     commands = _lines(0)
     run = json.loads(next(commands))
@@ -408,14 +486,12 @@ def main():
         code = compile(run["code"], "<program>", "exec")
     except (SyntaxError, ValueError):
         code = None
-    for line in commands:
-        test = json.loads(line)
-        if code is None:
-            response = _response("failed", False)
-        else:
-            response = _run_test(code, test, run, result_fd)
+    for index, line in enumerate(commands):
+        response = _answer(code, json.loads(line), run)
+        response["id"] = index
         _write_all(result_fd, (json.dumps(response) + "\n").encode())
     _sweep(run["kill_all"], 0)  # nothing may outlive the run
+    _clear_keyrings()
 
 
 if __name__ == "__main__":

@@ -2,22 +2,24 @@
 
 ``code_reward(completion, tests)`` returns 1.0 when every test passes (``partial=True``: the
 fraction that passed). Timeouts, crashes, memory blow-ups, early exits and any misbehaviour
-score 0 for the tests they affect. The program is the last fenced python block of the
-completion (```` ```python ````, ```` ```py ```` or a bare ```` ``` ```` fence), else the whole
-completion.
+score 0 for the tests they affect. The program is taken from the completion's fenced code
+blocks (:func:`extract_program`), else the whole completion.
 
 Tests: a list (one test each) of assert snippets or stdin/stdout dicts
 ``{"input": str, "output": str}``, or one string. A string is split with ``ast``: each
-top-level ``assert`` statement is one test, and every other top-level statement (imports,
-helpers, ``x = f(3)``) is a shared prelude run before each assert; a string without top-level
-asserts (e.g. HumanEval's ``def check(candidate): ...`` followed by ``check(f)``) is one test.
-A test of any other type or shape is a ``ValueError``, never a pass.
+top-level ``assert`` statement is one test, made of every other top-level statement before it,
+in order, then that assert (``x = f(1); assert x == 5; x = f(2); assert x == 7`` is two tests
+that each see the right ``x``; decorators and class bodies are kept whole); a string without
+top-level asserts (e.g. HumanEval's ``def check(candidate): ...`` followed by ``check(f)``) is
+one test. A test of any other type or shape is a ``ValueError``, never a pass.
 
-Each test runs in its own fresh process: the program, then that test. How a test is judged
-depends on its shape (:mod:`posttrain.rewards.code_tests`, docs/sandbox.md): ``assert <expr>
-== <literal>`` and stdin/stdout tests are compared outside the sandbox, type-strictly, with the
-expected value the sandbox never sees (``compare`` options); any other assert is judged inside
-the program's interpreter (counted as ``code/in_process_verdicts``). Never by what it prints.
+Each test runs in fresh processes of its own. How a test is judged depends on its shape
+(:mod:`posttrain.rewards.code_tests`, docs/sandbox.md): ``assert name(<literals>) ==
+<literal>`` and stdin/stdout tests are compared here, type-strictly, with the expected value
+the sandbox never sees (``compare`` options); any other assert runs in a judge process where
+the program's names are proxies returning plain data, so the comparison never runs in the
+program's interpreter (a test the proxies cannot carry falls back to it and is counted as
+``code/in_process_verdicts``). Never by what it prints.
 ``timeout_s`` bounds each test (wall clock and CPU); with ``partial=False`` the run stops at the
 first failing test, so a stuck program costs about one ``timeout_s``.
 """
@@ -25,25 +27,74 @@ first failing test, so a stuck program costs about one ``timeout_s``.
 from __future__ import annotations
 
 import ast
+import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
 from posttrain.rewards.code_tests import CompareOptions, parse_test
+from posttrain.rewards.errors import SandboxUnavailableError
 from posttrain.rewards.sandbox import SandboxLimits, SandboxResult, run_sandboxed
 
 Compare = CompareOptions | Mapping[str, Any] | None
 
-_FENCE_RE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+_OPEN = re.compile(r"^ {0,3}(?P<fence>`{3,}(?=[^`]*$)|~{3,})[ \t]*(?P<info>\S*)")
+_LABELS = ("", "python", "python3", "py", "py3")
+_SOLUTION = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+logger = logging.getLogger(__name__)
+
+
+def code_blocks(completion: str) -> list[tuple[str, str]]:
+    """``(label, body)`` of each fenced block, CommonMark-style: a fence is a line of 3+
+    backticks or tildes (a backtick fence's info string has no backtick); it closes at a line of
+    at least as many of the same character and nothing else; an unclosed block runs to the end.
+    Backticks inside a line of code never close a block."""
+    lines = completion.split("\n")
+    blocks, i = [], 0
+    while i < len(lines):
+        opened = _OPEN.match(lines[i])
+        if not opened:
+            i += 1
+            continue
+        fence = opened["fence"]
+        close = re.compile(r"^ {0,3}" + re.escape(fence[0]) + "{" + str(len(fence)) +
+                           r",}[ \t]*$")
+        end = next((j for j in range(i + 1, len(lines)) if close.match(lines[j])), len(lines))
+        body = "\n".join(lines[i + 1:end])
+        blocks.append((opened["info"].lower(), body + "\n" if end < len(lines) else body))
+        i = end + 1
+    return blocks
+
+
+def _is_solution(body: str) -> bool:
+    """A block that defines a top-level function or class, or holds only imports."""
+    try:
+        module = ast.parse(body)
+    except (SyntaxError, ValueError):
+        return False
+    return any(isinstance(node, _SOLUTION) for node in module.body) or bool(module.body) and \
+        all(isinstance(node, (ast.Import, ast.ImportFrom)) for node in module.body)
 
 
 def extract_program(completion: str) -> str:
-    """The last fenced python (or unlabelled) code block, else the whole completion."""
-    blocks = [body for _, body in _FENCE_RE.findall(completion)]
-    return blocks[-1] if blocks else completion
+    """The program in a completion (docs/code_rl.md, "Which code is graded").
+
+    Python blocks are the fenced blocks labelled ``python``, ``python3``, ``py``, ``py3`` or
+    unlabelled (``~~~`` fences too). When some of them define a function or class (or hold only
+    imports), the program is those blocks joined in order (a later definition wins), so a usage
+    example after the solution (``print(f(3))``) is not graded; otherwise it is the last python
+    block (a script); without any python block, the whole completion.
+    """
+    python = [body for label, body in code_blocks(completion) if label in _LABELS]
+    if not python:
+        return completion
+    solution = [body for body in python if _is_solution(body)]
+    if not solution:
+        return python[-1]
+    return "".join(body if body.endswith("\n") else body + "\n" for body in solution)
 
 
 def split_tests(tests: str | Sequence[str | dict]) -> list[str | dict]:
@@ -55,13 +106,13 @@ def split_tests(tests: str | Sequence[str | dict]) -> list[str | dict]:
             module = ast.parse(tests)
         except SyntaxError as exc:
             raise ValueError(f"tests do not compile: {exc}") from exc
-        asserts = [node for node in module.body if isinstance(node, ast.Assert)]
-        if asserts:
-            prelude = "\n".join(ast.get_source_segment(tests, node) or ""
-                                for node in module.body if not isinstance(node, ast.Assert))
-            snippets = [prelude + "\n" + (ast.get_source_segment(tests, node) or "")
-                        for node in asserts]
-        else:
+        snippets, before = [], []
+        for node in module.body:
+            if isinstance(node, ast.Assert):
+                snippets.append(ast.unparse(ast.Module(body=[*before, node], type_ignores=[])))
+            else:
+                before.append(node)
+        if not snippets:
             snippets = [tests]
     elif isinstance(tests, (list, tuple)):
         snippets = list(tests)
@@ -110,7 +161,9 @@ def code_rewards_batch(completions: Sequence[str],
     """``code_reward`` over many completions with a bounded pool (default: one per core).
 
     Each run is bounded by its own deadline, so the batch never waits on one stuck program for
-    longer than that program's limit.
+    longer than that program's limit. One item that cannot be scored (a malformed test, an
+    error in the scorer) scores 0.0 with a logged error instead of failing the whole batch;
+    only :class:`~posttrain.rewards.errors.SandboxUnavailableError` (configuration) raises.
     """
     if len(completions) != len(tests_list):
         raise ValueError(f"{len(completions)} completions but {len(tests_list)} test lists")
@@ -119,4 +172,14 @@ def code_rewards_batch(completions: Sequence[str],
         futures = [pool.submit(code_reward, c, t, timeout_s, partial, mode=mode, limits=limits,
                                compare=compare)
                    for c, t in zip(completions, tests_list, strict=True)]
-        return [future.result() for future in futures]
+        return [_score_or_zero(future, index) for index, future in enumerate(futures)]
+
+
+def _score_or_zero(future: Future, index: int) -> float:
+    try:
+        return future.result()
+    except SandboxUnavailableError:
+        raise
+    except Exception as exc:  # one bad item must not sink the batch
+        logger.error("code_rewards_batch: item %d scored 0.0: %r", index, exc)
+        return 0.0

@@ -2,17 +2,19 @@
 
 Three kinds of test, told apart by their shape:
 
-* ``value``: an assert snippet of the shape ``assert <expr> == <literal>`` (optionally after
-  prelude statements that contain no ``assert``). Only ``<expr>`` (and the prelude) enter the
-  sandbox; the program's process sends back the value as plain data (``None``, ``bool``,
-  ``int``, ``float``, ``str`` and ``list``/``tuple``/``dict`` of them, exact types) and it is
-  compared here, outside the sandbox, with the literal: the expected value never exists where
-  the program runs, and an object that lies about equality is not plain data.
+* ``value``: ``assert name(<literals>) == <literal>`` (either order, after import lines
+  only; ``name`` not imported). The program's process is asked for that one call and sends the
+  value back in wire form (:mod:`._wire`); it is compared here, outside the sandbox, with the
+  literal, type-strictly: the expected value never exists where the program runs, and an
+  object that lies about equality is not plain data.
 * ``stdio``: ``{"input": str, "output": str}``: the program runs as a script with ``input`` on
   stdin; its stdout is compared here with ``output`` (never sent to the sandbox).
-* ``assert``: any other snippet (``assert f(1) != 5``, HumanEval's ``check(candidate)``...). It
-  can only be judged inside the program's interpreter, so a program written against the harness
-  can forge its verdict; such verdicts are counted (``code/in_process_verdicts``).
+* ``assert``: any other snippet (``assert f(1) != 5``, ``assert (f(1) == 5) == True``,
+  HumanEval's ``check(candidate)``...). It runs in a judge process of its own
+  (:mod:`._judge`) where the program's names are proxies returning plain data; the verdict is
+  the judge's. A test that needs what a proxy cannot carry (a callback, an object the test
+  defines) falls back to the program's interpreter and is counted
+  (``code/in_process_verdicts``).
 
 Comparison options (:class:`CompareOptions`, ``code_reward(..., compare={...})``): exact by
 default, stricter than Python's ``==`` in two ways: ``True`` is not ``1`` and ``5.0`` is not
@@ -22,17 +24,22 @@ default, stricter than Python's ``==`` in two ways: ``True`` is not ``1`` and ``
 from __future__ import annotations
 
 import ast
+import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from posttrain.data.schemas import stdio_problem
+from posttrain.rewards._wire import WireError, loads_strict, wire_decode, wire_encode
 
 KINDS = ("value", "stdio", "assert")
 STDOUT_MATCH = ("exact", "rstrip", "tokens")
 _SCALARS = (type(None), bool, int, float, str)
 _MAX_DEPTH = 100  # deeper plain data is refused (the literal parser's own limit is ~200)
+_MAX_CALL_BYTES = 16384  # a value test's arguments larger than this go to the judge instead
+_ASCII_SPACE = re.compile(r"[ \t\n\r\x0b\x0c]+")
 
 
 @dataclass(frozen=True)
@@ -48,14 +55,19 @@ class CodeTest:
     source: str
     expr: str = ""
     expected: Any = None
+    args: tuple[Any, ...] = ()
+    """``value``: the call's ``(positional, keyword)`` arguments in wire form (:mod:`._wire`)."""
 
-    def sandbox_message(self) -> dict[str, str]:
-        """What the sandbox receives for this test: never ``expected``."""
+    def sandbox_message(self, index: int) -> dict[str, Any]:
+        """What the supervisor receives for this test: never ``expected``, and for an assert
+        test not even its source (that goes to the judge process alone, see
+        :func:`posttrain.rewards.sandbox.run_sandboxed`)."""
         if self.kind == "value":
-            return {"kind": "value", "prelude": self.source, "expr": self.expr}
+            return {"kind": "value", "prelude": self.source, "name": self.expr,
+                    "args": self.args[0], "kwargs": self.args[1]}
         if self.kind == "stdio":
             return {"kind": "stdio", "input": self.source}
-        return {"kind": "assert", "source": self.source}
+        return {"kind": "assert", "index": index}
 
 
 @dataclass(frozen=True)
@@ -114,21 +126,49 @@ def is_plain(value: Any, depth: int = 0) -> bool:
     return False
 
 
+def is_finite(value: Any) -> bool:
+    """False if plain data ``value`` holds a non-finite float anywhere (they never match)."""
+    if type(value) is float:
+        return math.isfinite(value)
+    if type(value) in (list, tuple):
+        return all(is_finite(item) for item in value)
+    if type(value) is dict:
+        return all(is_finite(k) and is_finite(v) for k, v in value.items())
+    return True
+
+
+_OPAQUE = object()
+
+
+def _opaque(number: int) -> object:
+    """A program object the value path cannot compare (it fails the test)."""
+    return _OPAQUE
+
+
 def decode_value(text: str) -> tuple[bool, Any]:
-    """Parse a value sent by the sandbox (``repr`` of plain data); ``(False, None)`` if it is
-    not a literal of plain data. Never executes anything (``ast.literal_eval``)."""
+    """Parse a value sent by the sandbox (the wire form of plain data, :mod:`._wire`);
+    ``(False, None)`` if it is not plain data with finite floats. Raises
+    :class:`~posttrain.rewards.sandbox_io.ProtocolError` if it is not the wire form at all."""
+    from posttrain.rewards.sandbox_io import ProtocolError
+
     try:
-        value = ast.literal_eval(text)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False, None
-    return (True, value) if is_plain(value) else (False, None)
+        value = wire_decode(loads_strict(text.encode(), top_object=False), _opaque)
+    except (WireError, RecursionError, MemoryError) as exc:
+        raise ProtocolError(f"a value that is not in wire form: {exc}") from None
+    return (True, value) if is_plain(value) and is_finite(value) else (False, None)
 
 
-def _float_equal(got: float, expected: float, options: CompareOptions) -> bool:
+def _float_equal(got: float | int, expected: float | int, options: CompareOptions) -> bool:
+    """Exact unless a tolerance is set; an int too large for a float compares exactly."""
+    if not all(math.isfinite(x) for x in (got, expected) if type(x) is float):
+        return False
     if options.float_rel_tol or options.float_abs_tol:
-        return math.isclose(got, expected, rel_tol=options.float_rel_tol,
-                            abs_tol=options.float_abs_tol)
-    return got == expected
+        try:
+            return math.isclose(float(got), float(expected), rel_tol=options.float_rel_tol,
+                                abs_tol=options.float_abs_tol)
+        except OverflowError:
+            pass
+    return bool(got == expected)  # int == float is exact in Python, at any size
 
 
 def _scalar_equal(got: Any, expected: Any, options: CompareOptions) -> bool:
@@ -139,7 +179,7 @@ def _scalar_equal(got: Any, expected: Any, options: CompareOptions) -> bool:
         if not (numeric or boolean):
             return False
     if float in types:
-        return _float_equal(float(got), float(expected), options)
+        return _float_equal(got, expected, options)
     return bool(got == expected)
 
 
@@ -171,8 +211,13 @@ def stdout_equal(got: str, expected: str, mode: str = "rstrip") -> bool:
     if mode == "exact":
         return got == expected
     if mode == "tokens":
-        return got.split() == expected.split()
+        return _tokens(got) == _tokens(expected)
     return _rstrip_lines(got) == _rstrip_lines(expected)
+
+
+def _tokens(text: str) -> list[str]:
+    """Tokens between runs of ASCII whitespace (not ``str.split``'s \\x1c-\\x1f and others)."""
+    return [token for token in _ASCII_SPACE.split(text) if token]
 
 
 def _rstrip_lines(text: str) -> list[str]:
@@ -182,26 +227,66 @@ def _rstrip_lines(text: str) -> list[str]:
     return lines
 
 
-def _value_test(snippet: str, module: ast.Module) -> CodeTest | None:
-    """The ``value`` form of an assert snippet, or None when it is not of that shape."""
+def _literal(node: ast.expr) -> tuple[bool, Any]:
+    try:
+        return True, ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False, None
+
+
+def _call_arguments(call: ast.expr, bound: set[str]) -> tuple[str, tuple[Any, Any]] | None:
+    """``(name, wire arguments)`` of ``name(<literals>)`` when ``name`` is not bound by the
+    prelude, else None (then the test goes to the judge)."""
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)) or \
+            call.func.id in bound:
+        return None
+    if any(isinstance(a, ast.Starred) for a in call.args) or \
+            any(k.arg is None for k in call.keywords):
+        return None
+    values = [_literal(node) for node in [*call.args, *(k.value for k in call.keywords)]]
+    if not all(ok for ok, _ in values):
+        return None
+    try:
+        positional = [wire_encode(v) for _, v in values[:len(call.args)]]
+        keywords = [[k.arg, wire_encode(v)] for k, (_, v) in
+                    zip(call.keywords, values[len(call.args):], strict=True)]
+    except (WireError, RecursionError):
+        return None
+    if len(json.dumps([positional, keywords])) > _MAX_CALL_BYTES:
+        return None
+    return call.func.id, (positional, keywords)
+
+
+def _value_test(module: ast.Module) -> CodeTest | None:
+    """The ``value`` form of an assert snippet, or None when it is not of that shape.
+
+    Sound only when nothing but the program's own function runs in its process: the snippet
+    is ``[imports...] assert name(<literals>) == <literal>`` (either order, optional message),
+    ``name`` not bound by the imports, the expected literal plain data with finite floats.
+    Everything else (a comparison inside the expression, a helper, a prelude statement that
+    is not an import) is judged by the judge process.
+    """
     if not module.body or not isinstance(module.body[-1], ast.Assert):
         return None
     prelude = module.body[:-1]
-    if any(isinstance(node, ast.Assert) for stmt in prelude for node in ast.walk(stmt)):
+    if not all(isinstance(node, (ast.Import, ast.ImportFrom)) for node in prelude):
         return None
+    bound = {(alias.asname or alias.name).split(".")[0] for node in prelude
+             for alias in node.names}  # type: ignore[attr-defined]
     check = module.body[-1].test
     if not (isinstance(check, ast.Compare) and len(check.ops) == 1
             and isinstance(check.ops[0], ast.Eq)):
         return None
     left, right = check.left, check.comparators[0]
     for expr, literal in ((left, right), (right, left)):
-        try:
-            expected = ast.literal_eval(literal)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        ok, expected = _literal(literal)
+        if not (ok and is_plain(expected) and is_finite(expected)):
             continue
-        if is_plain(expected):
+        call = _call_arguments(expr, bound)
+        if call is not None:
             prelude_source = ast.unparse(ast.Module(body=prelude, type_ignores=[]))
-            return CodeTest("value", prelude_source, expr=ast.unparse(expr), expected=expected)
+            return CodeTest("value", prelude_source, expr=call[0], expected=expected,
+                            args=call[1])
     return None
 
 
@@ -222,7 +307,7 @@ def parse_test(item: Any, index: int = 0) -> CodeTest:
         compile(module, f"<test {index}>", "exec")
     except (SyntaxError, ValueError) as exc:
         raise ValueError(f"test {index} does not compile: {exc}: {item[:200]!r}") from exc
-    return _value_test(item, module) or CodeTest("assert", item)
+    return _value_test(module) or CodeTest("assert", item)
 
 
 FAILURES = ("failed", "timeout", "memory", "crashed", "sandbox_error")

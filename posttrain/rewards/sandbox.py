@@ -8,12 +8,14 @@ each mode are tabulated in ``docs/sandbox.md``. In short:
 
 * ``bwrap`` (bubblewrap): only ``/usr``, ``/bin``, ``/sbin``, ``/lib*``, the loader cache and the
   interpreter's prefix are visible (read-only; no host data, home or work directories),
-  private size-capped tmpfs for ``/tmp``, ``/var/tmp``,
-  ``/dev/shm``, new ``/proc`` and ``/dev``, all namespaces unshared (network, PID, IPC, UTS,
-  cgroup, user; nested user namespaces disabled), ``--die-with-parent``, ``--new-session``,
-  ``--clearenv``. Killing bubblewrap kills every process of the run (PID namespace).
+  private size-capped tmpfs for ``/tmp``, ``/var/tmp``, ``/dev/shm``, a new ``/proc``, a
+  read-only 64 KiB ``/dev`` with five devices, all namespaces unshared (network, PID, IPC,
+  UTS, cgroup, user; nested user namespaces disabled), ``--die-with-parent``,
+  ``--new-session``, ``--clearenv``. Killing bubblewrap kills every process of the run (PID
+  namespace).
 * ``limits``: the same resource limits and process sweep, no file-system or network isolation
-  (a one-time warning says so).
+  (a one-time warning says so); as root, an IPC namespace per run (``unshare`` + ``setpriv``,
+  else it refuses), keyrings emptied, what the uid left in world-writable directories removed.
 * ``strict``/``bwrap``: refuse to run without a working bubblewrap
   (:class:`SandboxUnavailableError`). ``auto``: bwrap if it works here, else ``limits``.
 
@@ -31,8 +33,10 @@ import contextlib
 import fcntl
 import json
 import logging
+import marshal
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -44,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posttrain.rewards._wire import dumps_frame
 from posttrain.rewards.code_tests import CodeTest, CompareOptions, judge, parse_test
 from posttrain.rewards.errors import SandboxUnavailableError
 from posttrain.rewards.sandbox_host import (
@@ -52,15 +57,43 @@ from posttrain.rewards.sandbox_host import (
     count_user_tasks,
     kill_uid,
     probe_python,
+    same_bytecode,
     uid_is_idle,
 )
-from posttrain.rewards.sandbox_io import Exchange, exchange
+from posttrain.rewards.sandbox_io import Exchange, ProtocolError, exchange
 
 logger = logging.getLogger(__name__)
 
 STATUSES = ("passed", "failed", "timeout", "memory", "crashed", "sandbox_error")
 _MODES = {"auto": "auto", "bwrap": "bwrap", "strict": "bwrap", "limits": "limits"}
-_HARNESS_SOURCE = Path(__file__).with_name("_harness.py").read_text()
+_PARENT_ONLY = re.compile(r"^# <parent-only>.*?^# </parent-only>\n", re.DOTALL | re.MULTILINE)
+
+
+def _sandbox_source() -> str:
+    """The supervisor's source: _wire, _judge, _procs, _harness, without their parent-only
+    imports."""
+    parts = [Path(__file__).with_name(name).read_text()
+             for name in ("_wire.py", "_judge.py", "_procs.py", "_harness.py")]
+    return "\n".join(_PARENT_ONLY.sub("", part) for part in parts)
+
+
+_HARNESS_SOURCE = _sandbox_source()
+# Compiling the supervisor's source costs ~6 ms per run; when the sandbox's interpreter reads
+# our bytecode, the parent compiles it once and a bootstrap loads it from the command pipe.
+_BOOTSTRAP = ("import marshal, os, sys\nsize, data = int(sys.argv[1]), b''\n"
+              "while len(data) < size:\n"
+              "    chunk = os.read(0, size - len(data))\n"
+              "    if not chunk:\n        sys.exit(70)\n"
+              "    data += chunk\n"
+              "exec(marshal.loads(data))\n")
+_COMPILED: dict[str, bytes] = {}
+
+
+def _compiled(source: str) -> bytes:
+    """Marshalled code of the supervisor ``source`` (cached per source text)."""
+    if source not in _COMPILED:
+        _COMPILED[source] = marshal.dumps(compile(source, "<supervisor>", "exec"))
+    return _COMPILED[source]
 _STARTUP_S = 10.0  # interpreter + bubblewrap start-up allowance for the whole-run deadline
 
 
@@ -84,8 +117,8 @@ class SandboxLimits:
     """Stdout and stderr are each kept up to this many bytes [64 KiB]; the rest is drained.
     Also the most stdout a stdin/stdout test may print (more fails that test)."""
     max_value_bytes: int = 65536
-    """Largest ``repr`` of a value sent back by an ``expr == literal`` test [64 KiB]; a larger
-    value fails that test."""
+    """A value test's value, or an answer to the judge, may take ``4 x max_value_bytes + 1 KiB``
+    in wire form [64 KiB]; a larger one fails that test."""
     uid_base: int = 200000
     """When running as root, slot ``k`` runs as uid/gid ``uid_base + k`` [200000]."""
     python: str | None = None
@@ -114,7 +147,8 @@ class SandboxResult:
     test_kinds: list[str] = field(default_factory=list)
     """``value`` / ``stdio`` / ``assert`` per test (:mod:`posttrain.rewards.code_tests`)."""
     in_process_verdicts: int = 0
-    """Tests judged inside the program's interpreter (``assert`` kind; forgeable)."""
+    """Assert tests judged inside the program's interpreter after all (the judge could not
+    carry what they need; forgeable)."""
 
 
 class _Slots:
@@ -161,12 +195,26 @@ _BWRAP_OK: dict[bool, str | None] = {}  # as_root -> None if bwrap works, else t
 _WARNED: set[str] = set()
 
 
+# A read-only /dev of 64 KiB holding only these devices (bwrap's own --dev is a writable tmpfs
+# of half the RAM); /dev/shm is a size-capped tmpfs of its own (_bwrap_argv).
+_DEVICES = ("null", "zero", "full", "random", "urandom")
+_MINIMAL_DEV = (
+    "--size", "65536", "--tmpfs", "/dev",
+    *[arg for name in _DEVICES for arg in ("--dev-bind", f"/dev/{name}", f"/dev/{name}")],
+    "--symlink", "/proc/self/fd", "/dev/fd",
+    *[arg for number, name in enumerate(("stdin", "stdout", "stderr"))
+      for arg in ("--symlink", f"/proc/self/fd/{number}", f"/dev/{name}")],
+    "--dir", "/dev/shm",
+    "--remount-ro", "/dev",
+)
+
+
 def _bwrap_argv(limits: SandboxLimits, python: str) -> list[str]:
     size = str(limits.tmpfs_mb * 1024 * 1024)
     return [
         shutil.which("bwrap") or "bwrap",
         *bwrap_binds(python),
-        "--dev", "/dev",
+        *_MINIMAL_DEV,
         "--proc", "/proc",
         "--size", size, "--tmpfs", "/tmp",
         "--size", size, "--tmpfs", "/var/tmp",
@@ -256,12 +304,16 @@ class _Judge:
                  stop_on_failure: bool) -> None:
         self.tests, self.options, self.stop_on_failure = tests, options, stop_on_failure
         self.status: list[str] = []
+        self.in_process: list[bool] = []
         self.detail = ""
 
     def __call__(self, index: int, response: dict) -> bool:
         test = self.tests[index]
+        if response["in_process"] and test.kind != "assert":
+            raise ProtocolError(f"an in-process verdict for a {test.kind} test")
         status = judge(test, response, self.options)
         self.status.append(status)
+        self.in_process.append(response["in_process"] and status != "sandbox_error")
         if status == "passed":
             return True
         top_failed = not response["top"] and test.kind != "stdio"
@@ -293,22 +345,43 @@ def _outcome(judged: _Judge, done: Exchange, n_tests: int) -> tuple[str, list[st
 
 
 def _launch(mode: str, limits: SandboxLimits, uid: int | None, workdir: str | None,
-            result_w: int) -> subprocess.Popen:
+            result_w: int, tests_r: int) -> tuple[subprocess.Popen, bytes]:
+    """The started supervisor and the bytes to send before the run (its compiled code, or
+    nothing when it was given as source)."""
     python = limits.python or probe_python(uid)
     if mode == "bwrap":
         python = os.path.realpath(python)  # only the interpreter's own directories are bound
-    command = [python, "-I", "-S", "-B", "-u", "-c", _HARNESS_SOURCE, str(result_w)]
+    preamble = _compiled(_HARNESS_SOURCE) if same_bytecode(python) else b""
+    head = [_BOOTSTRAP, str(len(preamble))] if preamble else [_HARNESS_SOURCE]
+    command = [python, "-I", "-S", "-B", "-u", "-c", *head, str(result_w), str(tests_r)]
+    user = _user_kwargs(uid)
     if mode == "bwrap":
         command = _bwrap_argv(limits, python) + command
         env = {}
     else:
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(workdir),
                "TMPDIR": str(workdir), "LANG": "C.UTF-8"}
+        if uid is not None:  # a fresh IPC namespace, then drop root (_ipc_wrapper)
+            command, user = _ipc_wrapper(uid) + command, {}
     return subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        pass_fds=(result_w,), start_new_session=True, env=env, cwd=workdir,
-        **_user_kwargs(uid),
-    )
+        pass_fds=(result_w, tests_r), start_new_session=True, env=env, cwd=workdir, **user,
+    ), preamble
+
+
+def _ipc_wrapper(uid: int) -> list[str]:
+    """``unshare --ipc`` then ``setpriv`` to the sandbox uid (util-linux): in limits mode as
+    root each run gets an IPC namespace of its own, so SysV shared memory, message queues,
+    semaphores and POSIX message queues die with the run. Without both tools limits mode
+    refuses to run as root (SandboxUnavailableError)."""
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    if not (unshare and setpriv):
+        raise SandboxUnavailableError(
+            "limits mode as root needs unshare and setpriv (util-linux) so that nothing a run "
+            "leaves in SysV IPC or POSIX message queues reaches a later run; install "
+            "util-linux or bubblewrap, or run the trainer as a non-root user")
+    return [unshare, "--ipc", "--", setpriv, f"--reuid={uid}", f"--regid={uid}",
+            "--clear-groups", "--"]
 
 
 def _nproc_limit(limits: SandboxLimits, mode: str, uid: int | None) -> int:
@@ -357,29 +430,35 @@ def _run_in_slot(code: str, tests: list[CodeTest], limits: SandboxLimits, mode: 
             os.chown(workdir, uid, uid)
     kill_all = mode == "bwrap" or uid is not None  # alone in a PID namespace or a uid
     run = _run_message(code, len(tests), limits, _nproc_limit(limits, mode, uid), kill_all)
-    messages = [json.dumps(t.sandbox_message()).encode() for t in tests]
+    messages = [json.dumps(t.sandbox_message(i)).encode() for i, t in enumerate(tests)]
+    # assert tests' sources go to the judge processes alone, on a pipe the supervisor never
+    # reads (so no program process, forked from it, ever holds an expected value)
+    sources = b"".join(dumps_frame({"index": i, "source": t.source})
+                       for i, t in enumerate(tests) if t.kind == "assert")
     line_cap = 8 * (limits.max_value_bytes + limits.max_output_bytes) + 1024
     result_r, result_w = os.pipe()
+    tests_r, tests_w = os.pipe()
     proc, done = None, Exchange(timed_out=True)
     try:
         try:
-            proc = _launch(mode, limits, uid, workdir, result_w)
+            proc, preamble = _launch(mode, limits, uid, workdir, result_w, tests_r)
         except OSError as exc:
             return SandboxResult("sandbox_error", 0, len(tests), ["sandbox_error"] * len(tests),
                                  f"cannot start the sandbox: {exc!r}", mode=mode,
                                  duration_s=time.monotonic() - started)
         finally:
             os.close(result_w)
+            os.close(tests_r)
         deadline = started + _STARTUP_S + len(tests) * (limits.timeout_s + 1.0)
-        done = exchange(proc, result_r, run, messages, judged, deadline,
-                        limits.max_output_bytes, line_cap)
+        done = exchange(proc, result_r, preamble + run, messages, judged, deadline,
+                        limits.max_output_bytes, line_cap, sources=(tests_w, sources))
     finally:
         os.close(result_r)
+        os.close(tests_w)
         _cleanup(proc, mode, uid, workdir, limits,
                  graceful=not (done.timed_out or done.error or done.stopped_early))
     status, test_status, detail = _outcome(judged, done, len(tests))
-    in_process = sum(1 for t, s in zip(tests, test_status, strict=True)
-                     if t.kind == "assert" and s not in ("skipped", "sandbox_error"))
+    in_process = sum(judged.in_process)
     return SandboxResult(
         status=status, tests_passed=test_status.count("passed"), tests_total=len(tests),
         test_status=test_status, detail=detail, stdout=done.stdout.decode(errors="replace"),

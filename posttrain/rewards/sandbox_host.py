@@ -3,8 +3,10 @@ remove what a uid left in world-writable directories. Linux ``/proc`` only; no t
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -39,6 +41,24 @@ def probe_python(uid: int | None) -> str:
                 return candidate
         raise RuntimeError(f"no Python interpreter runnable by uid {uid}: tried {candidates}; "
                            "set SandboxLimits(python=...)")
+
+
+_MAGIC_CACHE: dict[str, bool] = {}
+
+
+def same_bytecode(python: str) -> bool:
+    """True if ``python`` reads this interpreter's marshalled code (same bytecode magic)."""
+    with _PYTHON_LOCK:
+        if python not in _MAGIC_CACHE:
+            try:
+                done = subprocess.run([python, "-I", "-S", "-c", "import importlib.util, sys; "
+                                       "sys.stdout.write(importlib.util.MAGIC_NUMBER.hex())"],
+                                      capture_output=True, text=True, timeout=30, cwd="/")
+                theirs = done.stdout.strip() if done.returncode == 0 else ""
+            except (OSError, subprocess.TimeoutExpired):
+                theirs = ""
+            _MAGIC_CACHE[python] = theirs == importlib.util.MAGIC_NUMBER.hex()
+        return _MAGIC_CACHE[python]
 
 
 def _status_fields(pid: str) -> dict[str, str]:
@@ -97,18 +117,27 @@ def _alive(fields: dict[str, str]) -> bool:
 
 
 def cleanup_world_writable(uid: int) -> int:
-    """Remove entries owned by ``uid`` at the top of /tmp, /var/tmp, /dev/shm, /run/lock."""
-    removed = 0
-    for directory in _WORLD_WRITABLE:
+    """Remove what ``uid`` left in /tmp, /var/tmp, /dev/shm, /run/lock, at any depth.
+
+    A process of ``uid`` can only create entries in directories it owns (removed whole) or in
+    world-writable ones, so the walk descends into world-writable directories only (such as
+    ``/tmp/.X11-unix``) and removes every entry ``uid`` owns there.
+    """
+    removed, pending = 0, list(_WORLD_WRITABLE)
+    while pending:
+        directory = pending.pop()
         try:
             entries = list(os.scandir(directory))
         except OSError:
             continue
         for entry in entries:
             try:
-                if entry.stat(follow_symlinks=False).st_uid != uid:
+                info = entry.stat(follow_symlinks=False)
+                if info.st_uid != uid:
+                    if stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_IWOTH:
+                        pending.append(entry.path)
                     continue
-                if entry.is_dir(follow_symlinks=False):
+                if stat.S_ISDIR(info.st_mode):
                     shutil.rmtree(entry.path, ignore_errors=True)
                 else:
                     os.unlink(entry.path)

@@ -11,7 +11,6 @@ leniently or truncated into shape.
 
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import subprocess
@@ -19,8 +18,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-RESPONSE_KEYS = {"status": str, "top": bool, "value": (str, type(None)),
-                 "stdout": (str, type(None)), "truncated": bool}
+from posttrain.rewards._wire import WireError, loads_strict
+
+RESPONSE_KEYS = {"id": int, "status": str, "top": bool, "value": (str, type(None)),
+                 "stdout": (str, type(None)), "truncated": bool, "in_process": bool}
 _HELLO = b"R"
 
 
@@ -44,14 +45,14 @@ class Exchange:
 def parse_response(line: bytes) -> dict:
     """One answer line -> dict with exactly ``RESPONSE_KEYS`` of the right types."""
     try:
-        response = json.loads(line)
-    except (ValueError, RecursionError) as exc:
-        raise ProtocolError(f"report line is not JSON: {exc!r}") from exc
+        response = loads_strict(line)  # no floats, NaN, duplicate keys
+    except WireError as exc:
+        raise ProtocolError(f"report line is not a strict JSON object: {exc}") from exc
     if type(response) is not dict or set(response) != set(RESPONSE_KEYS):
         raise ProtocolError(f"report line has the wrong shape: {line[:200]!r}")
     for key, kind in RESPONSE_KEYS.items():
-        if not isinstance(response[key], kind) or (kind is bool and type(response[key]) is not
-                                                   bool):
+        if not isinstance(response[key], kind) or (kind in (bool, int) and
+                                                   type(response[key]) is not kind):
             raise ProtocolError(f"report field {key!r} has the wrong type: {line[:200]!r}")
     return response
 
@@ -61,7 +62,7 @@ class _Streams:
     debugging, never judged) and the result pipe (answers, strict)."""
 
     def __init__(self, proc: subprocess.Popen, result_fd: int, out_cap: int,
-                 line_cap: int) -> None:
+                 line_cap: int, sources: tuple[int, bytes] | None = None) -> None:
         assert proc.stdin and proc.stdout and proc.stderr
         self.proc, self.result_fd = proc, result_fd
         self.out_cap, self.line_cap = out_cap, line_cap
@@ -73,6 +74,10 @@ class _Streams:
         for fd in self.buffers:
             self.sel.register(fd, selectors.EVENT_READ)
         self.result_open = True
+        self.sources_fd, self.sources = sources or (None, b"")
+        if self.sources_fd is not None and self.sources:
+            os.set_blocking(self.sources_fd, False)
+            self.sel.register(self.sources_fd, selectors.EVENT_WRITE)
 
     def send(self, data: bytes, close_after: bool = False) -> None:
         """Queue ``data`` for the supervisor's stdin; ``close_after``: then close it (EOF)."""
@@ -97,6 +102,9 @@ class _Streams:
             fd = key.fd
             if fd == self.stdin_fd:
                 self._write()
+                continue
+            if fd == self.sources_fd:
+                self._write_sources()
                 continue
             try:
                 chunk = os.read(fd, 65536)
@@ -130,6 +138,18 @@ class _Streams:
             if self.close_after:
                 self.close_stdin()
 
+    def _write_sources(self) -> None:
+        """Assert tests' sources, for the judge processes (the caller closes the pipe)."""
+        try:
+            sent = os.write(self.sources_fd, self.sources[:65536])  # type: ignore[arg-type]
+        except BlockingIOError:
+            return
+        except BrokenPipeError:
+            sent = len(self.sources)
+        self.sources = self.sources[sent:]
+        if not self.sources:
+            self.sel.unregister(self.sources_fd)  # type: ignore[arg-type]
+
     def next_line(self) -> bytes | None:
         buffer = self.buffers[self.result_fd]
         if b"\n" not in buffer:
@@ -146,13 +166,14 @@ class _Streams:
 
 def exchange(proc: subprocess.Popen, result_fd: int, run: bytes, tests: Sequence[bytes],
              on_answer: Callable[[int, dict], bool], deadline: float, out_cap: int,
-             line_cap: int, grace_s: float = 0.5) -> Exchange:
+             line_cap: int, grace_s: float = 0.5,
+             sources: tuple[int, bytes] | None = None) -> Exchange:
     """Drive one run; ``on_answer(i, response)`` judges test ``i`` and says whether to go on.
 
     ``on_answer`` may raise :class:`ProtocolError`; so may the checks here. Either ends the run
     with ``Exchange.error`` set (the caller turns it into ``sandbox_error``).
     """
-    io = _Streams(proc, result_fd, out_cap, line_cap)
+    io = _Streams(proc, result_fd, out_cap, line_cap, sources)
     outcome = Exchange()
     io.send(run + b"\n" + b"".join(test + b"\n" for test in tests), close_after=True)
     done, grace_end = False, None
@@ -167,7 +188,10 @@ def exchange(proc: subprocess.Popen, result_fd: int, run: bytes, tests: Sequence
                 if done:
                     raise ProtocolError("report after the last answer")
                 index = outcome.answered
-                go_on = on_answer(index, parse_response(line))
+                response = parse_response(line)
+                if response["id"] != index:
+                    raise ProtocolError(f"answer {response['id']} where {index} was due")
+                go_on = on_answer(index, response)
                 outcome.answered += 1
                 if outcome.answered == len(tests):
                     done, grace_end = True, time.monotonic() + grace_s

@@ -38,8 +38,8 @@ def test_extract_program(completion: str, program: str) -> None:
 
 def test_split_tests_string() -> None:
     tests = "import math\nassert f(1) == 5\nx = f(2)\nassert x == 7\n"
-    # each top-level assert is a test; the other statements are a shared prelude
-    assert split_tests(tests) == ["import math\nx = f(2)\nassert f(1) == 5",
+    # each top-level assert is a test: the statements before it, in order, then the assert
+    assert split_tests(tests) == ["import math\nassert f(1) == 5",
                                   "import math\nx = f(2)\nassert x == 7"]
 
 

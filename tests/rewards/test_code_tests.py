@@ -10,6 +10,7 @@ import pytest
 
 from posttrain.data.loading import DataError, load_rows
 from posttrain.rewards import code_reward, code_reward_detailed, split_tests
+from posttrain.rewards._wire import wire_encode
 from posttrain.rewards.code_tests import (
     CodeTest,
     CompareOptions,
@@ -19,38 +20,48 @@ from posttrain.rewards.code_tests import (
     stdout_equal,
     values_equal,
 )
+from posttrain.rewards.sandbox_io import ProtocolError
 from posttrain.tasks.functions import code_rows
 from tests.rewards.test_sandbox_adversarial import mode
 
 __all__ = ["mode"]  # the fixture: bwrap and limits mode
 
 
-@pytest.mark.parametrize(("snippet", "expr", "expected", "prelude"), [
-    ("assert f(1) == 5", "f(1)", 5, ""),
-    ("assert f(1) == -5.5, 'message'", "f(1)", -5.5, ""),
-    ("assert 5 == f(1)", "f(1)", 5, ""),  # the literal may be on the left
-    ("assert f([1, 2]) == [2, 1]", "f([1, 2])", [2, 1], ""),
-    ("assert f() == {'a': (1, None), 2: True}", "f()", {"a": (1, None), 2: True}, ""),
-    ("import math\nx = f(2)\nassert x == 'ab'", "x", "ab", "import math\nx = f(2)"),
+@pytest.mark.parametrize(("snippet", "name", "expected", "prelude"), [
+    ("assert f(1) == 5", "f", 5, ""),
+    ("assert f(1) == -5.5, 'message'", "f", -5.5, ""),
+    ("assert 5 == f(1)", "f", 5, ""),  # the literal may be on the left
+    ("assert f([1, 2]) == [2, 1]", "f", [2, 1], ""),
+    ("assert f() == {'a': (1, None), 2: True}", "f", {"a": (1, None), 2: True}, ""),
+    ("import math\nassert f(x=2) == 'ab'", "f", "ab", "import math"),  # imports only
 ])
-def test_value_shape_is_recognised(snippet: str, expr: str, expected: object,
+def test_value_shape_is_recognised(snippet: str, name: str, expected: object,
                                    prelude: str) -> None:
     test = parse_test(snippet)
-    assert (test.kind, test.expr, test.expected, test.source) == ("value", expr, expected,
+    assert (test.kind, test.expr, test.expected, test.source) == ("value", name, expected,
                                                                   prelude)
-    assert "expected" not in json.dumps(test.sandbox_message())
-    assert repr(expected) not in json.dumps(test.sandbox_message()).replace(expr, "")
+    message = json.dumps(test.sandbox_message(0))
+    assert "expected" not in message and repr(expected) not in message
 
 
 @pytest.mark.parametrize("snippet", [
     "assert f(1) != 5", "assert f(1) == g(1)", "assert f(1)", "assert f(1) == 5 == g(1)",
-    "assert f(1) == {1, 2}",  # a set is not plain data
+    "assert f(1) == {1, 2}",  # a set is not plain data of the value path
     "assert f(1) == 5\nassert f(2) == 7",  # two checks in one test
     "if True:\n    assert f(0) == 1\nassert f(1) == 5",  # an assert in the prelude
     "def check(candidate):\n    assert candidate(1) == 5\ncheck(f)",
+    # issue 23: an expression that holds the comparison, a helper, a prelude that is not an
+    # import, a name the prelude binds, a non-finite literal: all go to the judge
+    "assert (f(1) == 5) == True", "assert f(1) - 5 == 0", "assert bool(f(1) == 5) == True",
+    "assert str(f(1) == 5) == 'True'", "x = f(1)\nassert x == 5",
+    "from math import isclose\nassert isclose(f(1), 5) == True",
+    "import operator\nassert operator.eq(f(1), 5) == True",
+    "assert f(1) == 1e309", "assert f(g(1)) == 5", "assert f(*[1]) == 5",
 ])
-def test_other_snippets_are_in_process_asserts(snippet: str) -> None:
-    assert parse_test(snippet) == CodeTest("assert", snippet)
+def test_other_snippets_go_to_the_judge(snippet: str) -> None:
+    test = parse_test(snippet)
+    assert test == CodeTest("assert", snippet)
+    assert test.sandbox_message(3) == {"kind": "assert", "index": 3}  # the source never
 
 
 def test_the_function_task_is_all_value_tests() -> None:
@@ -93,10 +104,19 @@ def test_plain_data_and_decoding() -> None:
     for _ in range(150):
         deep = [deep]
     assert not is_plain(deep)  # refused beyond 100 levels
-    assert decode_value("[1, (2, 'a')]") == (True, [1, (2, "a")])
-    for text in ("{1, 2}", "b'x'", "__import__('os')", "f(1)", "inf", "1" * 5000, "[" * 500,
-                 "1j", ""):
+    assert decode_value('["l", 1, ["t", 2, "a"]]') == (True, [1, (2, "a")])
+    big = 10**400 + 1  # huge ints travel exactly (hex), no digit limit
+    assert decode_value(json.dumps(wire_encode(big))) == (True, big)
+    # valid wire values that are not plain data of the value path, or not finite: they fail
+    for text in ('["s", 1, 2]', '["b", "78"]', '["c", "0x0p+0", "0x1p+0"]', '["f", "inf"]',
+                 '["l", ["f", "nan"]]', '["h", 3]'):
         assert decode_value(text) == (False, None), text
+    # not the wire form at all: a protocol error (the whole run is a sandbox_error)
+    for text in ("{1, 2}", "b'x'", "__import__('os')", "f(1)", "inf", "1" * 5000, "[" * 500,
+                 "1j", "", "5.0", "NaN", "5#1", '["f"]', '["d", 1]', '["s", 1, 1]',
+                 '["d", 1, 2, true, 3]', str(2**60)):
+        with pytest.raises(ProtocolError):
+            decode_value(text)
 
 
 @pytest.mark.parametrize(("got", "expected", "mode", "equal"), [
@@ -195,9 +215,10 @@ def test_stdout_over_the_cap_fails() -> None:
 
 
 def test_in_process_verdicts_are_counted() -> None:
-    program = "def f(x):\n    return 2 * x + 3\n"
-    tests = ["assert f(1) == 5", "assert f(2) > 6", "assert f(3) != 0", "assert f(4) == 11"]
+    program = "def f(x):\n    return 2 * x + 3\ndef apply(g, x):\n    return g(x)\n"
+    tests = ["assert f(1) == 5", "assert f(2) > 6", "assert f(3) != 0", "assert f(4) == 11",
+             "assert apply(lambda x: x + 1, 1) == 2"]  # a callback: the judge cannot carry it
     score, result = code_reward_detailed(program, tests)
     assert score == 1.0
-    assert result.test_kinds == ["value", "assert", "assert", "value"]
-    assert result.in_process_verdicts == 2
+    assert result.test_kinds == ["value", "assert", "assert", "value", "assert"]
+    assert result.in_process_verdicts == 1  # the judge decided the other two asserts

@@ -171,5 +171,10 @@ def test_code_counters_in_metrics() -> None:
     assert result.metrics["code/failed"] == 2.0
     assert result.metrics["code/timeout"] == 0.0
     assert result.metrics["code/in_process_verdicts"] == 0.0  # `f(1) == 2` is judged outside
-    mixed = scorer.score(completions[:1], [{"tests": ["assert f(1) > 1", "assert f(2) == 3"]}])
+    judged = scorer.score(completions[:1], [{"tests": ["assert f(1) > 1", "assert f(2) == 3"]}])
+    assert judged.metrics["code/in_process_verdicts"] == 0.0  # both judged outside (a judge)
+    # a callback cannot cross into the judge: that test is judged in the program's process
+    program = "def f(x):\n    return x + 1\ndef apply(g, x):\n    return g(x)"
+    mixed = scorer.score([program], [{"tests": ["assert apply(lambda v: v + 1, 1) == 2",
+                                                "assert f(2) == 3"]}])
     assert mixed.metrics["code/in_process_verdicts"] == 1.0

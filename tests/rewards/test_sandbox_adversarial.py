@@ -148,7 +148,8 @@ def test_scores_zero(case: str, mode: str) -> None:
     program, tests = SCORE_ZERO_CASES[case]
     score, status = run_case(program, tests, mode)
     assert score == 0.0
-    assert status in ALL_FAILURES
+    # bytes written on the program's own answer channel break the protocol (issue 23)
+    assert status in ALL_FAILURES | ({"sandbox_error"} if case == "fake_pass_markers" else set())
 
 
 def test_statuses_are_specific(mode: str) -> None:
@@ -222,7 +223,9 @@ def killers_allowed(mode: str) -> Iterator[None]:
 ])
 def test_killing_the_parent_only_fails_the_program(program: str, mode: str,
                                                    killers_allowed: None) -> None:
-    score, status = run_case(program, ["assert True", "assert True"], mode, partial=True)
+    program += "def f():\n    return 1\n"
+    score, status = run_case(program, ["assert f() == 1", "assert f() == 1"], mode,
+                             partial=True)
     assert psutil.Process().is_running()  # we are alive to assert it
     if mode == "bwrap":
         # the supervisor is PID 1 of the namespace: its processes cannot signal it, and they
@@ -231,6 +234,12 @@ def test_killing_the_parent_only_fails_the_program(program: str, mode: str,
     else:
         # the program can kill its supervisor (same sandbox uid), which only fails the program
         assert (score, status) == (0.0, "crashed")
+    # an assert test's judge process is not PID 1: a program that kills everything it can
+    # see kills it too, which is a loss only (the judge's verdict is the only pass)
+    score, status = run_case(program, ["assert f() > 0"], mode, partial=True)
+    assert psutil.Process().is_running()
+    spares_the_judge = mode == "bwrap" and "getppid" in program
+    assert (score, status) == ((1.0, "passed") if spares_the_judge else (0.0, "crashed"))
 
 
 def test_cannot_write_outside_its_temp_dir(mode: str, tmp_path: Path, marker: str) -> None:
@@ -434,13 +443,17 @@ def test_attack_machinery_can_pass() -> None:
     assert run_case(program, VALUE_TESTS, "limits", partial=True)[0] == 1.0
 
 
-def test_in_process_asserts_remain_forgeable(mode: str) -> None:
-    """Documented limit (docs/sandbox.md): a test that is not `expr == literal` is judged in
-    the program's interpreter, and the token attack forges it. If this starts failing, the
-    harness got stronger: update the docs' verdict-integrity table."""
+def test_judged_asserts_resist_the_token_attack(mode: str) -> None:
+    """Issue 23: an assert test that is not `expr == literal` is judged in a judge process,
+    so the token attack that forges an in-process verdict scores 0 there; the in-process
+    fallback (a test the proxy cannot carry: a callback) is still forgeable, and counted."""
     _, result = code_reward_detailed(_FORGE_TOKEN, ["assert f(1) > 4"], LIMITS.timeout_s,
                                      mode=mode, limits=LIMITS)
-    assert (result.status, result.in_process_verdicts) == ("passed", 1)
+    assert (result.status, result.in_process_verdicts) == ("failed", 0)
+    program = _FORGE_TOKEN.replace("def f(x):", "def g(x):\n    return 0\ndef f(x):")
+    _, result = code_reward_detailed(program, ["assert f(lambda: 0) > 4"], LIMITS.timeout_s,
+                                     mode=mode, limits=LIMITS)
+    assert (result.status, result.in_process_verdicts) == ("passed", 1)  # documented limit
 
 
 _REACH = _ATTACK_PREFIX + (  # every way to the supervisor (and its parent) that worked before

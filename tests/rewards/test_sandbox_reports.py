@@ -13,8 +13,9 @@ __all__ = ["mode"]  # the fixture: bwrap and limits mode
 
 _FAKE_SUPERVISOR = """
 import json, os, sys
-fd = int(sys.argv[-1])
+fd = int(sys.argv[-2])
 data = b''
+count = [0]
 def lines():
     global data
     while True:
@@ -26,8 +27,10 @@ def lines():
         line, data = data.split(b'\\n', 1)
         yield line
 def answer(status='returned', value=None, **extra):
-    body = {'status': status, 'top': True, 'value': value, 'stdout': None, 'truncated': False}
+    body = {'id': count[0], 'status': status, 'top': True, 'value': value, 'stdout': None,
+            'truncated': False, 'in_process': False}
     body.update(extra)
+    count[0] += 1
     return (json.dumps(body) + '\\n').encode()
 commands = lines()
 next(commands)
@@ -37,11 +40,11 @@ for line in commands:
     os.write(fd, (RESPOND)(test))
 os.write(fd, TAIL)
 """
-_TRUE = {"f(1)": "5", "f(2)": "7", "f(3)": "9"}
+_TRUE = {1: "5", 2: "7", 3: "9"}  # the wire form of 5, 7, 9 by argument
 FORGED_REPORTS = {  # name: (hello, respond(test) as source, tail, expected status)
-    "honest_fake": (b"R\n", f"lambda t: answer(value={_TRUE}[t['expr']])", b"", "passed"),
+    "honest_fake": (b"R\n", f"lambda t: answer(value={_TRUE}[t['args'][0]])", b"", "passed"),
     "passed_for_value_test": (b"R\n", "lambda t: answer('passed')", b"", "sandbox_error"),
-    "two_answers_per_test": (b"R\n", f"lambda t: answer(value={_TRUE}[t['expr']]) * 2", b"",
+    "two_answers_per_test": (b"R\n", f"lambda t: answer(value={_TRUE}[t['args'][0]]) * 2", b"",
                              "sandbox_error"),
     "oversized_answer": (b"R\n", "lambda t: answer(value='5' + ' ' * (1 << 21))", b"",
                          "sandbox_error"),
@@ -54,12 +57,26 @@ FORGED_REPORTS = {  # name: (hello, respond(test) as source, tail, expected stat
     "not_json": (b"R\n", "lambda t: b'passed\\n'", b"", "sandbox_error"),
     "garbage_before_start": (b"PASS\nR\n", "lambda t: answer(value='5')", b"",
                              "sandbox_error"),
-    "bytes_after_last_answer": (b"R\n", f"lambda t: answer(value={_TRUE}[t['expr']])",
+    "bytes_after_last_answer": (b"R\n", f"lambda t: answer(value={_TRUE}[t['args'][0]])",
                                 b"{}\n", "sandbox_error"),
     "short_report": (b"R\n", "lambda t: os._exit(0)", b"", "crashed"),
-    "value_not_plain_data": (b"R\n", "lambda t: answer(value='{5}')", b"", "failed"),
+    "value_not_plain_data": (b"R\n", "lambda t: answer(value='[\"s\", 5]')", b"", "failed"),
     "lying_value_text": (b"R\n", "lambda t: answer(value='__import__(\"os\")')", b"",
-                         "failed"),
+                         "sandbox_error"),
+    # issue 23: the framed protocol
+    "wrong_id": (b"R\n", f"lambda t: answer(value={_TRUE}[t['args'][0]], id=7)", b"",
+                 "sandbox_error"),
+    "in_process_claim_for_value": (b"R\n", f"lambda t: answer(value={_TRUE}[t['args'][0]], "
+                                   "in_process=True)", b"", "sandbox_error"),
+    "value_with_trailing_comment": (b"R\n", "lambda t: answer(value='5#1')", b"",
+                                    "sandbox_error"),
+    "value_as_json_float": (b"R\n", "lambda t: answer(value='5.0')", b"", "sandbox_error"),
+    "value_nan_token": (b"R\n", "lambda t: answer(value='NaN')", b"", "sandbox_error"),
+    "infinity_value": (b"R\n", "lambda t: answer(value='[\"f\", \"inf\"]')", b"", "failed"),
+    "duplicate_keys": (b"R\n", "lambda t: answer(value='5')[:-2] + b', \"status\": "
+                       "\"passed\"}\\n'", b"", "sandbox_error"),
+    "id_as_bool": (b"R\n", "lambda t: answer(value='5', id=count[0] == 0)", b"",
+                   "sandbox_error"),
 }
 
 

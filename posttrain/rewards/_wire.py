@@ -1,0 +1,195 @@
+"""Wire format of the sandbox: frames and plain-data values (standard library only).
+
+Used on both sides: inside the sandbox (its source is prepended to the supervisor's,
+:mod:`posttrain.rewards._harness`) and in the parent (:mod:`posttrain.rewards.code_tests`), so it
+never imports posttrain and uses no ``from __future__`` import.
+
+* A **frame** is a 4-byte big-endian length and that many bytes of one UTF-8 JSON object.
+  :func:`read_frame` refuses a frame over its cap, a truncated frame, JSON floats, ``NaN`` /
+  ``Infinity`` tokens, duplicate keys and anything but an object at the top.
+* A **value** is plain data of exact types in a tagged JSON form (:func:`wire_encode`,
+  :func:`wire_decode`): ``None``, ``bool``, ``str`` as themselves, ``int`` as a JSON integer
+  when ``|n| < 2**53`` and ``["I", hex]`` beyond (exact, no digit limit), ``float`` as
+  ``["f", float.hex()]`` (exact; non-finite floats survive the trip and are the judge's
+  business), containers as ``["l"|"t"|"s"|"z", item, ...]`` (list, tuple, set, frozenset),
+  ``["d", key, value, ...]``, ``["b", hex]`` bytes, ``["c", real, imag]`` complex, and
+  ``["h", n]`` for an opaque handle (anything else, where the caller allows handles).
+"""
+
+import json
+import os
+import struct
+
+WIRE_MAX_DEPTH = 100
+_SAFE_INT = 1 << 53
+_HEADER = struct.Struct(">I")
+_SEQUENCES = {"l": list, "t": tuple, "s": set, "z": frozenset}
+
+
+class WireError(ValueError):
+    """A frame or value that breaks the wire format."""
+
+
+class FrameTooLarge(WireError):
+    """A well-formed frame header announcing more than the reader's cap."""
+
+
+def wire_encode(value, handle=None, depth=0):
+    """Tagged JSON form of ``value``; ``handle(obj) -> int`` names anything that is not plain
+    data (without it such a value is a :class:`WireError`)."""
+    kind = type(value)
+    if value is None or kind is bool or kind is str:
+        return value
+    if kind is int:
+        return value if -_SAFE_INT < value < _SAFE_INT else ["I", format(value, "x")]
+    if kind is float:
+        return ["f", value.hex()]
+    if depth < WIRE_MAX_DEPTH:
+        for tag, container in _SEQUENCES.items():
+            if kind is container:
+                return [tag, *[wire_encode(item, handle, depth + 1) for item in value]]
+        if kind is dict:
+            flat = ["d"]
+            for key, item in value.items():
+                flat += [wire_encode(key, handle, depth + 1), wire_encode(item, handle, depth + 1)]
+            return flat
+        if kind is bytes:
+            return ["b", value.hex()]
+        if kind is complex:
+            return ["c", value.real.hex(), value.imag.hex()]
+    if handle is None:
+        raise WireError(f"not plain data: {kind.__name__}")
+    return ["h", handle(value)]
+
+
+def _text(item):
+    if type(item) is not str:
+        raise WireError("expected a string in a tagged value")
+    return item
+
+
+def _decode_tagged(tag, rest, handle, depth):
+    if tag == "I" and len(rest) == 1:
+        return int(_text(rest[0]), 16)
+    if tag == "f" and len(rest) == 1:
+        return float.fromhex(_text(rest[0]))
+    if tag == "b" and len(rest) == 1:
+        return bytes.fromhex(_text(rest[0]))
+    if tag == "c" and len(rest) == 2:
+        return complex(float.fromhex(_text(rest[0])), float.fromhex(_text(rest[1])))
+    if tag == "h" and len(rest) == 1 and handle is not None and type(rest[0]) is int:
+        return handle(rest[0])
+    if tag in _SEQUENCES:
+        items = [wire_decode(item, handle, depth + 1) for item in rest]
+        made = _SEQUENCES[tag](items)
+        if len(made) != len(items):  # a set with duplicates was never a set
+            raise WireError("duplicate set items")
+        return made
+    if tag == "d" and len(rest) % 2 == 0:
+        pairs = [(wire_decode(rest[i], handle, depth + 1), wire_decode(rest[i + 1], handle,
+                                                                         depth + 1))
+                 for i in range(0, len(rest), 2)]
+        made = dict(pairs)
+        if len(made) != len(pairs):
+            raise WireError("duplicate dict keys")
+        return made
+    raise WireError(f"bad tagged value {tag!r}")
+
+
+def wire_decode(data, handle=None, depth=0):
+    """Inverse of :func:`wire_encode`; ``handle(n)`` resolves ``["h", n]`` (without it a handle
+    is a :class:`WireError`). Raises :class:`WireError` on anything malformed."""
+    kind = type(data)
+    if data is None or kind is bool or kind is str:
+        return data
+    if kind is int:
+        if -_SAFE_INT < data < _SAFE_INT:
+            return data
+        raise WireError("a large int must be tagged")
+    if kind is not list or not data or type(data[0]) is not str or depth >= WIRE_MAX_DEPTH:
+        raise WireError("malformed value")
+    try:
+        return _decode_tagged(data[0], data[1:], handle, depth)
+    except (TypeError, ValueError, OverflowError, RecursionError, MemoryError) as exc:
+        if isinstance(exc, WireError):
+            raise
+        raise WireError(f"malformed value: {exc!r}") from None
+
+
+def _refuse(token):
+    raise WireError(f"JSON number or constant {token[:20]!r} is not allowed on the wire")
+
+
+def _pairs(pairs):
+    made = dict(pairs)
+    if len(made) != len(pairs):
+        raise WireError("duplicate keys in a frame")
+    return made
+
+
+def loads_strict(data, top_object=True):
+    """One JSON object (``top_object=False``: any JSON value) from bytes: no floats, no
+    NaN/Infinity, no duplicate keys."""
+    try:
+        obj = json.loads(data, parse_float=_refuse, parse_constant=_refuse,
+                         object_pairs_hook=_pairs)
+    except WireError:
+        raise
+    except (ValueError, RecursionError, MemoryError) as exc:
+        raise WireError(f"not JSON: {exc!r}") from None
+    if top_object and type(obj) is not dict:
+        raise WireError("a frame must hold a JSON object")
+    return obj
+
+
+def dumps_frame(obj):
+    """Bytes of one frame holding ``obj``."""
+    data = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+    return _HEADER.pack(len(data)) + data
+
+
+def write_frame(fd, obj):
+    view = memoryview(dumps_frame(obj))
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_exact(fd, size):
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, min(size - len(data), 1 << 20))
+        if not chunk:
+            return data
+        data += chunk
+    return data
+
+
+def read_frame(fd, cap):
+    """The next frame's object; None on a clean end of stream; WireError otherwise."""
+    header = _read_exact(fd, _HEADER.size)
+    if not header:
+        return None
+    if len(header) < _HEADER.size:
+        raise WireError("truncated frame header")
+    (size,) = _HEADER.unpack(header)
+    if size > cap:
+        raise FrameTooLarge(f"frame of {size} bytes is over the cap of {cap}")
+    data = _read_exact(fd, size)
+    if len(data) < size:
+        raise WireError("truncated frame")
+    return loads_strict(data)
+
+
+def split_frames(data, cap):
+    """Every frame in ``data`` (a whole stream already read); WireError on any leftover."""
+    frames, offset = [], 0
+    while offset < len(data):
+        if len(data) - offset < _HEADER.size:
+            raise WireError("truncated frame header")
+        (size,) = _HEADER.unpack_from(data, offset)
+        offset += _HEADER.size
+        if size > cap or offset + size > len(data):
+            raise WireError("oversized or truncated frame")
+        frames.append(loads_strict(data[offset:offset + size]))
+        offset += size
+    return frames
