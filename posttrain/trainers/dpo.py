@@ -94,7 +94,7 @@ class DPOTrainer(Trainer):
                            if self.eval_rows else None)
         if cfg.lora_r == 0 and not cfg.precompute_ref:
             self.load_reference()
-        self.micro_pairs = cfg.micro_batch_size // 2  # a pair is two sequences
+        self.micro_pairs = max(1, cfg.micro_batch_size // 2)  # a pair is two sequences
         self.ref_tables: dict[str, dict[str, Tensor]] = {}
         self.ref_cache: dict[str, str] = {}
         self._updated = False

@@ -223,7 +223,7 @@ class GRPOTrainer(Trainer):
                 rollout.ref_logprobs = self.policy_logprobs(rollout, ref)
             if kl_in_reward:
                 kl = kl_penalty(rollout.old_logprobs, rollout.ref_logprobs,
-                                kind=cfg.kl_estimator)  # [N, T]
+                                kind=cfg.kl_estimator, clamp=cfg.kl_clamp)  # [N, T]
                 seq_kl = (kl * rollout.response_mask).sum(-1)  # [N]
                 scores = scores - cfg.kl_coef * seq_kl
                 metrics["kl/seq_mean"] = float(seq_kl.mean())
@@ -349,7 +349,8 @@ class GRPOTrainer(Trainer):
         out = {k: float(v) for k, v in metrics.items()}
         out["loss/policy"] = float(loss.detach())
         if cfg.kl_coef > 0 and cfg.kl_placement == "loss":
-            kl = kl_penalty(logprobs, batch.ref_logprobs, kind=cfg.kl_estimator)  # [n, T]
+            kl = kl_penalty(logprobs, batch.ref_logprobs, kind=cfg.kl_estimator,
+                            clamp=cfg.kl_clamp)  # [n, T]
             kl_loss = aggregate_loss(kl, mask, cfg.loss_agg, max_len=cfg.max_new_tokens,
                                      total_tokens=total_tokens, total_seqs=total_seqs)
             loss = loss + cfg.kl_coef * kl_loss

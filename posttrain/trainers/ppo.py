@@ -265,7 +265,8 @@ class PPOTrainer(Trainer):
         if cfg.kl_coef > 0:
             with self.reference() as ref:
                 ref_logprobs = batched_logprobs(ref, *args, **share)  # [n, T]
-            kl = keep(kl_penalty(old_logprobs, ref_logprobs, kind=cfg.kl_estimator), mask)
+            kl = keep(kl_penalty(old_logprobs, ref_logprobs, kind=cfg.kl_estimator,
+                                 clamp=cfg.kl_clamp), mask)
             seq_kl = kl.sum(-1)  # [n]
             n_all = self.dist.sum(float(seq_kl.numel()))
             kl_mean = self.dist.sum(float(seq_kl.sum())) / max(n_all, 1.0)  # over all ranks

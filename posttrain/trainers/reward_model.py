@@ -83,6 +83,7 @@ class RewardModelTrainer(Trainer):
     name = "rm"
     config_class = RMConfig
     progress_keys = ("loss/rm", "train/accuracy")
+    supports_fsdp = False  # scores are read from the decoder under the root module's group
     cfg: RMConfig
 
     @property
