@@ -449,6 +449,7 @@ class Trainer:
                 if stopping or (cfg.save_every and step % cfg.save_every == 0):
                     self.save_training_state(step, history, eval_before,
                                              clock + time.time())
+                    stopping = self.dist.any(stop.signal is not None)  # one during the write
                 if stopping:
                     return step
         return step
