@@ -11,8 +11,9 @@ Where the reference comes from:
 - Full fine-tune without ``precompute_ref``: a frozen copy loaded from ``cfg.model``.
 
 Reference cache (``posttrain.trainers.ref_cache``): per-pair summed AND token-averaged log-probs
-of chosen and rejected, next to the data. Deliberate difference from keying on the loss type:
-both sums (DPO) and averages (IPO) are stored, so one cache serves every ``loss_type``.
+of chosen and rejected, under ``ref_cache_dir`` (default ``out_dir/refcache``). Deliberate
+difference from keying on the loss type: both sums (DPO) and averages (IPO) are stored, so one
+cache serves every ``loss_type``.
 
 Optional RPO term (``rpo_alpha > 0``, Pang et al. 2024): each pair's loss gets
 ``rpo_alpha * NLL(chosen)`` with the NLL averaged over the chosen tokens, as in SFT.
