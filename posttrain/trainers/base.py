@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -46,7 +45,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from posttrain.config import BaseConfig, ConfigError, build_config, to_dict
+from posttrain.config import BaseConfig, ConfigError, to_dict
 from posttrain.models import adapters_disabled
 from posttrain.rollout.hf import autocast_ctx
 from posttrain.rollout.sampler_copy import BF16Sampler, bf16_sampler_supported
@@ -76,6 +75,12 @@ from posttrain.trainers.common import (
 )
 from posttrain.trainers.distributed import Dist, full_state, load_full_state
 from posttrain.trainers.engine import CountFn, LossFn, OptimGroup, Plan, run_update
+from posttrain.trainers.launch import (
+    StopRequest,
+    check_bf16_compute,
+    enable_checkpointing,
+    resolve_config,
+)
 from posttrain.trainers.session import Session, load_session, resolve_device
 from posttrain.trainers.tracking import MetricsLogger, NullLogger
 
@@ -99,11 +104,11 @@ class Trainer:
                  model: Any = None, tokenizer: Any = None, train_data: Any = None,
                  eval_data: Any = None, rewards: list[Any] | None = None,
                  **config_keys: Any) -> None:
-        cfg, objects = _resolve_config(self.config_class, cfg, model, tokenizer, train_data,
+        cfg, objects = resolve_config(self.config_class, cfg, model, tokenizer, train_data,
                                        eval_data, rewards, config_keys)
         self.cfg = cfg
         setup_threads(cfg.threads)
-        _check_bf16_compute(cfg, self.supports_bf16_compute, self.name)
+        check_bf16_compute(cfg, self.supports_bf16_compute, self.name)
         if cfg.fsdp and cfg.lora_r > 0:
             raise ConfigError("config keys 'fsdp' and 'lora_r': FSDP2 with LoRA is not "
                               "supported; use data parallel (fsdp: false) for LoRA runs")
@@ -374,7 +379,7 @@ class Trainer:
         history: list[dict[str, float]] = list(self._resumed.get("history", []))
         elapsed = float(self._resumed.get("seconds", 0.0))
         clock = elapsed - start
-        with _StopRequest() as stop:
+        with StopRequest() as stop:
             if "eval_before" in self._resumed:
                 eval_before = self._resumed["eval_before"]
                 set_rng_state(self._resumed["rng"][min(self.dist.rank,
@@ -428,7 +433,7 @@ class Trainer:
         return summary
 
     def _run_steps(self, history: list[dict[str, float]], eval_before: dict[str, Any],
-                   stop: _StopRequest, clock: float) -> int:
+                   stop: StopRequest, clock: float) -> int:
         """The step loop; returns the last step run (< max_steps when a signal stopped it)."""
         cfg = self.cfg
         step = self.start_step
@@ -527,120 +532,7 @@ class Trainer:
         self.dist.barrier()
 
 
-class _StopRequest:
-    """Record SIGTERM / SIGINT instead of dying, so the loop can checkpoint and return.
-
-    A second SIGINT (Ctrl-C twice) interrupts at once. Only installed in the main thread.
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signal = signum
-
-    def __enter__(self) -> _StopRequest:
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
-def _check_bf16_compute(cfg: BaseConfig, supported: bool, name: str) -> None:
-    """`bf16_compute` only where the trainer supports it, and not with LoRA or FSDP2."""
-    if cfg.torch_compile and not cfg.bf16_compute:
-        raise ConfigError("config key 'torch_compile': needs bf16_compute: true (it compiles "
-                          "the bf16 learner and reference copies)")
-    if not cfg.bf16_compute:
-        return
-    if not supported:
-        raise ConfigError(f"config key 'bf16_compute': not supported by `posttrain {name}` yet "
-                          "(grpo and dpo support it); use autocast_bf16")
-    if cfg.lora_r > 0 or cfg.fsdp:
-        raise ConfigError("config key 'bf16_compute': needs a full fine-tune without FSDP2 "
-                          "(lora_r: 0, fsdp: false); use autocast_bf16")
-
-
 def _eval_metrics(result: dict[str, Any]) -> dict[str, float]:
     """Numeric entries of an evaluation result under `eval/`."""
     return {k if k.startswith("eval") else f"eval/{k}": v for k, v in result.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
-_IN_MEMORY = "<in-memory>"
-
-
-def _resolve_config(cls: type[BaseConfig], cfg: BaseConfig | None, model: Any, tokenizer: Any,
-                    train_data: Any, eval_data: Any, rewards: list[Any] | None,
-                    keys: dict[str, Any]) -> tuple[BaseConfig, dict[str, Any]]:
-    """Config + in-memory objects from the Python API's keyword arguments.
-
-    Strings (paths, names) go into the config; objects (a model, row lists, datasets, reward
-    callables) are handed to the session as they are. With a config object (TRL's
-    ``GRPOTrainer(GRPOConfig(...), model=m, ...)``), the objects and any config keys given
-    beside it are applied on top of it, checked like overrides.
-    """
-    objects: dict[str, Any] = {}
-    values = dict(keys)
-    for key, value in (("model", model), ("train_data", train_data), ("eval_data", eval_data)):
-        if value is None:
-            continue
-        if isinstance(value, str):
-            values[key] = value
-        else:
-            values[key] = getattr(value, "name_or_path", "") or _IN_MEMORY
-            objects[key] = value
-    if tokenizer is not None:
-        objects["tokenizer"] = tokenizer
-    if rewards is not None:
-        specs, fns = _reward_specs(rewards)
-        values["rewards"] = specs
-        if fns:
-            objects["reward_fns"] = fns
-    if cfg is not None:
-        if not isinstance(cfg, cls):
-            raise ConfigError(f"this trainer takes a {cls.__name__}, got a "
-                              f"{type(cfg).__name__}")
-        if not values:  # the object itself (callers may hold it), with the keys a run needs
-            from posttrain.config import validate_config
-
-            validate_config(cfg)
-            return cfg, objects
-        return build_config(cls, overrides=values, base=cfg), objects
-    return build_config(cls, overrides=values), objects
-
-
-def _reward_specs(rewards: list[Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Reward entries as config dicts, plus the callables among them by name."""
-    specs, fns = [], {}
-    for r in rewards:
-        if callable(r):
-            name = getattr(r, "__name__", f"reward_{len(specs)}")
-            specs.append({"name": name, "weight": 1.0})
-            fns[name] = r
-        elif isinstance(r, str):
-            specs.append({"name": r, "weight": 1.0})
-        else:
-            specs.append(dict(r))
-    return specs, fns
-
-
-def enable_checkpointing(model: Any) -> None:
-    """Non-reentrant activation checkpointing of every decoder layer (transformers 5 name, or
-    the 4.x ``gradient_checkpointing_enable``); it only acts in training mode."""
-    kwargs = {"use_reentrant": False}
-    if callable(getattr(model, "activation_checkpointing_enable", None)):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
