@@ -47,9 +47,8 @@ import torch
 
 from posttrain.config import BaseConfig, ConfigError, to_dict
 from posttrain.models import adapters_disabled
+from posttrain.rollout.bf16_copy import BF16Copy, BF16Sampler, bf16_copy_supported
 from posttrain.rollout.hf import autocast_ctx
-from posttrain.rollout.sampler_copy import BF16Sampler, bf16_sampler_supported
-from posttrain.trainers.bf16_copy import BF16Copy
 from posttrain.trainers.checkpoint import (
     find_resume,
     is_peft,
@@ -293,11 +292,11 @@ class Trainer:
 
     def rollout_model(self) -> tuple[Any, bool]:
         """(model, autocast) for sampling rollouts. Under `autocast_bf16` a bf16 copy of the
-        policy with the policy's fp32 head (`posttrain.rollout.sampler_copy`), re-synced from
+        policy with the policy's fp32 head (`posttrain.rollout.bf16_copy`), re-synced from
         the current weights at every call and run without autocast; else the policy itself."""
         if not (self.cfg.autocast_bf16 or self.cfg.bf16_compute):
             return self.model, False
-        if self._sampler is None and bf16_sampler_supported(self.model):
+        if self._sampler is None and bf16_copy_supported(self.model):
             self._sampler = BF16Sampler(self.model)
         if self._sampler is None:
             return self.model, True
@@ -306,7 +305,7 @@ class Trainer:
 
     def learner(self) -> Any:
         """The model the policy's log-probs are computed (and differentiated) with: the policy,
-        or under `bf16_compute` its bf16 copy (`posttrain.trainers.bf16_copy`), re-synced after
+        or under `bf16_compute` its bf16 copy (`posttrain.rollout.bf16_copy`), re-synced after
         every optimizer step; its gradients land in the policy's fp32 ``.grad``."""
         if not self.cfg.bf16_compute:
             return self.model

@@ -27,6 +27,7 @@ from torch import Tensor
 from posttrain.ops import entropy_from_logits, head_logprobs, token_logprobs
 from posttrain.ops.fused_head import DEFAULT_BLOCK_ELEMENTS
 from posttrain.ops.masked import trim_padding
+from posttrain.rollout.bf16_copy import sdpa_switchable
 from posttrain.rollout.logits import autocast_ctx, embeddings, logits_context, patched_forward
 from posttrain.trainers.shared_prefix import shared_prefix_outputs, shared_prefix_supported
 
@@ -76,13 +77,6 @@ def _completion_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask:
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
                 logits_to_keep=c_ids.shape[1] + 1).logits  # [n, T'+1, X]
     return out[:, :-1], c_ids
-
-
-def sdpa_switchable(model: torch.nn.Module) -> bool:
-    """Whether the model runs transformers' ``sdpa`` attention and can switch to ``eager``."""
-    config = getattr(model, "config", None)
-    return (getattr(config, "_attn_implementation", None) == "sdpa"
-            and callable(getattr(model, "set_attn_implementation", None)))
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ import torch
 
 from posttrain.models import build_char_tokenizer, build_tiny_llama
 from posttrain.rollout import SamplingParams, generate
-from posttrain.rollout.sampler_copy import BF16Sampler, bf16_sampler_supported
+from posttrain.rollout.bf16_copy import BF16Sampler, bf16_copy_supported
 from posttrain.trainers.forward import completion_logprobs
 
 
@@ -18,10 +18,14 @@ def _tiny():
 
 
 def _assert_synced(sampler: BF16Sampler, policy: torch.nn.Module) -> None:
-    for (name, mine), theirs in zip(sampler.model.named_parameters(), policy.parameters(),
-                                    strict=True):
+    head = policy.get_output_embeddings().weight
+    masters = dict(policy.named_parameters(remove_duplicate=False))
+    for name, mine in sampler.model.named_parameters():
+        if mine is head:  # the copy runs the policy's own fp32 head
+            continue
         assert mine.dtype == torch.bfloat16, name
-        assert torch.equal(mine, theirs.detach().to(torch.bfloat16)), name
+        assert torch.equal(mine, masters[name].detach().to(torch.bfloat16)), name
+    assert sampler.model.get_output_embeddings().weight is head
 
 
 def test_copy_is_bf16_with_the_policys_fp32_head():
@@ -30,7 +34,8 @@ def test_copy_is_bf16_with_the_policys_fp32_head():
     _assert_synced(sampler, policy)
     for (name, buf), ref in zip(sampler.model.named_buffers(), policy.buffers(), strict=True):
         assert buf.dtype == ref.dtype, name  # rotary inv_freq stays fp32
-    assert not any(p.requires_grad for p in sampler.model.parameters())
+    head = policy.get_output_embeddings().weight  # shared with the policy: its own flag
+    assert not any(p.requires_grad for p in sampler.model.parameters() if p is not head)
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     with torch.no_grad():
         hidden = sampler.model.model(input_ids=ids).last_hidden_state  # [1, 5, H] bf16
@@ -68,17 +73,17 @@ def test_samples_score_like_the_policy():
 
 def test_not_supported_for_peft_models():
     policy, _ = _tiny()
-    assert bf16_sampler_supported(policy)
+    assert bf16_copy_supported(policy)
     from peft import LoraConfig, get_peft_model
 
     lora = get_peft_model(policy, LoraConfig(r=2, target_modules=["q_proj"]))
-    assert not bf16_sampler_supported(lora)
+    assert not bf16_copy_supported(lora)
 
 
 def test_packed_linears_sample_exactly_what_plain_linears_do():
     """Where oneDNN's packed bf16 linear is used (CPU), the copy's samples and log-probs equal
     those of the same copy with plain ``nn.Linear`` calls, also after a sync (re-packed)."""
-    from posttrain.rollout.sampler_copy import packed_linear_supported
+    from posttrain.rollout.bf16_copy import packed_linear_supported
 
     policy, tok = _tiny()
     sampler = BF16Sampler(policy)

@@ -7,8 +7,8 @@ import torch
 
 from posttrain.config import ConfigError
 from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.rollout.bf16_copy import BF16Copy
 from posttrain.tasks.arithmetic import prompt_rows
-from posttrain.trainers.bf16_copy import BF16Copy
 from posttrain.trainers.forward import completion_logprobs
 from posttrain.trainers.grpo import GRPOTrainer
 from posttrain.trainers.ppo import PPOTrainer
