@@ -169,7 +169,8 @@ def run_update(plan: Plan, dist: Any, counts: CountFn, loss_fn: LossFn,
     `before_step(merged metrics of the optimizer step)` may return True to stop: that step's
     gradients are dropped and no further step runs (PPO's early stop on approx KL; the
     metrics are reduced over ranks, so every rank decides alike). Returns the mean over the
-    optimizer steps of their merged metrics and grad norms, plus ``train/optimizer_steps``.
+    optimizer steps of their merged metrics and grad norms, plus ``train/optimizer_steps`` and
+    ``perf/rank_items`` (this rank's items: averaged over ranks, the step's items / world).
     """
     history: list[dict[str, float]] = []
     stopped = False
@@ -199,6 +200,7 @@ def run_update(plan: Plan, dist: Any, counts: CountFn, loss_fn: LossFn,
         history.append(merged)
     out = _mean(history)
     out["train/optimizer_steps"] = float(len(history))
+    out["perf/rank_items"] = float(len(plan.global_ids))  # this rank's share of the step
     if stopped:
         out["train/early_stopped"] = 1.0
     return out

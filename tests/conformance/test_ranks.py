@@ -75,6 +75,8 @@ def test_two_ranks_equal_one_process(world, tmp_path, case, mode):
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, 6))
     for ra, rb in zip(a, b, strict=True):
         assert set(ra) == set(rb)
+        # each rank trains on its own half of the step's rows, not a replica of all of them
+        assert rb["perf/rank_items"] == pytest.approx(ra["perf/rank_items"] / 2), ra["step"]
         for k in ra:
             if k.startswith("loss/"):
                 assert rb[k] == pytest.approx(ra[k], abs=1e-5), (ra["step"], k)
