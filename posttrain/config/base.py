@@ -120,6 +120,10 @@ class BaseConfig:
     resume_from: str = ""
     """Resume a run: `latest` (the newest complete checkpoint in `out_dir/checkpoints`; starts
     fresh when there is none) or the path of a `checkpoints/step-N` directory; empty: fresh."""
+    overwrite: bool = False
+    """Start afresh in an `out_dir` that holds an earlier run (metrics.jsonl or checkpoints/),
+    deleting its metrics.jsonl, checkpoints/, summary.json, reward_errors.jsonl and tb/ events;
+    without it (and without `resume_from`) such an `out_dir` is refused."""
     fsdp: bool = False
     """Under torchrun: shard the policy (and any other trained model) with FSDP2
     (`torch.distributed.fsdp.fully_shard`) instead of replicating it (data parallel)."""
