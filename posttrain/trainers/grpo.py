@@ -135,7 +135,7 @@ class GRPOTrainer(Trainer):
         seeds = [sequence_seed(cfg.seed, self._step, self._drawn + i, j)
                  for i in mine for j in range(G)]
         self._drawn += n_prompts
-        prompts = [self.s.render(r[cfg.prompt_field]) for r in rows]
+        prompts = [self.s.render(r["prompt"]) for r in rows]
         t0 = time.time()
         sampler, autocast = self.rollout_model()  # under autocast_bf16: a synced bf16 copy
         with self.gathered():
@@ -250,7 +250,7 @@ class GRPOTrainer(Trainer):
         if self.step_scorer is None:
             raise RuntimeError("score_steps needs advantage=grpo_process (no step scorer)")
         t0 = time.time()
-        prompts = [r[self.cfg.prompt_field] for r in rollout.rows]
+        prompts = [r["prompt"] for r in rollout.rows]
         steps = self.step_scorer(prompts, rollout.completions)
         ends, scores = step_tensors(self.tokenizer, rollout.completion_ids.cpu(),
                                     rollout.response_mask.cpu(), steps)
@@ -287,7 +287,7 @@ class GRPOTrainer(Trainer):
         dump = Path(self.cfg.out_dir) / f"eval_{when}.jsonl"
         if self.step_scorer is not None and when != "during" and dump.is_file():
             rows = self.s.eval_rows[: self.cfg.eval_size]
-            annotate_dump(dump, self.step_scorer, [r[self.cfg.prompt_field] for r in rows])
+            annotate_dump(dump, self.step_scorer, [r["prompt"] for r in rows])
         return out
 
     def policy_logprobs(self, rollout: Rollout, model: torch.nn.Module | None = None) -> Tensor:

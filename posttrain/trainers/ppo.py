@@ -224,7 +224,7 @@ class PPOTrainer(Trainer):
         drawn = self.next_rows(cfg.prompts_per_step)
         rows = [drawn[i] for i in mine]
         seeds = [sequence_seed(cfg.seed, self._step, i, j) for i in mine for j in range(G)]
-        prompts = [self.s.render(r[cfg.prompt_field]) for r in rows]
+        prompts = [self.s.render(r["prompt"]) for r in rows]
         sampler, autocast = self.rollout_model()  # under autocast_bf16: a synced bf16 copy
         rollout = generate(sampler, self.tokenizer, prompts, group_size=G, rows=rows,
                            params=self.sampling, autocast=autocast, seeds=seeds)
