@@ -1,7 +1,9 @@
 """What a trainer run holds besides its algorithm: data, rewards, model, evaluation, progress.
 
 `load_session` validates the config, the reward specs and every data row BEFORE any model is
-loaded, so bad input fails in a second with the file, line and field named.
+loaded, so bad input fails in a second with the file, line and field named; then, with only the
+tokenizer and the model's config read, conversational rows against the chat template and RL
+prompt lengths against `max_prompt_len` and the context (`check_rows`); then the weights.
 """
 
 from __future__ import annotations
@@ -238,7 +240,8 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
                  loader: Callable[[], tuple[Any, Any]] | None = None, model: Any = None,
                  tokenizer: Any = None, train_data: Any = None, eval_data: Any = None,
                  reward_fns: dict[str, Any] | None = None) -> Session:
-    """Validate rewards and data (cheap, first), then load the model and tokenizer.
+    """Validate rewards and data (cheap, first), check the rows against the tokenizer and the
+    model's context, then load the model.
 
     `model`, `tokenizer`, `train_data`, `eval_data` and `reward_fns` are in-memory objects from
     the Python API; what is not given is loaded from the config (`loader` loads the model).
