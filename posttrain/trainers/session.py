@@ -301,10 +301,17 @@ def check_rows(session: Session, kind: str, context: int | None,
                sources: tuple[str, str]) -> None:
     """Rows against the tokenizer: conversational values need a chat template; RL prompts
     (after rendering, with the system prompt) fit `max_prompt_len` and the model's context
-    with `max_new_tokens` (eval prompts with the evaluation budget) to spare."""
+    with `max_new_tokens` (eval prompts with the evaluation budget) to spare; the prompts of
+    SFT / preference / outcome / step rows leave a token of the context for their completion
+    (whole rows are checked against `max_seq_len` when the trainer tokenizes them)."""
     cfg, tok = session.cfg, session.tokenizer
     for rows, source in ((session.train_rows, sources[0]), (session.eval_rows, sources[1])):
         check_renderable(tok, rows, source, cfg.chat_template)
+    if context and kind not in ("prompts", "code") and session.train_rows:
+        check_prompt_lengths(tok, session.train_rows, sources[0],
+                             lambda p: render_prompt(tok, p, cfg.chat_template), context - 1,
+                             f"the model's context of {context} tokens less one for the "
+                             "completion")
     new = getattr(cfg, "max_new_tokens", None)
     if new is None:
         return

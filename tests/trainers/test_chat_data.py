@@ -127,3 +127,13 @@ def test_prompt_lengths_are_checked_before_the_weights_load(toy_world, tmp_path)
     for bad in (0, -1):
         with pytest.raises(ConfigError, match="max_new_tokens"):
             _grpo(toy_world, tmp_path / "d", max_new_tokens=bad)
+
+
+def test_an_sft_prompt_longer_than_the_context_is_refused(toy_world, tmp_path):
+    """max_seq_len (256) would let it through; the model has 64 positions."""
+    rows = [{"prompt": "1+2", "completion": "3"}, {"prompt": "x" * 70, "completion": "3"}]
+    data = _jsonl(tmp_path / "long.jsonl", rows)
+    with pytest.raises(DataError) as err:
+        SFTTrainer(model=toy_world["model"], train_data=data, out_dir=str(tmp_path / "o"),
+                   **KEYS)
+    assert (err.value.line, err.value.field) == (2, "prompt") and "context of 64" in str(err.value)
