@@ -82,13 +82,14 @@ def run_demo(out_dir: str, seed: int = 0, quick: bool = False) -> dict[str, Any]
     sft_cfg = build_config(SFTConfig, overrides={
         "model": str(out / "init"), "out_dir": str(out / "sft"), "train_data": paths["sft"],
         "seed": seed, "max_seq_len": 128, "threads": s["threads"],
-        **sft_keys})
+        "overwrite": True, **sft_keys})  # the demo rebuilds its world: a rerun starts afresh
     print(f"[demo] 2/4 SFT warm start ({sft_cfg.max_steps} steps on flawed traces)")
     sft = SFTTrainer(sft_cfg).train()
     grpo_cfg = build_config(GRPOConfig, overrides={
         "model": str(out / "sft" / "final"), "out_dir": str(out / "grpo"),
         "train_data": paths["prompts"], "eval_data": paths["heldout"],
-        "eval_size": s["heldout"], "seed": seed, "threads": s["threads"], **s["grpo"]})
+        "eval_size": s["heldout"], "seed": seed, "threads": s["threads"],
+        "overwrite": True, **s["grpo"]})
     print(f"[demo] 3/4 GRPO ({grpo_cfg.max_steps} steps, G={grpo_cfg.group_size}) with the "
           "verifiable math reward")
     grpo = GRPOTrainer(grpo_cfg).train()

@@ -120,6 +120,10 @@ class BaseConfig:
     resume_from: str = ""
     """Resume a run: `latest` (the newest complete checkpoint in `out_dir/checkpoints`; starts
     fresh when there is none) or the path of a `checkpoints/step-N` directory; empty: fresh."""
+    overwrite: bool = False
+    """Start afresh in an `out_dir` that holds an earlier run (metrics.jsonl or checkpoints/),
+    deleting its metrics.jsonl, checkpoints/, summary.json, reward_errors.jsonl and tb/ events;
+    without it (and without `resume_from`) such an `out_dir` is refused."""
     fsdp: bool = False
     """Under torchrun: shard the policy (and any other trained model) with FSDP2
     (`torch.distributed.fsdp.fully_shard`) instead of replicating it (data parallel)."""
@@ -139,6 +143,12 @@ class BaseConfig:
     """Schema fields read from other source columns: {prompt: question} for GSM8K."""
     system_prompt: str = ""
     """A system message put before each prompt by the chat template; empty: none."""
+    chat_template: str = "auto"
+    """auto: the tokenizer's chat template renders conversational rows (chat-message lists) and
+    wraps a plain-string prompt as a user message; a tokenizer without one takes strings as
+    they are, and a conversational row is then an error. none: never apply a template (strings
+    as they are; a conversational row is an error). Any other value: a Jinja chat template used
+    instead of the tokenizer's, and saved with the trained model's tokenizer."""
     progress: bool = True
     """Show a progress bar on a terminal; when stderr is not one (a pipe, nohup, Slurm,
     Jupyter), print a line of key metrics every `log_every` steps instead. false: neither."""
@@ -393,6 +403,10 @@ def validate_config(cfg: BaseConfig, require: bool = True) -> None:
         raise ConfigError(f"config key 'lr'={cfg.lr}: expected > 0")
     _check_dtype(cfg)
     _check_device(cfg.device)
+    if cfg.chat_template not in ("auto", "none") and not any(
+            mark in cfg.chat_template for mark in ("{{", "{%")):
+        raise ConfigError(f"config key 'chat_template'={cfg.chat_template[:60]!r}: expected auto, "
+                          "none or a Jinja chat template (with {{ ... }} / {% ... %})")
     if cfg.keep_checkpoints < 1:
         raise ConfigError(f"config key 'keep_checkpoints'={cfg.keep_checkpoints}: expected >= 1")
     if not 0.0 <= cfg.min_lr_ratio <= 1.0:
@@ -402,6 +416,16 @@ def validate_config(cfg: BaseConfig, require: bool = True) -> None:
         raise ConfigError(f"config key 'report_to': unknown tracker(s) {unknown}; valid: "
                           f"{list(TRACKERS)}")
     cfg.validate()
+
+
+def check_generation_budget(cfg: BaseConfig, *keys: str) -> None:
+    """Token budgets of generation must be >= 1 (0 would sample empty completions and train on
+    nothing)."""
+    for key in keys:
+        value = getattr(cfg, key, 1)
+        if value < 1:
+            raise ConfigError(f"config key '{key}'={value}: expected >= 1 (tokens generated per "
+                              "completion)")
 
 
 def _check_dtype(cfg: BaseConfig) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from posttrain.config.base import BaseConfig, ConfigError, math_and_format
+from posttrain.config.base import BaseConfig, ConfigError, check_generation_budget, math_and_format
 
 
 @dataclass
@@ -51,6 +51,7 @@ class DPOConfig(BaseConfig):
 
     def validate(self) -> None:
         super().validate()
+        check_generation_budget(self, "max_new_tokens")
         checks = {
             "beta": (self.beta > 0, "expected > 0"),
             "batch_size": (self.batch_size >= 1, "expected >= 1"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from posttrain.config.base import BaseConfig, math_and_format
+from posttrain.config.base import BaseConfig, ConfigError, check_generation_budget, math_and_format
 
 
 @dataclass
@@ -16,7 +16,8 @@ class PromptRLConfig(BaseConfig):
     train_split: str = "train"
     """Split name when `train_data` is a `datasets` name."""
     prompt_field: str = "prompt"
-    """Row field holding the prompt (str or list of chat messages)."""
+    """Row field holding the prompt (str or list of chat messages); another name is read as
+    `columns: {prompt: <name>}`."""
     answer_field: str = "answer"
     """Row field passed to reward functions as `answer`."""
     answer_marker: str = ""
@@ -33,9 +34,20 @@ class PromptRLConfig(BaseConfig):
     # --- sampling ---
     max_new_tokens: int = 64
     """Longest completion sampled; longer ones are truncated and flagged."""
+    max_prompt_len: int = 0
+    """Longest prompt in tokens after rendering; a longer one is an error naming its row (never
+    cut). 0: only the model's context limits it (prompt + max_new_tokens must fit it, checked
+    when the tokenizer loads, before the model's weights)."""
     temperature: float = 1.0
     """Sampling temperature (log-probs use the same temperature)."""
     top_p: float = 1.0
     """Nucleus sampling; 1.0 disables."""
     top_k: int = 0
     """Top-k sampling; 0 disables."""
+
+    def validate(self) -> None:
+        super().validate()
+        check_generation_budget(self, "max_new_tokens", "eval_max_new_tokens")
+        if self.max_prompt_len < 0:
+            raise ConfigError(f"config key 'max_prompt_len'={self.max_prompt_len}: expected >= 0 "
+                              "(0: only the model's context)")

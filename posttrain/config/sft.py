@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from posttrain.config.base import BaseConfig, ConfigError, math_and_format
+from posttrain.config.base import BaseConfig, ConfigError, check_generation_budget, math_and_format
 
 
 @dataclass
@@ -37,6 +37,7 @@ class SFTConfig(BaseConfig):
 
     def validate(self) -> None:
         super().validate()
+        check_generation_budget(self, "max_new_tokens")
         for key in ("batch_size", "max_seq_len"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"config key '{key}'={getattr(self, key)}: expected >= 1")

@@ -80,6 +80,25 @@ def _required_problems(row: Any, require: Mapping[str, str] | None) -> list[tupl
             for f, why in require.items() if row.get(f) is None]
 
 
+def _column_hint(field: str, raw: Any, columns: Mapping[str, str] | None, kind: str) -> str:
+    """For a missing field: the row's columns and how to map one to the field."""
+    if not isinstance(raw, dict) or (columns and field in columns) or field in raw:
+        return ""
+    required, optional = schema(kind)
+    have = sorted(map(str, raw))
+    others = [c for c in have if c not in required and c not in optional]
+    if not others:
+        return ""
+    pick = next((c for c in _LIKELY.get(field, ()) if c in others), None) or (
+        others[0] if len(others) == 1 else "<column>")
+    return f"; the row has columns {have}: map one with columns={{{field}: {pick}}}"
+
+
+_LIKELY = {"prompt": ("question", "problem", "query", "instruction", "input", "text"),
+           "answer": ("solution", "final_answer", "target", "label", "output"),
+           "completion": ("response", "output", "answer", "target")}
+
+
 def validate_rows(numbered: Iterable[tuple[int, Any]], kind: str, source: str,
                   columns: Mapping[str, str] | None = None,
                   require: Mapping[str, str] | None = None) -> list[dict]:
@@ -90,9 +109,16 @@ def validate_rows(numbered: Iterable[tuple[int, Any]], kind: str, source: str,
     """
     schema(kind)  # unknown kind -> ValueError listing the valid ones
     rows, errors = [], []
+    missing: dict[str, int] = {}  # a field missing from many rows is reported once, counted
     for number, raw in numbered:
         row = rename_columns(raw, columns)
         for field, msg in row_problems(row, kind) + _required_problems(row, require):
+            if msg.startswith("missing") and field in missing:
+                missing[field] += 1
+                continue
+            if msg.startswith("missing"):
+                missing[field] = 1
+                msg += _column_hint(field, raw, columns, kind)
             if columns and field in columns:
                 msg = f"{msg} (read from column '{columns[field]}')"
             errors.append((number, field, msg))
@@ -100,6 +126,8 @@ def validate_rows(numbered: Iterable[tuple[int, Any]], kind: str, source: str,
             rows.append(normalize_row(row, kind))
         if len(errors) >= MAX_REPORTED:
             break
+    errors = [(n, f, f"{m} (missing from {missing[f]} rows)" if missing.get(f, 0) > 1 else m)
+              for n, f, m in errors]
     if errors:
         line, field, msg = errors[0]
         more = [f"{source}:{n}: field '{f}': {m}" for n, f, m in errors[1:]]

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from posttrain.data.loading import DataError
-from posttrain.data.prompts import render_prompt
+from posttrain.data.prompts import TemplateError, tokenize_completions
 
 
 @dataclass
@@ -46,27 +46,28 @@ class PairTensors:
 
 
 def tokenize_pairs(tokenizer: Any, rows: list[dict[str, Any]], max_len: int,
-                   source: str) -> PairTensors:
-    """Chat-template the prompts and tokenize ``completion + EOS``; bad rows raise DataError."""
-    prompts = [render_prompt(tokenizer, r["prompt"]) for r in rows]
-    p_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    c_ids = tokenizer([r["chosen"] for r in rows], add_special_tokens=False)["input_ids"]
-    r_ids = tokenizer([r["rejected"] for r in rows], add_special_tokens=False)["input_ids"]
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+                   source: str, template: str = "auto") -> PairTensors:
+    """Chat-template the prompts and tokenize ``completion + EOS`` (a conversational side: the
+    template's rendering of its messages after the prompt); bad rows raise DataError."""
+    try:
+        p_ids, c_ids = tokenize_completions(tokenizer, rows, "chosen", template)
+        _, r_ids = tokenize_completions(tokenizer, rows, "rejected", template)
+    except TemplateError as err:
+        raise DataError(source, (err.row or 0) + 1, err.field, str(err)) from err
     for i, (row, p, c, r) in enumerate(zip(rows, p_ids, c_ids, r_ids, strict=True)):
         if row["chosen"] == row["rejected"]:
             raise DataError(source, i + 1, "rejected", "identical to 'chosen'; a preference "
                             "pair needs two different completions")
         for name, comp in (("chosen", c), ("rejected", r)):
-            if not comp + eos:
+            if not comp:  # EOS is already on each side
                 raise DataError(source, i + 1, name, "empty, and the tokenizer has no EOS token")
-            if len(p) + len(comp) + len(eos) > max_len:
-                n = len(p) + len(comp) + len(eos)
+            if len(p) + len(comp) > max_len:
+                n = len(p) + len(comp)
                 raise DataError(source, i + 1, name, f"prompt + {name} is {n} tokens, over "
                                 f"max_seq_len={max_len} (raise max_seq_len or drop the row)")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     P = max(len(p) for p in p_ids)
-    T = max(len(x) + len(eos) for x in c_ids + r_ids)
+    T = max(len(x) for x in c_ids + r_ids)
     M = len(rows)
     prompt_ids = torch.full((M, P), pad, dtype=torch.long)  # [M, P]
     prompt_mask = torch.zeros((M, P), dtype=torch.bool)  # [M, P]
@@ -75,7 +76,7 @@ def tokenize_pairs(tokenizer: Any, rows: list[dict[str, Any]], max_len: int,
     for i, p in enumerate(p_ids):
         prompt_ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
         prompt_mask[i, P - len(p):] = True
-        for k, ids in (("chosen", c_ids[i] + eos), ("rejected", r_ids[i] + eos)):
+        for k, ids in (("chosen", c_ids[i]), ("rejected", r_ids[i])):
             comp[k][i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             mask[k][i, : len(ids)] = True
     return PairTensors(prompt_ids, prompt_mask, comp["chosen"], mask["chosen"],

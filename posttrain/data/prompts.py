@@ -1,10 +1,29 @@
-"""Turn a dataset prompt (a string or a list of chat messages) into model input text."""
+"""Turn a dataset prompt (a string or a list of chat messages) into model input text.
+
+The `chat_template` rule (config key, docs/trainers.md "Data formats"):
+
+* ``auto`` (default): when the tokenizer has a chat template, a string prompt is wrapped as one
+  user message and rendered with it, and conversational rows are rendered with it; without
+  one, string prompts go in as they are and a conversational row is an error.
+* ``none``: never apply a template; strings go in as they are, a conversational row is an error.
+* any other string: a Jinja template used instead of the tokenizer's (as ``auto`` otherwise).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 Prompt = str | list[dict[str, Any]]
+TEMPLATE_MODES = ("auto", "none")
+
+
+class TemplateError(ValueError):
+    """A conversational value that cannot be rendered (no template, or a template that does not
+    render the prompt as a prefix of the conversation); `row` (0-based) and `field` when known."""
+
+    def __init__(self, message: str, row: int | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.row, self.field = row, field
 
 
 def as_messages(prompt: Prompt) -> list[dict[str, Any]]:
@@ -14,17 +33,78 @@ def as_messages(prompt: Prompt) -> list[dict[str, Any]]:
     return list(prompt)
 
 
-def render_prompt(tokenizer: Any, prompt: Prompt) -> str:
-    """The text the model continues: the chat template with the generation prompt added.
+def uses_template(tokenizer: Any, template: str = "auto") -> bool:
+    """Whether rendering applies a chat template under `template` (see the module rule)."""
+    if template == "none":
+        return False
+    return template != "auto" or bool(getattr(tokenizer, "chat_template", None))
+
+
+def no_template_reason(template: str) -> str:
+    """Why a conversational value cannot be rendered, and what to do, in one line."""
+    if template == "none":
+        return ("chat messages need a chat template, and chat_template: none applies none; "
+                "set chat_template: auto (the tokenizer's) or a Jinja template, or give strings")
+    return ("chat messages need a chat template and the tokenizer has none; set chat_template "
+            "to a Jinja template string, or give plain strings (roles are never dropped silently)")
+
+
+def _apply(tokenizer: Any, messages: list[dict[str, Any]], template: str,
+           generation_prompt: bool) -> str:
+    extra = {} if template in TEMPLATE_MODES else {"chat_template": template}
+    return tokenizer.apply_chat_template(messages, tokenize=False,
+                                         add_generation_prompt=generation_prompt, **extra)
+
+
+def render_prompt(tokenizer: Any, prompt: Prompt, template: str = "auto") -> str:
+    """The text the model continues: the chat template with the generation prompt added, or
+    the string itself where no template applies (a base model; `chat_template: none`).
 
     Tokenize the result with ``add_special_tokens=False``: the template already holds any BOS.
-    A tokenizer without a chat template gets the raw string (message contents joined by
-    newlines), which is what base models expect.
+    A message list where no template applies raises :class:`TemplateError`.
     """
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(
-            as_messages(prompt), tokenize=False, add_generation_prompt=True
-        )
+    if uses_template(tokenizer, template):
+        return _apply(tokenizer, as_messages(prompt), template, True)
     if isinstance(prompt, str):
         return prompt
-    return "\n".join(str(m.get("content", "")) for m in prompt)
+    raise TemplateError(no_template_reason(template))
+
+
+def render_completion(tokenizer: Any, prompt: Prompt, completion: Prompt,
+                      template: str = "auto") -> tuple[str, str]:
+    """(prompt text, completion text). A string completion follows the rendered prompt as is;
+    a message-list completion is what the template renders for the whole conversation after
+    the prompt's own rendering (with its generation prompt), as TRL splits it."""
+    prompt_text = render_prompt(tokenizer, prompt, template)
+    if isinstance(completion, str):
+        return prompt_text, completion
+    if not uses_template(tokenizer, template):
+        raise TemplateError(no_template_reason(template))
+    full = _apply(tokenizer, as_messages(prompt) + list(completion), template, False)
+    if not full.startswith(prompt_text):
+        raise TemplateError("the chat template does not render the prompt (with its generation "
+                            "prompt) as the start of the whole conversation, so the completion "
+                            "cannot be cut from it; use a template that does")
+    return prompt_text, full[len(prompt_text):]
+
+
+def tokenize_completions(tokenizer: Any, rows: list[dict[str, Any]], field: str,
+                         template: str = "auto") -> tuple[list[list[int]], list[list[int]]]:
+    """Token ids of each row's rendered ``prompt`` and of its ``row[field]`` completion + EOS
+    (both without special tokens added). A conversational completion already ending in EOS
+    (a template that closes the assistant turn with it) gets no second one. A row that cannot
+    be rendered raises TemplateError with its `row` and `field`."""
+    texts = []
+    for i, r in enumerate(rows):
+        try:
+            texts.append(render_completion(tokenizer, r["prompt"], r[field], template))
+        except TemplateError as err:
+            raise TemplateError(str(err), row=i, field=field) from err
+    p_ids = tokenizer([p for p, _ in texts], add_special_tokens=False)["input_ids"]
+    c_ids = tokenizer([c for _, c in texts], add_special_tokens=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    out = []
+    for row, ids in zip(rows, c_ids, strict=True):
+        closed = isinstance(row[field], list) and ids and ids[-1] == eos
+        out.append(list(ids) if closed or eos is None else [*ids, eos])
+    return [list(p) for p in p_ids], out

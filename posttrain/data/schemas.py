@@ -4,8 +4,10 @@ Kinds (``design.md``, "Data formats"):
 
 * ``prompts``: ``{"prompt": str | list[chat message], "answer"?: str, "tests"?: (as for code),
   ...extra}`` (RL prompts of a code task carry their ``tests``; they are checked here too)
-* ``sft``: ``{"prompt", "completion": str}``
-* ``preferences``: ``{"prompt", "chosen": str, "rejected": str}``
+* ``sft``: ``{"prompt", "completion": str | list[chat message]}`` or ``{"messages": [...]}``
+* ``preferences``: ``{"prompt", "chosen": str | list[chat message], "rejected": (same)}``; with
+  message lists the prompt may instead be the leading messages both sides share
+  (:mod:`posttrain.data.conversations`)
 * ``steps``: ``{"prompt", "steps": [str, ...], "labels": [1 | 0 | -1, ...]}`` (same length)
 * ``code``: ``{"prompt", "tests": str | [str | {"input": str, "output": str}, ...]}``
 * ``outcomes``: ``{"prompt", "completion": str, "label": 1 | 0 | true | false}`` (outcome reward
@@ -21,6 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from posttrain.data.conversations import (
+    message_problem,
+    preference_problem,
+    sft_messages_problem,
+    split_messages,
+    split_preference,
+)
 
 Check = Callable[[Any], str | None]
 
@@ -53,6 +63,15 @@ def check_prompt(value: Any) -> str | None:
                 return (f"message {i}: expected '{key}' to be a string, "
                         f"got {_type_name(msg.get(key))}")
     return None
+
+
+def check_completion(value: Any) -> str | None:
+    """A string, or a non-empty list of chat messages (conversational completion)."""
+    if isinstance(value, str):
+        return None
+    if isinstance(value, list):
+        return message_problem(value)
+    return f"expected a string or a list of chat messages, got {_type_name(value)}"
 
 
 def check_answer(value: Any) -> str | None:
@@ -142,9 +161,9 @@ def check_tests(value: Any) -> str | None:
 # kind -> (required fields, optional fields); each field has its check.
 SCHEMAS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     "prompts": ({"prompt": check_prompt}, {"answer": check_answer, "tests": check_tests}),
-    "sft": ({"prompt": check_prompt, "completion": check_str}, {}),
+    "sft": ({"prompt": check_prompt, "completion": check_completion}, {}),
     "preferences": (
-        {"prompt": check_prompt, "chosen": check_str, "rejected": check_str}, {}),
+        {"chosen": check_completion, "rejected": check_completion}, {"prompt": check_prompt}),
     "steps": ({"prompt": check_prompt, "steps": check_steps, "labels": check_labels}, {}),
     "code": ({"prompt": check_prompt, "tests": check_tests}, {}),
     "outcomes": ({"prompt": check_prompt, "completion": check_str, "label": check_binary}, {}),
@@ -162,11 +181,14 @@ def row_problems(row: Any, kind: str) -> list[tuple[str, str]]:
     required, optional = schema(kind)
     if not isinstance(row, dict):
         return [("<row>", f"expected a JSON object, got {_type_name(row)}")]
+    if kind == "sft" and "messages" in row and "prompt" not in row:  # TRL's conversational SFT
+        return [p] if (p := sft_messages_problem(row)) else []
     problems = []
     for field, check in required.items():
         if field not in row:
+            alt = " or ['messages']" if kind == "sft" else ""
             problems.append((field, "missing (required for kind "
-                                    f"'{kind}': {sorted(required)})"))
+                                    f"'{kind}': {sorted(required)}{alt})"))
         elif (msg := check(row[field])) is not None:
             problems.append((field, msg))
     for field, check in optional.items():
@@ -175,12 +197,19 @@ def row_problems(row: Any, kind: str) -> list[tuple[str, str]]:
     if kind == "steps" and not problems and len(row["steps"]) != len(row["labels"]):
         problems.append(("labels", f"expected one label per step ({len(row['steps'])}), "
                                    f"got {len(row['labels'])}"))
+    if kind == "preferences" and not problems and (p := preference_problem(row)):
+        problems.append(p)
     return problems
 
 
 def normalize_row(row: dict, kind: str) -> dict:
-    """Copy of a valid row with numeric answers as strings."""
+    """Copy of a valid row with numeric answers as strings; conversational SFT ``messages`` and
+    preference rows split into prompt + completion (:mod:`posttrain.data.conversations`)."""
     out = dict(row)
+    if kind == "sft" and "messages" in out and "prompt" not in out:
+        return split_messages(out)
+    if kind == "preferences":
+        return split_preference(out)
     if kind == "prompts" and "answer" in out and not isinstance(out["answer"], str):
         answer = out["answer"]
         out["answer"] = str(int(answer)) if isinstance(answer, float) and answer.is_integer() \

@@ -110,3 +110,25 @@ def _load_error(what: str, path_or_name: str | Path, err: Exception) -> ModelLoa
         "offline, the name may be wrong, or the repository may be gated). Download it on a "
         "connected machine (e.g. `huggingface-cli download NAME --local-dir DIR`) and pass the "
         f"local directory instead. Underlying error: {type(err).__name__}: {err}")
+
+
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def model_context(model_or_path: Any) -> int | None:
+    """The model's context length in tokens (`max_position_embeddings`, GPT-2's `n_positions`,
+    ...), read from a model object's config or, for a path, from its config file alone
+    (`AutoConfig`, before any weights load); None when it is not known."""
+    config = getattr(model_or_path, "config", None)
+    if config is None:
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(str(model_or_path))
+        except (OSError, ValueError):
+            return None
+    for key in CONTEXT_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None

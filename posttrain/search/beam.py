@@ -150,7 +150,7 @@ class PolicyProposer:
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, separator: str = STEP_SEPARATOR,
                  max_step_tokens: int = 48, temperature: float = 1.0, top_p: float = 1.0,
                  batch_size: int = 256, generator: torch.Generator | None = None,
-                 autocast: bool = False) -> None:
+                 autocast: bool = False, template: str = "auto") -> None:
         from posttrain.data.prompts import render_prompt
 
         self.model, self.tokenizer, self.separator = model, tokenizer, separator
@@ -158,7 +158,7 @@ class PolicyProposer:
         self.max_step_tokens, self.batch_size = max_step_tokens, batch_size
         self.temperature, self.top_p = temperature, top_p
         self.generator, self.autocast = generator, autocast
-        self.render = lambda prompt: render_prompt(tokenizer, prompt)
+        self.render = lambda prompt: render_prompt(tokenizer, prompt, template)
         vocab = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
         self.stop_ids = [i for i, t in enumerate(vocab) if self.core in t]
         if not self.stop_ids:

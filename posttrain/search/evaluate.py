@@ -61,8 +61,10 @@ def sample_solutions(model: torch.nn.Module, tokenizer: Any, rows: Sequence[dict
                      n: int, *, max_new_tokens: int = 64, temperature: float = 1.0,
                      top_p: float = 1.0, batch_size: int = 512,
                      generator: torch.Generator | None = None, autocast: bool = False,
-                     prompt_field: str = "prompt", answer_field: str = "answer") -> Samples:
-    """Sample ``n`` completions per row (``{prompt, answer}``) with the policy."""
+                     prompt_field: str = "prompt", answer_field: str = "answer",
+                     template: str = "auto") -> Samples:
+    """Sample ``n`` completions per row (``{prompt, answer}``) with the policy; prompts are
+    rendered under `template` (the `chat_template` rule, posttrain.data.prompts)."""
     from posttrain.data.prompts import render_prompt
     from posttrain.rollout import SamplingParams, generate
 
@@ -73,7 +75,7 @@ def sample_solutions(model: torch.nn.Module, tokenizer: Any, rows: Sequence[dict
     per_call = max(1, batch_size // n)
     for start in range(0, len(prompts), per_call):
         chunk = prompts[start:start + per_call]
-        out = generate(model, tokenizer, [render_prompt(tokenizer, p) for p in chunk],
+        out = generate(model, tokenizer, [render_prompt(tokenizer, p, template) for p in chunk],
                        group_size=n, params=params, generator=generator, autocast=autocast,
                        batch_size=batch_size)
         lengths = out.response_mask.sum(1).tolist()

@@ -22,6 +22,7 @@ from posttrain.config.search import SearchConfig, validate_search
 from posttrain.core.device import resolve_device
 from posttrain.core.io import write_summary
 from posttrain.core.runtime import set_seed, setup_threads
+from posttrain.data.render_checks import check_renderable
 from posttrain.data.steps import THINK, split_steps
 from posttrain.models.reward import PRM_META_KEY, ScorerError, check_scorer_dir
 
@@ -82,6 +83,9 @@ def run_search(cfg: SearchConfig) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     policy, tok = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype)
+    if cfg.chat_template not in ("auto", "none"):
+        tok.chat_template = cfg.chat_template
+    check_renderable(tok, rows, cfg.eval_data, cfg.chat_template)
     policy.to(device)
     outcome, prm_steps = {}, None
     if cfg.orm:
@@ -94,7 +98,7 @@ def run_search(cfg: SearchConfig) -> dict[str, Any]:
         samples = sample_solutions(  # 3
             policy, tok, rows, max(cfg.n), max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature, top_p=cfg.top_p, batch_size=cfg.batch_size,
-            generator=gen, autocast=cfg.autocast_bf16)
+            generator=gen, autocast=cfg.autocast_bf16, template=cfg.chat_template)
         scores = {name: score_samples(samples, fn, cfg.batch_size) for name, fn in outcome.items()}
         sel = evaluate_selection(samples, sorted(set(cfg.n)), scores)  # 4
         weight_by = "prm" if "prm" in scores else "orm"
@@ -123,7 +127,7 @@ def _beam(cfg: SearchConfig, rows: list[dict[str, Any]], policy: Any, tok: Any, 
     propose = PolicyProposer(policy, tok, separator=cfg.step_separator,
                              max_step_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                              top_p=cfg.top_p, batch_size=cfg.batch_size, generator=gen,
-                             autocast=cfg.autocast_bf16)
+                             autocast=cfg.autocast_bf16, template=cfg.chat_template)
     results = prm_beam_search([r["prompt"] for r in rows], propose, prm_steps,
                               beam_width=cfg.beam_width, expansions=cfg.expansions,
                               max_steps=cfg.beam_max_steps, aggregate=cfg.aggregate)

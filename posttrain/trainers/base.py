@@ -77,7 +77,10 @@ from posttrain.trainers.engine import CountFn, LossFn, OptimGroup, Plan, run_upd
 from posttrain.trainers.launch import (
     StopRequest,
     check_bf16_compute,
+    config_changes,
     enable_checkpointing,
+    prepare_out_dir,
+    report_resume,
     resolve_config,
 )
 from posttrain.trainers.session import Session, load_session, resolve_device
@@ -117,6 +120,7 @@ class Trainer:
         self.dist = Dist()  # torchrun's process group (a no-op without torchrun)
         self.gen = set_seed(cfg.seed)  # CPU generator: data order and sampling seeds
         self.validate()
+        prepare_out_dir(cfg, self.dist.is_main)  # an earlier run there: refused or overwritten
         # Data, rewards and config are validated inside load_session before any model loads.
         self.s = session or load_session(cfg, kind=self.data_kind, loader=self.load_model,
                                          **objects)
@@ -142,6 +146,9 @@ class Trainer:
         resume = find_resume(cfg.out_dir, cfg.resume_from)
         if resume is not None:
             self._load_checkpoint(resume)
+            if self.dist.is_main:  # the run's config.yaml is two levels above checkpoints/step-N
+                report_resume(self.name, self.start_step,
+                              config_changes(resume.parent.parent, cfg))
         self.logger: MetricsLogger | NullLogger = (
             MetricsLogger(cfg.out_dir, cfg.report_to, cfg.run_name, to_dict(cfg),
                           purge_step=self.start_step + 1 if resume else None)

@@ -150,3 +150,25 @@ def slow_bf16_warning(cfg: BaseConfig, device: torch.device) -> str | None:
     return (f"config key '{key}': this CPU has no bf16 matrix instructions (AVX512-BF16 or AMX; "
             f"torch reports {torch.backends.cpu.get_cpu_capability()}), so bf16 matrix "
             "multiplies are emulated, 40-80x slower than fp32; turn it off on this machine")
+
+
+VERIFIERS = ("math", "code")
+"""Reward functions whose score >= 1.0 means "correct" (the verifiable rewards)."""
+
+
+def first_verifier(names: list[str]) -> str | None:
+    """The first verifiable reward (`math` / `code`) of `rewards:`, at any weight, or None."""
+    return next((n for n in names if n in VERIFIERS), None)
+
+
+def accuracy_metrics(scores: list[float], verdicts: list[float] | None) -> dict[str, float]:
+    """`reward/frac_score_ge_1`: the fraction of scorable samples whose weighted score is
+    >= 1.0 (whatever the rewards are); `reward/accuracy`: the fraction of the verifier's
+    scorable verdicts that are >= 1.0, only when `verdicts` (the verifier's scores) is given."""
+    valid = [s for s in scores if s == s]  # NaN: unscorable
+    out = {"reward/frac_score_ge_1":
+           sum(s >= 1.0 for s in valid) / len(valid) if valid else float("nan")}
+    if verdicts is not None:
+        ok = [v for v in verdicts if v == v]
+        out["reward/accuracy"] = sum(v >= 1.0 for v in ok) / len(ok) if ok else float("nan")
+    return out

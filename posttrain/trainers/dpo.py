@@ -90,8 +90,10 @@ class DPOTrainer(Trainer):
 
     def setup(self) -> None:
         cfg, tok = self.cfg, self.tokenizer
-        self.pairs = tokenize_pairs(tok, self.s.train_rows, cfg.max_seq_len, cfg.train_data)
-        self.eval_pairs = (tokenize_pairs(tok, self.eval_rows, cfg.max_seq_len, cfg.eval_pref_data)
+        self.pairs = tokenize_pairs(tok, self.s.train_rows, cfg.max_seq_len, cfg.train_data,
+                                    cfg.chat_template)
+        self.eval_pairs = (tokenize_pairs(tok, self.eval_rows, cfg.max_seq_len,
+                                          cfg.eval_pref_data, cfg.chat_template)
                            if self.eval_rows else None)
         if cfg.lora_r == 0 and not cfg.precompute_ref:
             self.load_reference()

@@ -49,7 +49,7 @@ from posttrain.ops import (
 )
 from posttrain.rollout import Rollout, SamplingParams, concat_rollouts, generate
 from posttrain.trainers.base import Trainer
-from posttrain.trainers.common import sequence_seed
+from posttrain.trainers.common import accuracy_metrics, first_verifier, sequence_seed
 from posttrain.trainers.engine import local_plan
 from posttrain.trainers.forward import batched_logprobs, completion_logprobs
 from posttrain.trainers.process_steps import (
@@ -61,7 +61,6 @@ from posttrain.trainers.process_steps import (
 )
 
 LEARNED_REWARDS = ("reward_model", "process_reward_model")
-VERIFIERS = ("math", "code")
 
 
 class GRPOTrainer(Trainer):
@@ -99,11 +98,13 @@ class GRPOTrainer(Trainer):
             self.step_scorer = build_step_scorer(cfg.process_reward_model, device=cfg.device)
         names = self.s.reward_names
         learned = self.step_scorer is not None or any(n in LEARNED_REWARDS for n in names)
-        self.verifier = next((n for n in names if n in VERIFIERS), None) if learned else None
+        self.accuracy_from = first_verifier(names)  # reward/accuracy: this reward's verdicts
+        self.verifier = self.accuracy_from if learned else None
         if learned and self.verifier is None:
             print("[grpo] warning: training on a learned reward without a verifier in `rewards`"
                   " (add {name: math, weight: 0}): reward/verifier_accuracy is not logged")
         self._step, self._drawn = 0, 0
+        self._verdicts: list[float] = []  # this step's verifier verdicts (all rounds)
 
     def optimizer_steps(self) -> int:
         return self.cfg.max_steps * self.cfg.num_iterations * self.cfg.mini_batches
@@ -134,7 +135,7 @@ class GRPOTrainer(Trainer):
         seeds = [sequence_seed(cfg.seed, self._step, self._drawn + i, j)
                  for i in mine for j in range(G)]
         self._drawn += n_prompts
-        prompts = [self.s.render(r[cfg.prompt_field]) for r in rows]
+        prompts = [self.s.render(r["prompt"]) for r in rows]
         t0 = time.time()
         sampler, autocast = self.rollout_model()  # under autocast_bf16: a synced bf16 copy
         with self.gathered():
@@ -147,6 +148,8 @@ class GRPOTrainer(Trainer):
         self._times["gen"] += t1 - t0
         self._times["score"] += time.time() - t1
         metrics = dict(result.metrics)
+        if self.accuracy_from is not None:
+            self._verdicts += result.per_function[self.accuracy_from]
         if self.verifier is not None:  # the reward-hacking watch: the verifier at any weight
             verdicts = [v for v in result.per_function[self.verifier] if v == v]
             metrics["reward/verifier_accuracy"] = (
@@ -156,6 +159,7 @@ class GRPOTrainer(Trainer):
     def rollout_step(self) -> tuple[Rollout, dict[str, float]]:
         """1 generate + 2 score, with whole-group filtering (unscorable; DAPO dynamic sampling)."""
         cfg, G = self.cfg, self.cfg.group_size
+        self._verdicts = []
         rollout, metrics = self.sample_and_score(cfg.prompts_per_step)
         all_scores, gen_tokens = [rollout.scores], float(rollout.response_mask.sum())
         kept = [self._filter_groups(rollout, metrics)]
@@ -180,13 +184,14 @@ class GRPOTrainer(Trainer):
             "_gen_tokens": gen_tokens,
             "reward/mean": float(scores[valid].mean()) if bool(valid.any()) else float("nan"),
             "reward/std": float(scores[valid].std()) if int(valid.sum()) > 1 else 0.0,
-            "reward/accuracy": float((scores[valid] >= 1.0).float().mean())
-            if bool(valid.any()) else float("nan"),
             "reward/frac_zero_std_groups": float((grouped.std(1) == 0).float().mean()),
             "response/length_mean": float(rollout.response_mask.sum(1).float().mean()),
             "response/truncated_frac": float(rollout.truncated.float().mean()),
             "rollout/dynamic_sampling_rounds": float(rounds),
         })
+        verdicts = (sum(self.dist.all_gather_objects(self._verdicts), [])
+                    if self.accuracy_from is not None else None)
+        metrics.update(accuracy_metrics(scores.tolist(), verdicts))
         out = concat_rollouts(kept, self.tokenizer.pad_token_id)
         metrics["rollout/groups_used"] = float(out.num_sequences // G)
         return out, metrics
@@ -245,7 +250,7 @@ class GRPOTrainer(Trainer):
         if self.step_scorer is None:
             raise RuntimeError("score_steps needs advantage=grpo_process (no step scorer)")
         t0 = time.time()
-        prompts = [r[self.cfg.prompt_field] for r in rollout.rows]
+        prompts = [r["prompt"] for r in rollout.rows]
         steps = self.step_scorer(prompts, rollout.completions)
         ends, scores = step_tensors(self.tokenizer, rollout.completion_ids.cpu(),
                                     rollout.response_mask.cpu(), steps)
@@ -282,7 +287,7 @@ class GRPOTrainer(Trainer):
         dump = Path(self.cfg.out_dir) / f"eval_{when}.jsonl"
         if self.step_scorer is not None and when != "during" and dump.is_file():
             rows = self.s.eval_rows[: self.cfg.eval_size]
-            annotate_dump(dump, self.step_scorer, [r[self.cfg.prompt_field] for r in rows])
+            annotate_dump(dump, self.step_scorer, [r["prompt"] for r in rows])
         return out
 
     def policy_logprobs(self, rollout: Rollout, model: torch.nn.Module | None = None) -> Tensor:

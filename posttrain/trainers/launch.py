@@ -7,10 +7,13 @@ request that the loop polls between phases.
 
 from __future__ import annotations
 
+import shutil
 import signal
+import sys
+from pathlib import Path
 from typing import Any
 
-from posttrain.config import BaseConfig, ConfigError, build_config
+from posttrain.config import BaseConfig, ConfigError, build_config, to_dict
 
 
 class StopRequest:
@@ -124,3 +127,61 @@ def enable_checkpointing(model: Any) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+# what an earlier run leaves in out_dir: its presence refuses a fresh run; `overwrite` clears it
+RUN_MARKERS = ("metrics.jsonl", "checkpoints")
+RUN_FILES = (*RUN_MARKERS, "summary.json", "reward_errors.jsonl", "tb")
+IGNORED_CHANGES = ("resume_from", "overwrite")
+
+
+def prepare_out_dir(cfg: BaseConfig, is_main: bool) -> None:
+    """Refuse a fresh run into an `out_dir` holding an earlier one (it would append to its
+    metrics.jsonl, and a later `resume_from: latest` would resume the older run), unless
+    `resume_from` is set; with `overwrite: true` rank 0 deletes the earlier run's files."""
+    out = Path(cfg.out_dir)
+    found = [name for name in RUN_MARKERS if _holds_data(out / name)]
+    if not found or cfg.resume_from:
+        return
+    if not cfg.overwrite:
+        raise ConfigError(f"config key 'out_dir'={cfg.out_dir!r}: holds an earlier run "
+                          f"({', '.join(found)}); set resume_from: latest to continue it, "
+                          "overwrite: true to replace it, or choose another out_dir")
+    if is_main:
+        for name in RUN_FILES:
+            path = out / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+
+
+def _holds_data(path: Path) -> bool:
+    """A non-empty file, or a directory with an entry (a trainer made but never trained leaves
+    an empty metrics.jsonl: not a run)."""
+    if path.is_dir():
+        return any(path.iterdir())
+    return path.is_file() and path.stat().st_size > 0
+
+
+def config_changes(out_dir: str | Path, cfg: BaseConfig) -> list[str]:
+    """`key: old -> new` for each config key whose value differs from the earlier run's
+    `out_dir/config.yaml` (none when it is missing or unreadable)."""
+    import yaml
+
+    path = Path(out_dir) / "config.yaml"
+    try:
+        old = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return []
+    new = to_dict(cfg)
+    return [f"{k}: {old.get(k)!r} -> {v!r}" for k, v in new.items()
+            if k not in IGNORED_CHANGES and k in old and old[k] != v]
+
+
+def report_resume(name: str, step: int, changes: list[str]) -> None:
+    """'resumed from step N' on stderr, with the config keys changed since that run."""
+    print(f"[{name}] resumed from step {step}", file=sys.stderr)
+    if changes:
+        print(f"[{name}] config keys changed since the checkpointed run: {'; '.join(changes)}",
+              file=sys.stderr)

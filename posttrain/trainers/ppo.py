@@ -59,7 +59,7 @@ from posttrain.ops import (
 from posttrain.ops.masked import as_bool_mask, keep
 from posttrain.rollout import SamplingParams, generate
 from posttrain.trainers.base import Trainer
-from posttrain.trainers.common import sequence_seed
+from posttrain.trainers.common import accuracy_metrics, first_verifier, sequence_seed
 from posttrain.trainers.engine import OptimGroup, Plan
 from posttrain.trainers.forward import batched_logprobs, completion_logprobs
 
@@ -224,7 +224,7 @@ class PPOTrainer(Trainer):
         drawn = self.next_rows(cfg.prompts_per_step)
         rows = [drawn[i] for i in mine]
         seeds = [sequence_seed(cfg.seed, self._step, i, j) for i in mine for j in range(G)]
-        prompts = [self.s.render(r[cfg.prompt_field]) for r in rows]
+        prompts = [self.s.render(r["prompt"]) for r in rows]
         sampler, autocast = self.rollout_model()  # under autocast_bf16: a synced bf16 copy
         rollout = generate(sampler, self.tokenizer, prompts, group_size=G, rows=rows,
                            params=self.sampling, autocast=autocast, seeds=seeds)
@@ -237,12 +237,14 @@ class PPOTrainer(Trainer):
         metrics.update({
             "reward/mean": float(every[ok].mean()) if bool(ok.any()) else float("nan"),
             "reward/std": float(every[ok].std()) if int(ok.sum()) > 1 else 0.0,
-            "reward/accuracy": float((every[ok] >= 1.0).float().mean())
-            if bool(ok.any()) else float("nan"),
             "reward/unscorable_dropped": float((~ok).sum()),
             "response/length_mean": float(rollout.response_mask.sum(1).float().mean()),
             "response/truncated_frac": float(rollout.truncated.float().mean()),
         })
+        verifier = first_verifier(self.s.reward_names)
+        verdicts = (sum(self.dist.all_gather_objects(result.per_function[verifier]), [])
+                    if verifier is not None else None)
+        metrics.update(accuracy_metrics(every.tolist(), verdicts))
         self.kept = valid.nonzero().squeeze(-1).tolist()
         if not bool(valid.all()):
             rollout = rollout.select(valid.nonzero().squeeze(-1))

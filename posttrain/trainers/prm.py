@@ -108,7 +108,7 @@ class PRMTrainer(Trainer):
         """Per row: ids, step-end positions, labels (and soft targets)."""
         out = []
         for i, r in enumerate(rows):
-            prompt = render_prompt(self.tokenizer, r["prompt"])
+            prompt = render_prompt(self.tokenizer, r["prompt"], self.cfg.chat_template)
             ids, ends = encode_steps(self.tokenizer, prompt, r["steps"], self.cfg.step_separator)
             if len(ids) > self.cfg.max_seq_len:
                 raise DataError(source, i + 1, "steps", f"prompt + steps is {len(ids)} tokens, "

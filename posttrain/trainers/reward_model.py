@@ -32,6 +32,7 @@ from torch import Tensor
 
 from posttrain.config import RMConfig
 from posttrain.data import DataError, load_rows, render_prompt, validate_rows
+from posttrain.data.prompts import TemplateError, render_completion
 from posttrain.models.loading import load_tokenizer
 from posttrain.models.reward import (
     build_scorer,
@@ -49,11 +50,19 @@ KIND = {"bradley_terry": "preferences", "binary": "outcomes"}
 
 
 def encode(tokenizer: Any, rows: list[dict[str, Any]], field: str, max_len: int,
-           source: str) -> list[list[int]]:
-    """Token ids of ``render(prompt) + row[field] + EOS``; rows over max_len raise DataError."""
+           source: str, template: str = "auto") -> list[list[int]]:
+    """Token ids of ``render(prompt) + row[field] + EOS`` (a conversational side rendered by
+    the chat template); rows over max_len raise DataError."""
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    texts = [render_prompt(tokenizer, r["prompt"]) + r[field] for r in rows]
-    seqs = [ids + eos for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    texts = []
+    for i, r in enumerate(rows):
+        try:
+            texts.append("".join(render_completion(tokenizer, r["prompt"], r[field], template)))
+        except TemplateError as err:
+            raise DataError(source, i + 1, field, str(err)) from err
+    seqs = [ids if isinstance(r[field], list) and ids[-1:] == eos else ids + eos
+            for r, ids in zip(rows, tokenizer(texts, add_special_tokens=False)["input_ids"],
+                              strict=True)]
     for i, ids in enumerate(seqs):
         if len(ids) > max_len:
             raise DataError(source, i + 1, field, f"prompt + {field} is {len(ids)} tokens, over "
@@ -62,11 +71,11 @@ def encode(tokenizer: Any, rows: list[dict[str, Any]], field: str, max_len: int,
 
 
 def completion_starts(tokenizer: Any, rows: list[dict[str, Any]],
-                      seqs: list[list[int]]) -> list[int]:
+                      seqs: list[list[int]], template: str = "auto") -> list[int]:
     """Index of each sequence's first completion token: the length of the common prefix of the
     rendered prompt's own ids and the sequence (exact even when a tokenizer merges across the
     prompt/completion boundary: the merged token counts as completion)."""
-    texts = [render_prompt(tokenizer, r["prompt"]) for r in rows]
+    texts = [render_prompt(tokenizer, r["prompt"], template) for r in rows]
     starts = []
     prompts = tokenizer(texts, add_special_tokens=False)["input_ids"]
     for prompt_ids, ids in zip(prompts, seqs, strict=True):
@@ -120,15 +129,17 @@ class RewardModelTrainer(Trainer):
     def tokenize(self, rows: list[dict[str, Any]], source: str) -> dict[str, Any]:
         cfg, tok = self.cfg, self.tokenizer
         if cfg.objective == "binary":
-            seqs = encode(tok, rows, "completion", cfg.max_seq_len, source)
+            seqs = encode(tok, rows, "completion", cfg.max_seq_len, source, cfg.chat_template)
             return {"seqs": seqs, "labels": torch.tensor([float(r["label"]) for r in rows]),
-                    "starts": torch.tensor(completion_starts(tok, rows, seqs))}
+                    "starts": torch.tensor(completion_starts(tok, rows, seqs,
+                                                             cfg.chat_template))}
         for i, r in enumerate(rows):
             if r["chosen"] == r["rejected"]:
                 raise DataError(source, i + 1, "rejected", "identical to 'chosen'; a preference "
                                 "pair needs two different completions")
-        return {"chosen": encode(tok, rows, "chosen", cfg.max_seq_len, source),
-                "rejected": encode(tok, rows, "rejected", cfg.max_seq_len, source),
+        return {"chosen": encode(tok, rows, "chosen", cfg.max_seq_len, source, cfg.chat_template),
+                "rejected": encode(tok, rows, "rejected", cfg.max_seq_len, source,
+                                   cfg.chat_template),
                 "margin": torch.tensor([float(r.get("margin", 0.0)) + cfg.margin for r in rows])}
 
     def rows_per_micro(self) -> int:

@@ -1,7 +1,9 @@
 """What a trainer run holds besides its algorithm: data, rewards, model, evaluation, progress.
 
 `load_session` validates the config, the reward specs and every data row BEFORE any model is
-loaded, so bad input fails in a second with the file, line and field named.
+loaded, so bad input fails in a second with the file, line and field named; then, with only the
+tokenizer and the model's config read, conversational rows against the chat template and RL
+prompt lengths against `max_prompt_len` and the context (`check_rows`); then the weights.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import torch
 from posttrain.config import BaseConfig, ConfigError
 from posttrain.core.device import resolve_device
 from posttrain.data import as_messages, load_rows, render_prompt, validate_rows
-from posttrain.models import apply_lora, load_model_and_tokenizer
+from posttrain.data.render_checks import check_prompt_lengths, check_renderable
+from posttrain.models import apply_lora, load_model_and_tokenizer, load_tokenizer, model_context
 from posttrain.rewards.registry import RewardScorer, RewardSpec, validate_specs
 from posttrain.rollout import SamplingParams, generate
 
@@ -41,7 +44,7 @@ class Session:
         system = getattr(self.cfg, "system_prompt", "")
         if system:
             prompt = [{"role": "system", "content": system}, *as_messages(prompt)]
-        return render_prompt(self.tokenizer, prompt)
+        return render_prompt(self.tokenizer, prompt, self.cfg.chat_template)
 
     def maybe_lora(self) -> None:
         """Wrap the policy in LoRA adapters when `lora_r` > 0 (only adapters train)."""
@@ -68,8 +71,7 @@ class Session:
             return {}
         cfg = self.cfg
         rows = self.eval_rows[: cfg.eval_size]
-        prompt_field = getattr(cfg, "prompt_field", "prompt")
-        prompts = [self.render(r[prompt_field]) for r in rows]
+        prompts = [self.render(r["prompt"]) for r in rows]  # `prompt_field` maps to "prompt"
         max_new = getattr(cfg, "eval_max_new_tokens", getattr(cfg, "max_new_tokens", 64))
         completions, first, scores, fmt, lengths = self._greedy_scored(model, rows, prompts,
                                                                        max_new)
@@ -83,14 +85,14 @@ class Session:
         if fmt is not None:
             out[f"{prefix}format_rate"] = sum(v > 0 for v in fmt) / len(rows)
         if not prefix:
-            out["samples"] = [{"prompt": r[prompt_field], "completion": c}
+            out["samples"] = [{"prompt": r["prompt"], "completion": c}
                               for r, c in zip(rows[:5], completions[:5], strict=True)]
         if dump and (self.dist is None or self.dist.is_main):
             path = Path(self.cfg.out_dir) / dump
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("w") as fh:
                 for r, c, v, s in zip(rows, completions, first, scores, strict=True):
-                    fh.write(json.dumps({"prompt": r[prompt_field], "answer": r.get("answer"),
+                    fh.write(json.dumps({"prompt": r["prompt"], "answer": r.get("answer"),
                                          "completion": c, "correct": v >= 1.0, "score": s},
                                         default=str) + "\n")
         return out
@@ -180,10 +182,22 @@ def _normalise_rows(rows: list[dict[str, Any]], answer_field: str,
     return out
 
 
+def data_columns(cfg: BaseConfig) -> dict[str, str]:
+    """`columns` with `prompt_field` (GRPO, PPO) folded in as `{prompt: <prompt_field>}`."""
+    columns = dict(cfg.columns)
+    field_ = getattr(cfg, "prompt_field", "prompt")
+    if field_ != "prompt":
+        if columns.get("prompt", field_) != field_:
+            raise ConfigError(f"config keys 'prompt_field'={field_!r} and 'columns': columns "
+                              f"maps prompt to {columns['prompt']!r}; set only one")
+        columns["prompt"] = field_
+    return columns
+
+
 def _rows(cfg: BaseConfig, source: Any, kind: str, split: str, limit: int | None = None,
           require: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Validated rows of a path / `datasets` name, or of an in-memory list or Dataset."""
-    opts = {"columns": cfg.columns or None, "require": require}
+    opts = {"columns": data_columns(cfg) or None, "require": require}
     if isinstance(source, str):
         return load_rows(source, kind=kind, split=split, subset=cfg.data_subset or None,
                          limit=limit, **opts)
@@ -226,7 +240,8 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
                  loader: Callable[[], tuple[Any, Any]] | None = None, model: Any = None,
                  tokenizer: Any = None, train_data: Any = None, eval_data: Any = None,
                  reward_fns: dict[str, Any] | None = None) -> Session:
-    """Validate rewards and data (cheap, first), then load the model and tokenizer.
+    """Validate rewards and data (cheap, first), check the rows against the tokenizer and the
+    model's context, then load the model.
 
     `model`, `tokenizer`, `train_data`, `eval_data` and `reward_fns` are in-memory objects from
     the Python API; what is not given is loaded from the config (`loader` loads the model).
@@ -249,12 +264,76 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
         train_rows = _normalise_rows(train_rows, answer_field, marker)
     eval_rows = _normalise_rows(eval_rows, answer_field, marker)
     if model is None or isinstance(model, str):
+        # the tokenizer and the model's config first (cheap): rows are checked against them
+        # before the weights load
+        early = tokenizer or load_tokenizer(cfg.model)
+        session = Session(cfg, None, _with_template(early, cfg), train_rows, eval_rows)
+        check_rows(session, kind, model_context(cfg.model), _sources(cfg, train_data, eval_data))
         model, loaded_tok = (loader or _causal_lm(cfg))()
         tokenizer = tokenizer or loaded_tok
     elif tokenizer is None:
         raise ConfigError("a model object needs its tokenizer: pass tokenizer=...")
+    else:
+        session = Session(cfg, model, _with_template(tokenizer, cfg), train_rows, eval_rows)
+        check_rows(session, kind, model_context(model), _sources(cfg, train_data, eval_data))
     model.to(resolve_device(cfg.device))
-    return Session(cfg, model, tokenizer, train_rows, eval_rows, scorer, names)
+    return Session(cfg, model, _with_template(tokenizer, cfg), train_rows, eval_rows, scorer,
+                   names)
+
+
+def _with_template(tokenizer: Any, cfg: BaseConfig) -> Any:
+    """The tokenizer with `chat_template` installed when it is a template string (so the
+    trained model is saved with the template it was trained on)."""
+    if cfg.chat_template not in ("auto", "none"):
+        tokenizer.chat_template = cfg.chat_template
+    return tokenizer
+
+
+def _sources(cfg: BaseConfig, train_data: Any, eval_data: Any) -> tuple[str, str]:
+    """Names of the train and eval sources for error messages."""
+    def name(obj: Any, path: str, what: str) -> str:
+        return path if obj is None or isinstance(obj, str) else f"<in-memory {what} data>"
+
+    return (name(train_data, cfg.train_data, "train"), name(eval_data, cfg.eval_data, "eval"))
+
+
+def check_rows(session: Session, kind: str, context: int | None,
+               sources: tuple[str, str]) -> None:
+    """Rows against the tokenizer: conversational values need a chat template; RL prompts
+    (after rendering, with the system prompt) fit `max_prompt_len` and the model's context
+    with `max_new_tokens` (eval prompts with the evaluation budget) to spare; the prompts of
+    SFT / preference / outcome / step rows leave a token of the context for their completion
+    (whole rows are checked against `max_seq_len` when the trainer tokenizes them)."""
+    cfg, tok = session.cfg, session.tokenizer
+    for rows, source in ((session.train_rows, sources[0]), (session.eval_rows, sources[1])):
+        check_renderable(tok, rows, source, cfg.chat_template)
+    if context and kind not in ("prompts", "code") and session.train_rows:
+        check_prompt_lengths(tok, session.train_rows, sources[0],
+                             lambda p: render_prompt(tok, p, cfg.chat_template), context - 1,
+                             f"the model's context of {context} tokens less one for the "
+                             "completion")
+    new = getattr(cfg, "max_new_tokens", None)
+    if new is None:
+        return
+    budget = getattr(cfg, "max_prompt_len", 0)
+    if context and budget and budget + new > context:
+        raise ConfigError(f"config keys 'max_prompt_len'={budget} + 'max_new_tokens'={new}: "
+                          f"{budget + new} tokens, over the model's context of {context}")
+    eval_key = "eval_max_new_tokens" if hasattr(cfg, "eval_max_new_tokens") else "max_new_tokens"
+    checks = [(session.train_rows if kind in ("prompts", "code") else [], sources[0],
+               "max_new_tokens", budget), (session.eval_rows, sources[1], eval_key, 0)]
+    for rows, source, key, cap in checks:
+        n_new = getattr(cfg, key)
+        if rows and context and n_new >= context:
+            raise ConfigError(f"config key '{key}'={n_new}: leaves no room for a prompt in the "
+                              f"model's context of {context} tokens")
+        limits = [(cap, f"max_prompt_len={cap}")] if cap else []
+        if context:
+            limits.append((context - n_new, f"the model's context of {context} tokens less "
+                                            f"{key}={n_new}"))
+        if rows and limits:
+            limit, why = min(limits)
+            check_prompt_lengths(tok, rows, source, session.render, limit, why)
 
 
 def _causal_lm(cfg: BaseConfig) -> Callable[[], tuple[Any, Any]]:

@@ -1,6 +1,8 @@
 """Supervised fine-tuning on prompt/completion pairs: the warm start before RL.
 
-Each row ``{"prompt", "completion"}`` becomes ``render_prompt(prompt) + completion + EOS``; the
+Each row ``{"prompt", "completion"}`` (or conversational: ``{"messages"}``, trained on its last
+assistant turn, or prompt and completion as chat messages; docs/trainers.md "Data formats")
+becomes ``render_prompt(prompt) + completion + EOS``; the
 loss is the mean negative log-likelihood of the completion tokens only (prompt and padding are
 masked out by ``response_mask``), averaged over all completion tokens of the optimizer batch, so
 splitting a batch into micro-batches gives the same gradient. Optimizer, schedule, logging,
@@ -21,7 +23,7 @@ import torch
 from torch import Tensor
 
 from posttrain.config import ConfigError, SFTConfig
-from posttrain.data.prompts import render_prompt
+from posttrain.data.prompts import tokenize_completions
 from posttrain.ops.masked import masked_count, masked_sum
 from posttrain.trainers.base import Trainer
 from posttrain.trainers.engine import shard_plan
@@ -30,21 +32,20 @@ from posttrain.trainers.forward import completion_logprobs
 Example = tuple[list[int], int]  # (input_ids, prompt_len)
 
 
-def tokenize_sft_rows(tokenizer: Any, rows: list[dict], max_len: int) -> tuple[list[Example], int]:
-    """Token ids of ``prompt + completion + eos`` cut to ``max_len``, and the prompt length.
+def tokenize_sft_rows(tokenizer: Any, rows: list[dict], max_len: int,
+                      template: str = "auto") -> tuple[list[Example], int]:
+    """Token ids of ``prompt + completion + eos`` cut to ``max_len``, and the prompt length
+    (a conversational completion is the chat template's rendering of its assistant turn,
+    `posttrain.data.prompts.render_completion`).
 
     Returns the examples and how many rows were dropped because no completion token fit.
     """
-    prompts = [render_prompt(tokenizer, r["prompt"]) for r in rows]
-    completions = [r["completion"] for r in rows]
-    p_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    c_ids = tokenizer(completions, add_special_tokens=False)["input_ids"]
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    p_ids, c_ids = tokenize_completions(tokenizer, rows, "completion", template)
     examples: list[Example] = []
     for p, c in zip(p_ids, c_ids, strict=True):
         if len(p) >= max_len:
             continue
-        examples.append(((p + c + eos)[:max_len], len(p)))
+        examples.append(((p + c)[:max_len], len(p)))
     return examples, len(rows) - len(examples)
 
 
@@ -153,7 +154,8 @@ class SFTTrainer(Trainer):
 
     def setup(self) -> None:
         cfg, tok = self.cfg, self.tokenizer
-        self.examples, _ = tokenize_sft_rows(tok, self.s.train_rows, max_len=2**31)  # uncut
+        self.examples, _ = tokenize_sft_rows(tok, self.s.train_rows, max_len=2**31,  # uncut
+                                             template=cfg.chat_template)
         too_long = [i for i, (ids, _) in enumerate(self.examples) if len(ids) > cfg.max_seq_len]
         if too_long:  # an error naming the first such row, never silently cut
             i = too_long[0]

@@ -84,10 +84,21 @@ def test_missing_file_and_unknown_kind(tmp_path):
 
 
 def test_several_problems_reported_together(tmp_path):
-    path = write(tmp_path, [{"prompt": "a"}, {"prompt": "b"}, GOOD["sft"]])
+    path = write(tmp_path, [{"prompt": "a", "completion": 1}, {"prompt": 2, "completion": "b"},
+                            GOOD["sft"]])
     with pytest.raises(DataError) as info:
         load_rows(path, "sft")
-    assert info.value.line == 1 and f"{path}:2: field 'completion'" in str(info.value)
+    assert info.value.line == 1 and f"{path}:2: field 'prompt'" in str(info.value)
+
+
+def test_a_missing_field_is_one_line_with_a_columns_hint(tmp_path):
+    """GSM8K-style rows without `prompt`: one line (not one per row), naming the fix."""
+    path = write(tmp_path, [{"question": f"{i}+1", "answer": "1"} for i in range(20)])
+    with pytest.raises(DataError) as info:
+        load_rows(path, "prompts")
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"{path}:1: field 'prompt': missing")
+    assert "columns={prompt: question}" in message and "missing from 20 rows" in message
 
 
 def test_numeric_answer_becomes_string_and_columns_rename(tmp_path):

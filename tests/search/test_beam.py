@@ -123,3 +123,17 @@ def test_policy_proposer_stops_at_step_boundaries():
         if not c.done:  # ended at the separator: exactly one, at the end
             assert c.text.endswith("; ") and c.text.count(";") == 1
     assert any(not c.done for c in cands) or all(c.tokens == 12 or c.done for c in cands)
+
+
+def test_policy_proposer_follows_chat_template():
+    from posttrain.data.prompts import TemplateError
+    from posttrain.models import build_char_tokenizer, build_tiny_llama
+
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(tok, hidden_size=32, num_layers=1, num_heads=2,
+                             intermediate_size=64, seed=0)
+    assert PolicyProposer(model, tok).render("1+2") == "<s>1+2\n"
+    plain = PolicyProposer(model, tok, template="none")
+    assert plain.render("1+2") == "1+2"
+    with pytest.raises(TemplateError):
+        plain.render([{"role": "user", "content": "1+2"}])

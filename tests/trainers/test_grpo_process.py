@@ -211,7 +211,9 @@ def test_one_step_per_completion_equals_outcome_grpo(world, tmp_path):
 def test_process_only_grpo_learns_and_logs_the_verifier(world, tmp_path):
     out = tmp_path / "run"
     # 24 steps: with per-sample seeded sampling (docs/distributed.md) 12 were borderline
-    GRPOTrainer(_cfg(world, str(out), eval_data=world["data"], eval_size=8, max_steps=24)).train()
+    # eval_max_new_tokens: the default 64 leaves no room for a prompt in the 64-position model
+    GRPOTrainer(_cfg(world, str(out), eval_data=world["data"], eval_size=8, max_steps=24,
+                     eval_max_new_tokens=8)).train()
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     key = "reward/tests.trainers.toy_rewards.sevens_mean"  # weight 0: measured, not trained on
     curve = [r[key] for r in rows if key in r]

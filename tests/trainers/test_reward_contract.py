@@ -39,7 +39,7 @@ def test_a_field_a_reward_needs_is_checked_in_every_row(toy_world, tmp_path):
                     rewards=["math"], answer_field="soluton", **KEYS)
     first = str(err.value).splitlines()[0]
     assert first == (f"{toy_world['data']}:1: field 'soluton': missing (reward 'math' needs it "
-                     "as 'answer': answer_field=soluton)")
+                     "as 'answer': answer_field=soluton) (missing from 72 rows)")
     # held-out rows too: one row without `answer`, on line 2
     heldout = tmp_path / "heldout.jsonl"
     heldout.write_text(json.dumps({"prompt": "a", "answer": "7"}) + "\n"

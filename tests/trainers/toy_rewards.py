@@ -32,3 +32,8 @@ def crash_on_a(completion: str) -> float:
     if "a" in completion:
         raise RuntimeError("reward function crashed on purpose")
     return 1.0
+
+
+def always_one(completion: str) -> float:
+    """A custom reward that says nothing about correctness: 1.0 for every sample."""
+    return 1.0
