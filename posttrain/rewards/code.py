@@ -35,7 +35,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from posttrain.rewards.code_tests import CompareOptions, parse_test
+from posttrain.rewards.code_tests import AST_LOCK, CompareOptions, parse_test
 from posttrain.rewards.errors import SandboxUnavailableError
 from posttrain.rewards.sandbox import SandboxLimits, SandboxResult, run_sandboxed
 
@@ -72,7 +72,8 @@ def code_blocks(completion: str) -> list[tuple[str, str]]:
 def _is_solution(body: str) -> bool:
     """A block that defines a top-level function or class, or holds only imports."""
     try:
-        module = ast.parse(body)
+        with AST_LOCK:
+            module = ast.parse(body)
     except (SyntaxError, ValueError):
         return False
     return any(isinstance(node, _SOLUTION) for node in module.body) or bool(module.body) and \
@@ -102,16 +103,18 @@ def split_tests(tests: str | Sequence[str | dict]) -> list[str | dict]:
     on a test that does not compile or has an unknown shape - a dataset error, not the
     policy's."""
     if isinstance(tests, str):
-        try:
-            module = ast.parse(tests)
-        except SyntaxError as exc:
-            raise ValueError(f"tests do not compile: {exc}") from exc
-        snippets, before = [], []
-        for node in module.body:
-            if isinstance(node, ast.Assert):
-                snippets.append(ast.unparse(ast.Module(body=[*before, node], type_ignores=[])))
-            else:
-                before.append(node)
+        with AST_LOCK:
+            try:
+                module = ast.parse(tests)
+            except SyntaxError as exc:
+                raise ValueError(f"tests do not compile: {exc}") from exc
+            snippets, before = [], []
+            for node in module.body:
+                if isinstance(node, ast.Assert):
+                    snippets.append(ast.unparse(ast.Module(body=[*before, node],
+                                                           type_ignores=[])))
+                else:
+                    before.append(node)
         if not snippets:
             snippets = [tests]
     elif isinstance(tests, (list, tuple)):

@@ -27,6 +27,7 @@ import ast
 import json
 import math
 import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -39,6 +40,10 @@ STDOUT_MATCH = ("exact", "rstrip", "tokens")
 _SCALARS = (type(None), bool, int, float, str)
 _MAX_DEPTH = 100  # deeper plain data is refused (the literal parser's own limit is ~200)
 _MAX_CALL_BYTES = 16384  # a value test's arguments larger than this go to the judge instead
+# CPython 3.11's AST <-> Python object conversion keeps its recursion depth in shared state:
+# `ast.parse` / `compile(<ast>)` / `ast.unparse` from two threads at once (the reward pool's
+# workers) can fail with "SystemError: AST constructor recursion depth mismatch"
+AST_LOCK = threading.Lock()
 _ASCII_SPACE = re.compile(r"[ \t\n\r\x0b\x0c]+")
 
 
@@ -292,6 +297,11 @@ def _value_test(module: ast.Module) -> CodeTest | None:
 
 def parse_test(item: Any, index: int = 0) -> CodeTest:
     """One test of a row (a snippet or a stdin/stdout dict); ValueError on anything else."""
+    with AST_LOCK:
+        return _parse_test(item, index)
+
+
+def _parse_test(item: Any, index: int) -> CodeTest:
     if isinstance(item, CodeTest):
         return item
     if isinstance(item, dict):
