@@ -52,9 +52,11 @@ def _config_command(command: str, argv: list[str]) -> int:
     from posttrain.models.loading import ModelLoadError
     from posttrain.rewards.errors import RewardFunctionError
 
+    finished = False
     try:
         cfg = build_config(cfg_cls, args.config, overrides)
         summary = _runner(command)(cfg)
+        finished = True
     except ConfigError as err:
         print(f"posttrain {command}: config error: {err}", file=sys.stderr)
         return 2
@@ -69,7 +71,7 @@ def _config_command(command: str, argv: list[str]) -> int:
         print(f"posttrain {command}: reward error: {err}", file=sys.stderr)
         return 1
     finally:
-        _close_process_group()
+        _close_process_group(finished)
     if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
         return 0
     keys = ("eval_before", "eval_after", "accuracy", "seconds", "stopped_at_step")
@@ -85,12 +87,28 @@ def _config_class(command: str) -> Any:
     if command == "search":
         return SearchConfig
     return CONFIGS["grpo" if command == "eval" else command]
-def _close_process_group() -> None:
-    """Leave torchrun's process group cleanly (a no-op when it was never started)."""
+
+
+def _close_process_group(finished: bool) -> None:
+    """Leave torchrun's process group cleanly (a no-op when it was never started).
+
+    The trainer's FSDP2 modules and DTensors hold the group; they are collected first, while the
+    interpreter is fully alive, and after a finished run the ranks meet once more, so no rank
+    shuts its sockets while the other still talks and no gloo worker outlives the group into
+    interpreter teardown (a rank aborted there once: 'terminate called without an active
+    exception' after a finished run). After an error there is no meeting: the other rank may be
+    inside a collective this one never joins.
+    """
+    import gc
+
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
+        if finished:
+            dist.barrier()
         dist.destroy_process_group()
+        gc.collect()
 
 
 def _data_error() -> type[Exception]:
