@@ -44,10 +44,28 @@ class PromptRLConfig(BaseConfig):
     """Nucleus sampling; 1.0 disables."""
     top_k: int = 0
     """Top-k sampling; 0 disables."""
+    # --- rollout correction (posttrain/ops/importance.py, docs/algorithms.md) ---
+    rollout_is: Literal["auto", "none", "token_truncate", "token_mask", "sequence_truncate",
+                        "sequence_mask"] = "auto"
+    """Importance correction of the sampler/learner log-prob gap: token_* weight each token by
+    its ratio pi_old/q (truncate: capped at rollout_is_cap; mask: tokens above the cap leave the
+    loss), sequence_* the same with the sequence's ratio. auto: none with the hf engine (its gap
+    is still logged as rollout/*), sequence_mask (TRL's default) with a vLLM engine. Any mode
+    but none costs one no-grad learner forward per step for pi_old."""
+    rollout_is_cap: float = 3.0
+    """The ratio above which rollout_is truncates (min(r, cap)) or rejects."""
+
+    def rollout_correction(self) -> str:
+        """The `rollout_is` mode this run uses (`auto` resolved by the rollout engine)."""
+        if self.rollout_is != "auto":
+            return self.rollout_is
+        return "none" if getattr(self, "rollout_engine", "hf") == "hf" else "sequence_mask"
 
     def validate(self) -> None:
         super().validate()
         check_generation_budget(self, "max_new_tokens", "eval_max_new_tokens")
+        if self.rollout_is_cap <= 0:
+            raise ConfigError(f"config key 'rollout_is_cap'={self.rollout_is_cap}: expected > 0")
         if self.max_prompt_len < 0:
             raise ConfigError(f"config key 'max_prompt_len'={self.max_prompt_len}: expected >= 0 "
                               "(0: only the model's context)")

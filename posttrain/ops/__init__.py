@@ -13,6 +13,7 @@ from posttrain.ops.advantages import (
     rloo_advantages,
 )
 from posttrain.ops.fused_head import head_logprobs
+from posttrain.ops.importance import IS_MODES, rollout_metrics, rollout_weights
 from posttrain.ops.kl import AdaptiveKLController, FixedKLController, kl_penalty
 from posttrain.ops.logprobs import entropy_from_logits, sequence_logprobs, token_logprobs
 from posttrain.ops.masked import masked_mean, masked_sum, masked_var, masked_whiten
@@ -27,6 +28,7 @@ from posttrain.ops.prm import (
 from posttrain.ops.value_loss import explained_variance, value_loss
 
 __all__ = [
+    "IS_MODES",
     "AdaptiveKLController",
     "FixedKLController",
     "aggregate_loss",
@@ -49,6 +51,8 @@ __all__ = [
     "prm_step_loss",
     "process_advantages",
     "rloo_advantages",
+    "rollout_metrics",
+    "rollout_weights",
     "sequence_logprobs",
     "step_scores_from_logits",
     "token_logprobs",

@@ -147,6 +147,7 @@ def policy_loss(
     dual_clip: float | None = None,
     total_tokens: Count = None,
     total_seqs: Count = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped-surrogate policy loss (PPO eq. 7, GSPO arXiv:2507.18071; docs/algorithms.md).
 
@@ -160,6 +161,8 @@ def policy_loss(
         loss_agg, max_len, total_tokens, total_seqs: see ``aggregate_loss``.
         sequence_ratio: "geometric" (GSPO paper) | "product" (seed note 000).
         dual_clip: c > 1 enables dual clip for negative advantages (Ye et al. use 3).
+        weights: [N, T] detached rollout-correction weights multiplying each token's clipped
+            loss (``posttrain.ops.importance.rollout_weights``); None means 1 everywhere.
 
     Returns:
         (loss [], metrics) with detached "policy/clipfrac", "policy/approx_kl",
@@ -184,6 +187,8 @@ def policy_loss(
         capped = (adv < 0) & (cap < per_token)  # [N, T]
         per_token = torch.where(adv < 0, torch.minimum(per_token, cap), per_token)  # [N, T]
         metrics["policy/dual_clipfrac"] = masked_mean(capped.float(), mask).detach()
+    if weights is not None:
+        per_token = per_token * weights.detach()  # [N, T] rollout correction
     loss = aggregate_loss(per_token, mask, loss_agg, max_len, total_tokens, total_seqs)
     metrics.update(_ratio_metrics(logprobs, old_logprobs, ratio, clipped > unclipped, mask))
     return loss, metrics

@@ -51,6 +51,9 @@ class Rollout:
     steps (process supervision, `advantage: grpo_process`; None otherwise)."""
     step_scores: Tensor | None = None
     """[N, S] fp32: the process reward model's score of each step, 0 on padding steps."""
+    is_weights: Tensor | None = None
+    """[N, T] fp32 rollout-correction weights (`rollout_is`; None when off): exactly 0 on
+    masked tokens and on tokens the correction rejects, > 0 on the tokens that count."""
 
     @property
     def num_sequences(self) -> int:
@@ -85,6 +88,7 @@ class Rollout:
             ref_logprobs=take(self.ref_logprobs),
             step_ends=take(self.step_ends),
             step_scores=take(self.step_scores),
+            is_weights=take(self.is_weights),
         )
 
 
@@ -128,4 +132,5 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
         ref_logprobs=cat_opt("ref_logprobs", T),
         step_ends=cat_opt("step_ends", S, -1),
         step_scores=cat_opt("step_scores", S, 0.0),
+        is_weights=cat_opt("is_weights", T, 0.0),
     )

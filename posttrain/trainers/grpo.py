@@ -30,6 +30,7 @@ sequence counts.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ from posttrain.ops import (
     policy_loss,
     process_advantages,
     rloo_advantages,
+    rollout_metrics,
+    rollout_weights,
 )
 from posttrain.rollout import Rollout, SamplingParams, concat_rollouts, generate
 from posttrain.trainers.base import Trainer
@@ -218,11 +221,19 @@ class GRPOTrainer(Trainer):
         scores = rollout.scores.to(rollout.logprobs.device)  # [N]
         off_policy = not (cfg.num_iterations == 1 and cfg.mini_batches == 1)
         kl_in_reward = cfg.kl_coef > 0 and cfg.kl_placement == "reward"
-        if off_policy or kl_in_reward:
-            # old log-probs: the sampler's where they equal the learner's forward (fp32), else
-            # one learner forward, so a ratio or a KL starts at exactly 0 in every precision
-            reuse = cfg.old_logprobs == "rollout" and not (cfg.autocast_bf16 or cfg.bf16_compute)
+        correction = cfg.rollout_correction()
+        if off_policy or kl_in_reward or correction != "none":
+            # old log-probs: the sampler's where they equal the learner's forward (fp32, no
+            # correction asked), else one learner forward, so a ratio or a KL starts at exactly 0
+            # in every precision and the correction compares the learner with the sampler
+            reuse = (cfg.old_logprobs == "rollout" and correction == "none"
+                     and not (cfg.autocast_bf16 or cfg.bf16_compute))
             rollout.old_logprobs = rollout.logprobs if reuse else self.policy_logprobs(rollout)
+        if correction != "none":  # [N, T] pi_old / q, 0 where masked or rejected
+            gap = (rollout.old_logprobs, rollout.logprobs, rollout.response_mask, correction,
+                   cfg.rollout_is_cap)
+            rollout.is_weights, _ = rollout_weights(*gap)
+            metrics.update({k: float(v) for k, v in rollout_metrics(*gap).items()})
         if cfg.kl_coef > 0:
             with self.reference() as ref:
                 rollout.ref_logprobs = self.policy_logprobs(rollout, ref)
@@ -305,6 +316,8 @@ class GRPOTrainer(Trainer):
         mask = rollout.response_mask
         if self.cfg.mask_truncated_completions:
             mask = mask & ~rollout.truncated[:, None]
+        if rollout.is_weights is not None:  # rejected by the rollout correction: out
+            mask = mask & (rollout.is_weights > 0)
         return mask
 
     def update(self, rollout: Rollout) -> dict[str, float]:
@@ -319,6 +332,8 @@ class GRPOTrainer(Trainer):
         if self.dist.sum(rollout.num_sequences) == 0:
             return {"train/skipped_empty_batch": 1.0}
         mask_all = self.loss_mask(rollout)  # [N, T]
+        if rollout.is_weights is not None and self.dist.sum(float(mask_all.sum())) == 0:
+            return self._all_rejected()
         lengths = mask_all.sum(-1).cpu()  # [N], on the CPU with the index tensors
         plan = local_plan(rollout.num_sequences, cfg.group_size, self.dist,
                           cfg.micro_batch_size, epochs=cfg.num_iterations,
@@ -337,6 +352,17 @@ class GRPOTrainer(Trainer):
 
         return self.optimize(plan, counts, loss_fn)
 
+    def _all_rejected(self) -> dict[str, float]:
+        """The rollout correction left no token in the loss: skip the update, say so once."""
+        cfg = self.cfg
+        if self.dist.is_main:
+            print(f"[{self.name}] warning: step {self._step}: rollout_is="
+                  f"{cfg.rollout_correction()} rejected every sample (importance ratio above "
+                  f"rollout_is_cap={cfg.rollout_is_cap}, see rollout/*): no update this step. "
+                  "The sampler and the learner disagree: check the rollout engine's weights "
+                  "and precision, or raise rollout_is_cap.", file=sys.stderr)
+        return {"train/skipped_empty_batch": 1.0}
+
     def micro_loss(self, batch: Rollout, mask: Tensor, total_tokens: float,
                    total_seqs: float) -> tuple[Tensor, dict[str, float]]:
         """Forward of one micro-batch: its loss, normalised over the whole optimizer step."""
@@ -350,7 +376,11 @@ class GRPOTrainer(Trainer):
             logprobs, old, batch.advantages, mask, ratio_level=cfg.ratio_level,
             eps_low=cfg.clip_eps_low, eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg,
             max_len=cfg.max_new_tokens, sequence_ratio=cfg.sequence_ratio,
-            dual_clip=cfg.dual_clip, total_tokens=total_tokens, total_seqs=total_seqs)
+            dual_clip=cfg.dual_clip, total_tokens=total_tokens, total_seqs=total_seqs,
+            weights=batch.is_weights)
+        if batch.is_weights is None:  # the gap without a correction (else: at step 3)
+            metrics.update(rollout_metrics(old, batch.logprobs, batch.response_mask,
+                                           "none", cfg.rollout_is_cap))
         out = {k: float(v) for k, v in metrics.items()}
         out["loss/policy"] = float(loss.detach())
         if cfg.kl_coef > 0 and cfg.kl_placement == "loss":

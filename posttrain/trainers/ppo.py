@@ -28,6 +28,7 @@ Notation: N sequences in the step, T completion tokens.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,8 @@ from posttrain.ops import (
     masked_mean,
     masked_whiten,
     policy_loss,
+    rollout_metrics,
+    rollout_weights,
     value_loss,
 )
 from posttrain.ops.masked import as_bool_mask, keep
@@ -119,6 +122,8 @@ class PPOBatch:
     old_values: Tensor
     advantages: Tensor
     returns: Tensor
+    is_weights: Tensor
+    """[N, T] rollout-correction weights (`rollout_is`): 0 on masked and rejected tokens."""
 
     @property
     def size(self) -> int:
@@ -262,6 +267,12 @@ class PPOTrainer(Trainer):
                 cfg.autocast_bf16)
         share = {"share_prefix": self.share_prefix}  # group_size > 1: prompts repeat
         old_logprobs = batched_logprobs(self.model, *args, **share)  # [n, T]
+        correction = cfg.rollout_correction()
+        sampled = rollout.logprobs.to(dev)  # [n, T] the sampler's log-probs
+        is_weights, _ = rollout_weights(old_logprobs, sampled, mask, correction,
+                                        cfg.rollout_is_cap)  # [n, T]
+        metrics.update({k: float(v) for k, v in rollout_metrics(
+            old_logprobs, sampled, mask, correction, cfg.rollout_is_cap).items()})
         values = self.batched_values(p_ids, p_mask, c_ids, mask)  # [n, T]
         beta, kl = self.kl_ctl.value, None
         if cfg.kl_coef > 0:
@@ -288,7 +299,8 @@ class PPOTrainer(Trainer):
             "critic/return_mean": float(masked_mean(returns, mask)),
             "reward/shaped_mean": float(rewards.sum(-1).mean()),
         })
-        return PPOBatch(p_ids, p_mask, c_ids, mask, old_logprobs, values, advantages, returns)
+        return PPOBatch(p_ids, p_mask, c_ids, mask, old_logprobs, values, advantages, returns,
+                        is_weights)
 
     @torch.no_grad()
     def batched_values(self, p_ids: Tensor, p_mask: Tensor, c_ids: Tensor,
@@ -310,14 +322,25 @@ class PPOTrainer(Trainer):
                     epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches,
                     seed=sequence_seed(cfg.seed, self._step, "update"))
         lengths = batch.response_mask.sum(-1).cpu()  # [n]
+        kept = (batch.is_weights > 0).sum(-1).cpu()  # [n] tokens the policy loss counts
+        rejects = cfg.rollout_correction().endswith("_mask")
+        if train_policy and rejects and self.dist.sum(float(kept.sum())) == 0:
+            if self.dist.is_main:
+                print(f"[{self.name}] warning: step {self._step}: rollout_is="
+                      f"{cfg.rollout_correction()} rejected every sample (importance ratio "
+                      f"above rollout_is_cap={cfg.rollout_is_cap}, see rollout/*): only the "
+                      "critic trains this step.", file=sys.stderr)
+            train_policy = False
 
         def counts(idx: list[int]) -> dict[str, float]:
-            return {"tokens": float(lengths[idx].sum()), "seqs": float(len(idx))}
+            seqs = float(len(idx))
+            return {"tokens": float(lengths[idx].sum()), "seqs": seqs,
+                    "policy_tokens": float(kept[idx].sum()),
+                    "policy_seqs": float((kept[idx] > 0).sum()) if rejects else seqs}
 
         def loss_fn(idx: list[int], totals: dict[str, float]) -> tuple[Tensor, dict, float]:
             micro = batch.select(torch.tensor(idx, dtype=torch.long))
-            loss, metrics = self.micro_loss(micro, totals["tokens"], totals["seqs"],
-                                            train_policy)
+            loss, metrics = self.micro_loss(micro, totals, train_policy)
             return loss, metrics, float(lengths[idx].sum())
 
         at_stop: list[float] = []
@@ -341,13 +364,15 @@ class PPOTrainer(Trainer):
                     "critic/lr": self.groups[1].sched.get_last_lr()[0]})
         return out
 
-    def micro_loss(self, micro: PPOBatch, total_tokens: float, total_seqs: float,
+    def micro_loss(self, micro: PPOBatch, totals: dict[str, float],
                    train_policy: bool) -> tuple[Tensor, dict[str, Any]]:
         """One micro-batch's ``L_policy - c_e H + c_v L_V`` (policy terms only when
-        `train_policy`), normalised over the whole mini-batch; policy and critic share no
-        trainable weight, so one backward gives each its own gradient."""
+        `train_policy`), normalised over the whole mini-batch (`totals`: its token and
+        sequence counts; the policy's without the tokens a `*_mask` rollout correction
+        rejects); policy and critic share no trainable weight, so one backward gives each its
+        own gradient."""
         cfg = self.cfg
-        norms = {"total_tokens": total_tokens, "total_seqs": total_seqs}
+        norms = {"total_tokens": totals["tokens"], "total_seqs": totals["seqs"]}
         out: dict[str, Any] = {}
         loss = torch.zeros((), device=self.device)
         if train_policy:
@@ -355,13 +380,16 @@ class PPOTrainer(Trainer):
                 self.model, micro.prompt_ids, micro.prompt_mask, micro.completion_ids,
                 micro.response_mask, cfg.temperature, cfg.autocast_bf16, with_entropy=True,
                 share_prefix=self.share_prefix, entropy_grad=cfg.ent_coef > 0)  # [n, T]
+            corrected = cfg.rollout_correction() != "none"
+            p_mask = micro.response_mask & (micro.is_weights > 0)  # [n, T]
             p_loss, metrics = policy_loss(
-                logprobs, micro.old_logprobs, micro.advantages, micro.response_mask,
+                logprobs, micro.old_logprobs, micro.advantages, p_mask,
                 ratio_level="token", eps_low=cfg.clip_eps_low, eps_high=cfg.clip_eps_high,
                 loss_agg=cfg.loss_agg, max_len=cfg.max_new_tokens, dual_clip=cfg.dual_clip,
-                **norms)
+                total_tokens=totals["policy_tokens"], total_seqs=totals["policy_seqs"],
+                weights=micro.is_weights if corrected else None)
             ent = aggregate_loss(entropy, micro.response_mask, cfg.loss_agg, cfg.max_new_tokens,
-                                 total_tokens, total_seqs)
+                                 totals["tokens"], totals["seqs"])
             loss = p_loss - cfg.ent_coef * ent if cfg.ent_coef else p_loss
             out.update(metrics)
             out.update({"loss/policy": p_loss.detach(), "loss/entropy": ent.detach(),

@@ -92,7 +92,9 @@ def test_first_update_has_ratio_one_and_zero_approx_kl(toy_world, tmp_path, ckpt
     batch = trainer.prepare(rollout, scores, metrics)
     trainer.model.train()  # as in `step`: checkpointing acts in training mode only
     n_tok = float(batch.response_mask.sum())
-    _, m = trainer.micro_loss(batch, n_tok, float(batch.size), train_policy=True)
+    totals = {"tokens": n_tok, "seqs": float(batch.size), "policy_tokens": n_tok,
+              "policy_seqs": float(batch.size)}
+    _, m = trainer.micro_loss(batch, totals, train_policy=True)
     m = {k: float(v) for k, v in m.items()}
     assert abs(m["policy/ratio_max"] - 1.0) < 1e-5 and abs(m["policy/ratio_min"] - 1.0) < 1e-5
     assert abs(m["policy/approx_kl"]) < 1e-7 and m["policy/clipfrac"] == 0.0
