@@ -44,6 +44,10 @@ class PromptRLConfig(BaseConfig):
     """Nucleus sampling; 1.0 disables."""
     top_k: int = 0
     """Top-k sampling; 0 disables."""
+    generation_batch_size: int = 0
+    """Sequences per generation batch when sampling a step's rollouts (whole groups: rounded
+    down to a multiple of group_size, at least one group); 0: all of a rank's sequences in one
+    batch. Bounds the KV cache and the logits of a decode step on a GPU."""
 
     def validate(self) -> None:
         super().validate()

@@ -30,6 +30,7 @@ sequence counts.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ from posttrain.ops import (
     process_advantages,
     rloo_advantages,
 )
-from posttrain.rollout import Rollout, SamplingParams, concat_rollouts, generate
+from posttrain.rollout import Rollout, SamplingParams, concat_rollouts
 from posttrain.trainers.base import Trainer
 from posttrain.trainers.common import accuracy_metrics, first_verifier, sequence_seed
 from posttrain.trainers.engine import local_plan
@@ -137,10 +138,10 @@ class GRPOTrainer(Trainer):
         self._drawn += n_prompts
         prompts = [self.s.render(r["prompt"]) for r in rows]
         t0 = time.time()
-        sampler, autocast = self.rollout_model()  # under autocast_bf16: a synced bf16 copy
-        with self.gathered():
-            rollout = generate(sampler, self.tokenizer, prompts, group_size=G, rows=rows,
-                               params=self.sampling, autocast=autocast, seeds=seeds)
+        engine = self.rollout_engine()  # hf under autocast_bf16: a synced bf16 copy
+        with self.gathered() if engine.runs_policy else contextlib.nullcontext():
+            rollout = engine.generate(prompts, group_size=G, rows=rows, params=self.sampling,
+                                      seeds=seeds, batch_size=cfg.generation_batch_size)
         t1 = time.time()
         result = self.s.scorer.score(rollout.completions, rollout.rows)
         rollout.scores = torch.tensor(result.scores, dtype=torch.float32)
