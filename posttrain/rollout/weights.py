@@ -96,10 +96,10 @@ def named_weights(model: torch.nn.Module, dtype: torch.dtype | None = torch.bflo
         name = hf_name(live)
         if name is None:
             continue
-        with torch.no_grad():
+        with torch.no_grad():  # a copy: a merged LoRA weight is restored after reading
             value = _full(t).detach()
-            if dtype is not None and value.is_floating_point():
-                value = value.to(dtype)
+            cast = dtype if dtype is not None and value.is_floating_point() else value.dtype
+            value = value.to(cast, copy=True)
         yield name, value
 
 
