@@ -26,11 +26,10 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
+from posttrain.config.engine import check_rollout_engine
+from posttrain.config.errors import ConfigError
+
 TRACKERS = ("tensorboard", "trackio", "wandb")
-
-
-class ConfigError(ValueError):
-    """A recipe or override that does not fit the config: names the key and what was expected."""
 
 
 def math_and_format() -> list[dict[str, Any]]:
@@ -137,6 +136,29 @@ class BaseConfig:
     """Number of held-out prompts evaluated (greedy)."""
     eval_batch_size: int = 256
     """Prompts per generation batch during evaluation."""
+    rollout_engine: Literal["hf", "vllm_colocate", "vllm_server"] = "hf"
+    """What samples completions (rollouts and held-out evaluation): hf, the built-in
+    transformers sampler (CPU and GPU); vllm_colocate, a vLLM engine in each trainer process
+    that sleeps while the trainer trains; vllm_server, a `vllm serve` process elsewhere that
+    gets the weights over NCCL. The vLLM engines need CUDA and `pip install 'posttrain[vllm]'`
+    (docs/rollout.md)."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """vllm_colocate: fraction of the GPU's memory vLLM may take (weights and KV cache); the
+    trainer shares the GPU with it."""
+    vllm_sleep: bool = True
+    """vllm_colocate: put vLLM to sleep (weights to CPU memory, KV cache freed) while the
+    trainer trains, and wake it for the next generation."""
+    vllm_max_model_len: int = 0
+    """vllm_colocate: longest prompt + completion vLLM reserves KV cache for; 0: the model's
+    context."""
+    vllm_server_host: str = "127.0.0.1"
+    """vllm_server: host of the `vllm serve` process."""
+    vllm_server_port: int = 8000
+    """vllm_server: its HTTP port."""
+    vllm_group_port: int = 51216
+    """vllm_server: TCP port of the NCCL group that carries the weights to the server."""
+    vllm_server_timeout: float = 240.0
+    """vllm_server: seconds to wait for the server to answer before giving up."""
     data_subset: str = ""
     """Configuration name of a `datasets` dataset (GSM8K: "main"); empty: none."""
     columns: dict[str, str] = field(default_factory=dict)
@@ -415,6 +437,7 @@ def validate_config(cfg: BaseConfig, require: bool = True) -> None:
     if unknown:
         raise ConfigError(f"config key 'report_to': unknown tracker(s) {unknown}; valid: "
                           f"{list(TRACKERS)}")
+    check_rollout_engine(cfg)
     cfg.validate()
 
 

@@ -44,6 +44,10 @@ class PromptRLConfig(BaseConfig):
     """Nucleus sampling; 1.0 disables."""
     top_k: int = 0
     """Top-k sampling; 0 disables."""
+    generation_batch_size: int = 0
+    """Sequences per generation batch when sampling a step's rollouts (whole groups: rounded
+    down to a multiple of group_size, at least one group); 0: all of a rank's sequences in one
+    batch. Bounds the KV cache and the logits of a decode step on a GPU."""
     # --- rollout correction (posttrain/ops/importance.py, docs/algorithms.md) ---
     rollout_is: Literal["auto", "none", "token_truncate", "token_mask", "sequence_truncate",
                         "sequence_mask"] = "auto"
@@ -59,7 +63,7 @@ class PromptRLConfig(BaseConfig):
         """The `rollout_is` mode this run uses (`auto` resolved by the rollout engine)."""
         if self.rollout_is != "auto":
             return self.rollout_is
-        return "none" if getattr(self, "rollout_engine", "hf") == "hf" else "sequence_mask"
+        return "none" if self.rollout_engine == "hf" else "sequence_mask"
 
     def validate(self) -> None:
         super().validate()

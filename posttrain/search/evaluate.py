@@ -23,6 +23,7 @@ import torch
 
 from posttrain.rewards.errors import UnscorableError
 from posttrain.rewards.math import math_equal
+from posttrain.rollout.engine import RolloutEngine
 from posttrain.search.scorers import OutcomeScorer
 from posttrain.search.select import answers_of, best_of_n, majority_vote, weighted_vote
 
@@ -57,17 +58,22 @@ def build_samples(prompts: list[Any], golds: list[str], completions: list[list[s
     return Samples(prompts, [str(g) for g in golds], completions, tokens, answers, correct)
 
 
-def sample_solutions(model: torch.nn.Module, tokenizer: Any, rows: Sequence[dict[str, Any]],
-                     n: int, *, max_new_tokens: int = 64, temperature: float = 1.0,
-                     top_p: float = 1.0, batch_size: int = 512,
+def sample_solutions(model: torch.nn.Module | None, tokenizer: Any,
+                     rows: Sequence[dict[str, Any]], n: int, *, max_new_tokens: int = 64,
+                     temperature: float = 1.0, top_p: float = 1.0, batch_size: int = 512,
                      generator: torch.Generator | None = None, autocast: bool = False,
                      prompt_field: str = "prompt", answer_field: str = "answer",
-                     template: str = "auto") -> Samples:
+                     template: str = "auto", engine: RolloutEngine | None = None) -> Samples:
     """Sample ``n`` completions per row (``{prompt, answer}``) with the policy; prompts are
-    rendered under `template` (the `chat_template` rule, posttrain.data.prompts)."""
+    rendered under `template` (the `chat_template` rule, posttrain.data.prompts). `engine`
+    samples them (`posttrain.rollout.engine`); None: the `hf` engine on `model`."""
     from posttrain.data.prompts import render_prompt
-    from posttrain.rollout import SamplingParams, generate
+    from posttrain.rollout import SamplingParams
+    from posttrain.rollout.engine import HFEngine
 
+    if engine is None:
+        engine = HFEngine(tokenizer, autocast=autocast)
+        engine.update_weights(model, 0)
     prompts = [r[prompt_field] for r in rows]
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     completions: list[list[str]] = []
@@ -75,9 +81,9 @@ def sample_solutions(model: torch.nn.Module, tokenizer: Any, rows: Sequence[dict
     per_call = max(1, batch_size // n)
     for start in range(0, len(prompts), per_call):
         chunk = prompts[start:start + per_call]
-        out = generate(model, tokenizer, [render_prompt(tokenizer, p, template) for p in chunk],
-                       group_size=n, params=params, generator=generator, autocast=autocast,
-                       batch_size=batch_size)
+        out = engine.generate([render_prompt(tokenizer, p, template) for p in chunk],
+                              group_size=n, params=params, generator=generator,
+                              batch_size=batch_size)
         lengths = out.response_mask.sum(1).tolist()
         for j in range(len(chunk)):
             completions.append(out.completions[j * n:(j + 1) * n])

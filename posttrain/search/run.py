@@ -71,6 +71,7 @@ def check_verifiers(cfg: SearchConfig) -> None:
 
 def run_search(cfg: SearchConfig) -> dict[str, Any]:
     from posttrain.models.loading import load_model_and_tokenizer
+    from posttrain.rollout.engine import build_engine
     from posttrain.search import evaluate_selection, prm_outcome, sample_solutions, score_samples
     from posttrain.search.verifiers import load_orm_scorer, load_prm_scorer
 
@@ -95,10 +96,13 @@ def run_search(cfg: SearchConfig) -> dict[str, Any]:
         outcome["prm"] = prm_outcome(prm_steps, cfg.aggregate)
     summary: dict[str, Any] = {"problems": len(rows), "methods": {}}
     if any(m != "beam" for m in cfg.methods):
+        engine = build_engine(cfg, tok, role="eval", model=policy)  # `rollout_engine`
         samples = sample_solutions(  # 3
             policy, tok, rows, max(cfg.n), max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature, top_p=cfg.top_p, batch_size=cfg.batch_size,
-            generator=gen, autocast=cfg.autocast_bf16, template=cfg.chat_template)
+            generator=gen, autocast=cfg.autocast_bf16, template=cfg.chat_template,
+            engine=engine)
+        engine.close()
         scores = {name: score_samples(samples, fn, cfg.batch_size) for name, fn in outcome.items()}
         sel = evaluate_selection(samples, sorted(set(cfg.n)), scores)  # 4
         weight_by = "prm" if "prm" in scores else "orm"

@@ -47,7 +47,8 @@ import torch
 
 from posttrain.config import BaseConfig, ConfigError, to_dict
 from posttrain.models import adapters_disabled
-from posttrain.rollout.bf16_copy import BF16Copy, BF16Sampler, bf16_copy_supported
+from posttrain.rollout.bf16_copy import BF16Copy
+from posttrain.rollout.engine import HFEngine, RolloutEngine, build_engine
 from posttrain.rollout.hf import autocast_ctx
 from posttrain.trainers.checkpoint import (
     find_resume,
@@ -131,7 +132,8 @@ class Trainer:
             print(f"[{self.name}] warning: {warning}", file=sys.stderr)
         self._order: list[int] = []
         self._ref: Any = None
-        self._sampler: BF16Sampler | None = None
+        self._engine: RolloutEngine | None = None  # built at the first generation
+        self._weights_version = 0  # +1 whenever the policy's weights change
         self._learner: BF16Copy | None = None  # bf16_compute: the bf16 learner copy
         self._learner_stale = True  # its weights lag the master's (after a step or a resume)
         self._ref_bf16: BF16Copy | None = None  # bf16_compute: the reference, as a bf16 copy
@@ -280,11 +282,14 @@ class Trainer:
                before_step: Callable[[dict[str, float]], bool] | None = None
                ) -> dict[str, float]:
         """Every optimizer step of this trainer step through the one engine
-        (`posttrain.trainers.engine.run_update`)."""
+        (`posttrain.trainers.engine.run_update`); the rollout engine sleeps meanwhile."""
+        if self._engine is not None:
+            self._engine.sleep()
         out = run_update(plan, self.dist, counts, loss_fn,
                          self.groups if groups is None else groups, self._idle_pass,
                          before_step)
         self._learner_stale = True
+        self._weights_version += 1
         return out
 
     def _idle_pass(self) -> None:
@@ -297,18 +302,29 @@ class Trainer:
         generation in it (a no-op unless FSDP2 shards the model)."""
         return self.dist.gathered(self.model)
 
+    def rollout_engine(self) -> RolloutEngine:
+        """The engine rollouts are sampled with (`rollout_engine`; `posttrain.rollout.engine`),
+        holding the policy's current weights. The `hf` engine under `autocast_bf16` /
+        `bf16_compute` samples from a bf16 copy of the policy with its fp32 head, re-synced
+        whenever the weights changed, run without autocast; else from the policy itself."""
+        if self._engine is None:
+            self._engine = build_engine(self.cfg, self.tokenizer, role="train", dist=self.dist)
+        self._engine.update_weights(self.model, self._weights_version)
+        return self._engine
+
     def rollout_model(self) -> tuple[Any, bool]:
-        """(model, autocast) for sampling rollouts. Under `autocast_bf16` a bf16 copy of the
-        policy with the policy's fp32 head (`posttrain.rollout.bf16_copy`), re-synced from
-        the current weights at every call and run without autocast; else the policy itself."""
-        if not (self.cfg.autocast_bf16 or self.cfg.bf16_compute):
-            return self.model, False
-        if self._sampler is None and bf16_copy_supported(self.model):
-            self._sampler = BF16Sampler(self.model)
-        if self._sampler is None:
-            return self.model, True
-        self._sampler.sync()
-        return self._sampler.model, False
+        """(model, autocast) the `hf` engine samples with (the bf16 copy or the policy)."""
+        engine = self.rollout_engine()
+        if not isinstance(engine, HFEngine):
+            raise RuntimeError(f"rollout_engine={engine.name} samples outside this process")
+        return engine.sampler()
+
+    def close_engine(self) -> None:
+        """Release the rollout engine (a vLLM engine's GPU memory); rebuilt if used again."""
+        if self._engine is not None:
+            self._engine.close()
+        self._engine = None
+        self.s.engine = None
 
     def learner(self) -> Any:
         """The model the policy's log-probs are computed (and differentiated) with: the policy,
@@ -406,6 +422,7 @@ class Trainer:
         if eval_after:
             self.logger.log(cfg.max_steps, _eval_metrics(eval_after))
         self.logger.close()
+        self.close_engine()
         self._gather_weights()
         if self.dist.is_main:
             self.save(f"{cfg.out_dir}/final")
@@ -430,6 +447,7 @@ class Trainer:
         if not (self._saved_at == last and last in written):
             self.save_training_state(last, history, eval_before, clock + time.time())
         self.logger.close()
+        self.close_engine()
         summary = {"eval_before": eval_before.get("accuracy"), "stopped_at_step": last,
                    "seconds": round(clock + time.time(), 1), "steps": last,
                    "history": history}
@@ -466,6 +484,8 @@ class Trainer:
         return step
 
     def _evaluate(self, when: str) -> dict[str, Any]:
+        if self.cfg.rollout_engine != "hf":  # evaluation samples with the training engine
+            self.s.engine = self.rollout_engine()
         with self.gathered():
             return self.evaluate(when)
 
@@ -533,6 +553,7 @@ class Trainer:
         self.start_step = int(state["step"])
         self._resumed = state
         self._learner_stale = True
+        self._weights_version += 1
         if self.dist.is_main:
             truncate_metrics(self.cfg.out_dir, state.get("metrics_bytes"), self.start_step)
         self.dist.barrier()

@@ -30,6 +30,7 @@ sequence counts.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -50,7 +51,7 @@ from posttrain.ops import (
     rollout_metrics,
     rollout_weights,
 )
-from posttrain.rollout import Rollout, SamplingParams, concat_rollouts, generate
+from posttrain.rollout import Rollout, SamplingParams, concat_rollouts
 from posttrain.trainers.base import Trainer
 from posttrain.trainers.common import accuracy_metrics, first_verifier, sequence_seed
 from posttrain.trainers.engine import local_plan
@@ -140,10 +141,10 @@ class GRPOTrainer(Trainer):
         self._drawn += n_prompts
         prompts = [self.s.render(r["prompt"]) for r in rows]
         t0 = time.time()
-        sampler, autocast = self.rollout_model()  # under autocast_bf16: a synced bf16 copy
-        with self.gathered():
-            rollout = generate(sampler, self.tokenizer, prompts, group_size=G, rows=rows,
-                               params=self.sampling, autocast=autocast, seeds=seeds)
+        engine = self.rollout_engine()  # hf under autocast_bf16: a synced bf16 copy
+        with self.gathered() if engine.runs_policy else contextlib.nullcontext():
+            rollout = engine.generate(prompts, group_size=G, rows=rows, params=self.sampling,
+                                      seeds=seeds, batch_size=cfg.generation_batch_size)
         t1 = time.time()
         result = self.s.scorer.score(rollout.completions, rollout.rows)
         rollout.scores = torch.tensor(result.scores, dtype=torch.float32)
@@ -227,6 +228,7 @@ class GRPOTrainer(Trainer):
             # correction asked), else one learner forward, so a ratio or a KL starts at exactly 0
             # in every precision and the correction compares the learner with the sampler
             reuse = (cfg.old_logprobs == "rollout" and correction == "none"
+                     and cfg.rollout_engine == "hf"
                      and not (cfg.autocast_bf16 or cfg.bf16_compute))
             rollout.old_logprobs = rollout.logprobs if reuse else self.policy_logprobs(rollout)
         if correction != "none":  # [N, T] pi_old / q, 0 where masked or rejected

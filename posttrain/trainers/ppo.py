@@ -60,7 +60,7 @@ from posttrain.ops import (
     value_loss,
 )
 from posttrain.ops.masked import as_bool_mask, keep
-from posttrain.rollout import SamplingParams, generate
+from posttrain.rollout import SamplingParams
 from posttrain.trainers.base import Trainer
 from posttrain.trainers.common import accuracy_metrics, first_verifier, sequence_seed
 from posttrain.trainers.engine import OptimGroup, Plan
@@ -230,9 +230,9 @@ class PPOTrainer(Trainer):
         rows = [drawn[i] for i in mine]
         seeds = [sequence_seed(cfg.seed, self._step, i, j) for i in mine for j in range(G)]
         prompts = [self.s.render(r["prompt"]) for r in rows]
-        sampler, autocast = self.rollout_model()  # under autocast_bf16: a synced bf16 copy
-        rollout = generate(sampler, self.tokenizer, prompts, group_size=G, rows=rows,
-                           params=self.sampling, autocast=autocast, seeds=seeds)
+        engine = self.rollout_engine()  # hf under autocast_bf16: a synced bf16 copy
+        rollout = engine.generate(prompts, group_size=G, rows=rows, params=self.sampling,
+                                  seeds=seeds, batch_size=cfg.generation_batch_size)
         result = self.s.scorer.score(rollout.completions, rollout.rows)
         self.s.log_reward_errors(result.errors)
         scores = torch.tensor(result.scores, dtype=torch.float32)  # [n]

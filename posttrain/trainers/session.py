@@ -25,7 +25,8 @@ from posttrain.data import as_messages, load_rows, render_prompt, validate_rows
 from posttrain.data.render_checks import check_prompt_lengths, check_renderable
 from posttrain.models import apply_lora, load_model_and_tokenizer, load_tokenizer, model_context
 from posttrain.rewards.registry import RewardScorer, RewardSpec, validate_specs
-from posttrain.rollout import SamplingParams, generate
+from posttrain.rollout import SamplingParams
+from posttrain.rollout.engine import RolloutEngine, build_engine
 
 
 @dataclass
@@ -39,6 +40,9 @@ class Session:
     reward_names: list[str] = field(default_factory=list)
     dist: Any = None
     """The trainer's `Dist` under torchrun: evaluation is sharded by rank and gathered."""
+    engine: RolloutEngine | None = None
+    """The engine held-out evaluation samples with; None: one built from the config for the
+    model evaluated (`rollout_engine`; the trainer sets its own vLLM engine here)."""
 
     def render(self, prompt: Any) -> str:
         system = getattr(self.cfg, "system_prompt", "")
@@ -108,10 +112,12 @@ class Session:
             list(range(len(rows))))
         per_row: list[tuple[int, str, float, float, float | None, float]] = []
         if mine:
-            rollout = generate(model, self.tokenizer, [prompts[i] for i in mine],
-                               rows=[rows[i] for i in mine],
-                               params=SamplingParams(max_new_tokens=max_new, greedy=True),
-                               autocast=cfg.autocast_bf16, batch_size=cfg.eval_batch_size)
+            engine = self.engine or build_engine(cfg, self.tokenizer, role="eval", model=model)
+            if not engine.runs_policy:  # a vLLM engine loaded from `model`: kept for next time
+                self.engine = engine
+            rollout = engine.generate([prompts[i] for i in mine], rows=[rows[i] for i in mine],
+                                      params=SamplingParams(max_new_tokens=max_new, greedy=True),
+                                      batch_size=cfg.eval_batch_size)
             result = self.scorer.score(rollout.completions, [rows[i] for i in mine])
             fmt = result.per_function.get("format")
             lengths = rollout.response_mask.sum(1).tolist()

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import posttrain.trainers.grpo as grpo_module
-import posttrain.trainers.ppo as ppo_module
 from posttrain.config import GRPOConfig, PPOConfig, build_config
+from posttrain.rollout.engine import ENGINES
 from posttrain.trainers.grpo import GRPOTrainer
 from posttrain.trainers.ppo import PPOTrainer
+from tests.rollout.doubles import shifted_hf
 
 TOY_REWARD = [{"name": "tests.trainers.toy_rewards:sevens", "weight": 1.0}]
 
@@ -28,17 +28,15 @@ def _cfg(world: dict[str, str], out: str, **kw) -> GRPOConfig:
 
 @pytest.fixture
 def shifted_sampler(monkeypatch):
-    """The sampler reports log q = log pi + shift on every counted token (a biased engine)."""
-    real = grpo_module.generate
+    """Set `shifted_sampler["value"]`: the training engine then reports log q = log pi + value on
+    every counted token (a biased engine, registered as `rollout_engine: hf`)."""
     shift = {"value": 0.0}
+    real = ENGINES["hf"]
 
-    def generate(*args, **kwargs):
-        rollout = real(*args, **kwargs)
-        rollout.logprobs = rollout.logprobs + shift["value"] * rollout.response_mask
-        return rollout
+    def factory(*args, **kwargs):
+        return shifted_hf(shift["value"], real=real)(*args, **kwargs)
 
-    monkeypatch.setattr(grpo_module, "generate", generate)
-    monkeypatch.setattr(ppo_module, "generate", generate)
+    monkeypatch.setitem(ENGINES, "hf", factory)
     return shift
 
 

@@ -1,0 +1,61 @@
+"""Checks of the rollout-engine keys (`rollout_engine`, `vllm_*`, `generation_batch_size`),
+shared by every config: all of them generate, at least for held-out evaluation."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from posttrain.config.errors import ConfigError
+
+VLLM_ENGINES = ("vllm_colocate", "vllm_server")
+
+
+def vllm_available() -> bool:
+    """Whether `import vllm` would find the package (nothing is imported)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def check_rollout_engine(cfg: Any) -> None:
+    """Refuse engine settings that cannot work, in one line naming the key, before any model
+    loads: a vLLM engine without vLLM or CUDA, or with top-k / top-p truncation (vLLM's
+    log-probs are renormalised after truncation, the learner's are not: the importance ratio
+    would compare two different distributions)."""
+    batch = getattr(cfg, "generation_batch_size", 0)
+    if batch < 0:
+        raise ConfigError(f"config key 'generation_batch_size'={batch}: expected >= 0 (0: every "
+                          "sequence of a step in one generation batch)")
+    engine = getattr(cfg, "rollout_engine", "hf")
+    if engine not in VLLM_ENGINES:
+        return
+    where = f"config key 'rollout_engine'={engine}"
+    if not vllm_available():
+        raise ConfigError(f"{where} needs vLLM: pip install 'posttrain[vllm]' (or use "
+                          "rollout_engine: hf)")
+    if cfg.device.startswith("cpu") or (cfg.device == "auto" and not _cuda()):
+        raise ConfigError(f"{where} needs a CUDA device (device={cfg.device}); use "
+                          "rollout_engine: hf on a CPU")
+    if getattr(cfg, "top_k", 0) > 0 or getattr(cfg, "top_p", 1.0) < 1.0:
+        raise ConfigError(f"{where} with top_k={getattr(cfg, 'top_k', 0)} / "
+                          f"top_p={getattr(cfg, 'top_p', 1.0)}: vLLM's log-probs would be "
+                          "renormalised after truncation and the learner's not; set top_k: 0 "
+                          "and top_p: 1.0, or use rollout_engine: hf")
+    if not 0.0 < cfg.vllm_gpu_memory_utilization < 1.0:
+        raise ConfigError(f"config key 'vllm_gpu_memory_utilization'="
+                          f"{cfg.vllm_gpu_memory_utilization}: expected in (0, 1)")
+    for key in ("vllm_server_port", "vllm_group_port"):
+        if not 0 < getattr(cfg, key) < 65536:
+            raise ConfigError(f"config key '{key}'={getattr(cfg, key)}: expected a TCP port "
+                              "(1-65535)")
+    if cfg.vllm_server_timeout <= 0:
+        raise ConfigError(f"config key 'vllm_server_timeout'={cfg.vllm_server_timeout}: "
+                          "expected > 0 seconds")
+    if cfg.vllm_max_model_len < 0:
+        raise ConfigError(f"config key 'vllm_max_model_len'={cfg.vllm_max_model_len}: expected "
+                          ">= 0 (0: the model's context)")
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

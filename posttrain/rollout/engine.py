@@ -1,0 +1,181 @@
+"""The rollout-engine protocol: one interface for every sampler (config key `rollout_engine`).
+
+Every caller that samples completions (training, held-out evaluation, search) goes through a
+`RolloutEngine`: `generate` returns a group-contiguous `Rollout` whose `logprobs` are the
+sampler's log-probs of the sampled tokens under the full distribution at the sampling
+temperature; `update_weights(model, version)` hands the engine the policy's current weights
+(nothing happens when `version` has not changed); `sleep` / `wake` free and take back the
+engine's memory around training; `close` releases it for good.
+
+Engines: `hf` (`HFEngine`, today's transformers sampler, the default and the CPU path) and the
+vLLM engines of `posttrain.rollout.vllm_engine` (an optional extra). `register_engine` adds or
+replaces a factory, e.g. a test double that wraps the `hf` engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+
+from posttrain.rollout.bf16_copy import BF16Sampler, bf16_copy_supported
+from posttrain.rollout.hf import SamplingParams, generate
+from posttrain.rollout.record import Rollout
+
+__all__ = ["ENGINES", "EngineFactory", "HFEngine", "Role", "RolloutEngine", "build_engine",
+           "register_engine"]
+
+Role = Literal["train", "eval"]
+"""What an engine is built for: `train` samples rollouts from the policy being trained (the
+`hf` engine then uses the bf16 sampler copy under autocast_bf16 / bf16_compute); `eval` runs a
+model as it is (held-out evaluation, search, label generation)."""
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What every sampler offers the trainers, the evaluation and search."""
+
+    name: str
+    runs_policy: bool
+    """True when `generate` runs the trainer's own module (its weights must be whole: under
+    FSDP2 the caller wraps generation in `Trainer.gathered()`); False for a separate copy."""
+
+    def generate(self, prompts: list[str], *, group_size: int = 1,
+                 params: SamplingParams | None = None, seeds: list[int] | None = None,
+                 stop_ids: list[int] | None = None, rows: list[dict[str, Any]] | None = None,
+                 batch_size: int = 0, generator: torch.Generator | None = None) -> Rollout:
+        """`group_size` completions per rendered prompt: a group-contiguous `Rollout` of
+        N = len(prompts) * group_size sequences. `seeds` (N): one seed per sequence; else
+        `generator` draws. `batch_size` > 0: generation batches of that many sequences."""
+        ...
+
+    def update_weights(self, model: torch.nn.Module, version: int) -> None:
+        """Take `model`'s current weights; nothing when `version` equals the last one taken."""
+        ...
+
+    def sleep(self) -> None:
+        """Free the engine's memory while the trainer trains (no-op where there is none)."""
+        ...
+
+    def wake(self) -> None:
+        """Take the memory back (`generate` wakes a sleeping engine by itself)."""
+        ...
+
+    def close(self) -> None:
+        """Release everything; the engine is not used again."""
+        ...
+
+
+class HFEngine:
+    """Today's sampler (`posttrain.rollout.hf.generate`) behind the engine protocol.
+
+    `sampler_copy`: sample from a bf16 copy of the model with its fp32 LM head
+    (`posttrain.rollout.bf16_copy.BF16Sampler`), re-synced whenever the weights' version
+    changes and run without autocast; a model that cannot be copied (LoRA, FSDP2) samples
+    itself under autocast instead. Otherwise the model samples itself, under bf16 autocast
+    when `autocast` is set.
+    """
+
+    name = "hf"
+    runs_policy = True
+
+    def __init__(self, tokenizer: Any, *, sampler_copy: bool = False,
+                 autocast: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.sampler_copy = sampler_copy
+        self.autocast = autocast
+        self.model: torch.nn.Module | None = None
+        self.version: int | None = None
+        self._copy: BF16Sampler | None = None
+        self._copy_of: torch.nn.Module | None = None
+
+    def update_weights(self, model: torch.nn.Module, version: int) -> None:
+        if model is self.model and version == self.version:
+            return
+        self.model, self.version = model, version
+        if not self.sampler_copy:
+            return
+        if self._copy_of is not model:
+            self._copy_of = model
+            self._copy = BF16Sampler(model) if bf16_copy_supported(model) else None
+        if self._copy is not None:
+            self._copy.sync()
+
+    def sampler(self) -> tuple[torch.nn.Module, bool]:
+        """(module, autocast) that `generate` samples with."""
+        if self.model is None:
+            raise RuntimeError("HFEngine: call update_weights(model, version) before generate")
+        if not self.sampler_copy:
+            return self.model, self.autocast
+        if self._copy is None:
+            return self.model, True
+        return self._copy.model, False
+
+    def generate(self, prompts: list[str], *, group_size: int = 1,
+                 params: SamplingParams | None = None, seeds: list[int] | None = None,
+                 stop_ids: list[int] | None = None, rows: list[dict[str, Any]] | None = None,
+                 batch_size: int = 0, generator: torch.Generator | None = None) -> Rollout:
+        model, autocast = self.sampler()
+        return generate(model, self.tokenizer, prompts, group_size=group_size, rows=rows,
+                        params=params, autocast=autocast, generator=generator,
+                        batch_size=batch_size, seeds=seeds, stop_ids=stop_ids)
+
+    def sleep(self) -> None:
+        """Nothing to free: the sampler is the policy (or a copy that stays)."""
+
+    def wake(self) -> None:
+        """Nothing to take back."""
+
+    def close(self) -> None:
+        self.model, self.version, self._copy, self._copy_of = None, None, None, None
+
+
+EngineFactory = Callable[..., RolloutEngine]
+"""`factory(cfg, tokenizer, *, role, dist, model)` -> an engine: `cfg` a config with the
+`rollout_engine` keys, `role` "train" or "eval", `dist` the trainer's `Dist` (None outside a
+trainer), `model` the policy (an in-process engine starts with it; may be None)."""
+
+
+def _hf(cfg: Any, tokenizer: Any, *, role: Role = "eval", dist: Any = None,
+        model: torch.nn.Module | None = None) -> HFEngine:
+    copy = role == "train" and (cfg.autocast_bf16 or cfg.bf16_compute)
+    engine = HFEngine(tokenizer, sampler_copy=copy, autocast=cfg.autocast_bf16)
+    if model is not None:
+        engine.update_weights(model, 0)
+    return engine
+
+
+def _vllm_colocate(cfg: Any, tokenizer: Any, **kw: Any) -> RolloutEngine:
+    from posttrain.rollout.vllm_engine import VLLMColocateEngine
+
+    return VLLMColocateEngine.from_config(cfg, tokenizer, **kw)
+
+
+def _vllm_server(cfg: Any, tokenizer: Any, **kw: Any) -> RolloutEngine:
+    from posttrain.rollout.vllm_engine import VLLMServerEngine
+
+    return VLLMServerEngine.from_config(cfg, tokenizer, **kw)
+
+
+ENGINES: dict[str, EngineFactory] = {"hf": _hf, "vllm_colocate": _vllm_colocate,
+                                     "vllm_server": _vllm_server}
+"""`rollout_engine` value -> factory."""
+
+
+def register_engine(name: str, factory: EngineFactory) -> EngineFactory | None:
+    """Add or replace the factory of `rollout_engine: name`; returns the one it replaced (to
+    restore it), or None. The config accepts only the names it documents, so a test double is
+    registered under one of them, e.g. "hf" wrapping the real `hf` factory."""
+    previous = ENGINES.get(name)
+    ENGINES[name] = factory
+    return previous
+
+
+def build_engine(cfg: Any, tokenizer: Any, *, role: Role = "eval", dist: Any = None,
+                 model: torch.nn.Module | None = None) -> RolloutEngine:
+    """The engine `cfg.rollout_engine` names (default `hf`), built for `role`."""
+    name = getattr(cfg, "rollout_engine", "hf")
+    if name not in ENGINES:
+        raise ValueError(f"rollout_engine={name!r}: no such engine; known: {sorted(ENGINES)}")
+    return ENGINES[name](cfg, tokenizer, role=role, dist=dist, model=model)

@@ -1,0 +1,118 @@
+"""vLLM's outputs as a `Rollout`: pure functions, no vLLM import (tested with fake objects).
+
+A vLLM completion (``CompletionOutput``, or one choice of the HTTP server's answer) carries
+``token_ids``, ``logprobs`` (one entry per generated token: a mapping token id -> an object
+with ``.logprob`` or a float, or the float itself) and ``finish_reason`` ("stop" or
+"length"). The engines send one request per sequence (n=1, a seed each), in group-contiguous
+order, so sequence i*G + j is sample j of prompt i.
+
+Notation: B prompts, G samples per prompt, N = B*G sequences, T the longest completion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posttrain.rollout.record import Rollout
+
+__all__ = ["Completion", "completion_of", "sampled_logprob", "to_rollout"]
+
+
+@dataclass
+class Completion:
+    """One sequence as the engines hand it over: its tokens, their log-probs, why it ended."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: str | None
+
+
+def sampled_logprob(entry: Any, token: int) -> float:
+    """The log-prob of `token` from one position's logprobs entry: a float, an object with
+    ``.logprob``, or a mapping token id -> either of those (vLLM's ``{id: Logprob}``)."""
+    if isinstance(entry, Mapping):
+        if token not in entry:
+            raise ValueError(f"vLLM logprobs: the sampled token {token} is not in this "
+                             f"position's entries {sorted(entry)[:8]}")
+        entry = entry[token]
+    value = getattr(entry, "logprob", entry)
+    return float(value)
+
+
+def completion_of(output: Any) -> Completion:
+    """A `Completion` from a vLLM ``RequestOutput`` (its first ``outputs[0]``), a
+    ``CompletionOutput``, or anything with ``token_ids`` / ``logprobs`` / ``finish_reason``."""
+    if hasattr(output, "outputs"):  # RequestOutput with n=1
+        if len(output.outputs) != 1:
+            raise ValueError(f"expected one completion per request (n=1), got "
+                             f"{len(output.outputs)}")
+        output = output.outputs[0]
+    tokens = [int(t) for t in output.token_ids]
+    raw = getattr(output, "logprobs", None)
+    logprobs = None
+    if raw is not None:
+        if len(raw) != len(tokens):
+            raise ValueError(f"vLLM output: {len(raw)} logprob entries for {len(tokens)} "
+                             "tokens")
+        logprobs = [sampled_logprob(e, t) for e, t in zip(raw, tokens, strict=True)]
+    return Completion(tokens, logprobs, getattr(output, "finish_reason", None))
+
+
+def _cut(c: Completion, stops: set[int], i: int) -> tuple[list[int], list[float], bool]:
+    """(tokens through the first stop id, their log-probs, truncated) of sequence `i`."""
+    logprobs = c.logprobs if c.logprobs is not None else [0.0] * len(c.token_ids)
+    for k, tok in enumerate(c.token_ids):
+        if tok in stops:
+            return c.token_ids[:k + 1], logprobs[:k + 1], False
+    if c.finish_reason == "stop":
+        raise ValueError(f"sequence {i}: vLLM reports finish_reason=stop but no stop id "
+                         f"{sorted(stops)} is among its tokens (was the stop token dropped, or "
+                         "a stop string used?)")
+    if c.finish_reason not in ("length", None):
+        raise ValueError(f"sequence {i}: finish_reason={c.finish_reason!r} (aborted?)")
+    return c.token_ids, logprobs, True
+
+
+def to_rollout(outputs: Sequence[Any], *, prompt_ids: Tensor, prompt_mask: Tensor,
+               group_size: int, stop_ids: Sequence[int], pad_token_id: int,
+               tokenizer: Any = None, rows: list[dict[str, Any]] | None = None) -> Rollout:
+    """A group-contiguous `Rollout` from N = B * group_size vLLM outputs (in request order).
+
+    Args:
+        outputs: N ``RequestOutput`` / ``CompletionOutput`` / `Completion` objects.
+        prompt_ids, prompt_mask: [B, P] the distinct prompts, left padded (as sent).
+        stop_ids: every id that ends a completion (EOS, a chat turn's end...).
+    Returns: completion_ids [N, T] (right padded with `pad_token_id`), response_mask [N, T]
+    True through the first stop id (the stop token counts), logprobs [N, T] fp32 (0 where
+    masked), truncated [N] True where no stop id was sampled; texts decoded with
+    `tokenizer` (special tokens skipped) when given.
+    """
+    B = prompt_ids.shape[0]
+    if len(outputs) != B * group_size:
+        raise ValueError(f"{len(outputs)} vLLM outputs for {B} prompts x {group_size} samples")
+    stops = {int(s) for s in stop_ids}
+    cut = [_cut(o if isinstance(o, Completion) else completion_of(o), stops, i)
+           for i, o in enumerate(outputs)]
+    N, T = len(cut), max((len(t) for t, _, _ in cut), default=0)
+    completion_ids = torch.full((N, T), pad_token_id, dtype=torch.long)  # [N, T]
+    logprobs = torch.zeros((N, T))  # [N, T]
+    response_mask = torch.zeros((N, T), dtype=torch.bool)  # [N, T]
+    for i, (toks, lps, _) in enumerate(cut):
+        n = len(toks)
+        completion_ids[i, :n] = torch.tensor(toks, dtype=torch.long)
+        logprobs[i, :n] = torch.tensor(lps, dtype=torch.float32)
+        response_mask[i, :n] = True
+    truncated = torch.tensor([t for _, _, t in cut], dtype=torch.bool)  # [N]
+    texts = (tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+             if tokenizer is not None else [])
+    rep_rows = [r for r in (rows or [{}] * B) for _ in range(group_size)]
+    return Rollout(prompt_ids=prompt_ids.repeat_interleave(group_size, 0),
+                   prompt_mask=prompt_mask.repeat_interleave(group_size, 0),
+                   completion_ids=completion_ids, response_mask=response_mask,
+                   logprobs=logprobs, truncated=truncated, group_size=group_size,
+                   completions=texts, rows=rep_rows)

@@ -1,0 +1,344 @@
+"""vLLM rollout engines (`rollout_engine: vllm_colocate | vllm_server`; `posttrain[vllm]`).
+
+vLLM is imported only inside these engines. Both send every sequence as its own request
+(token ids, n=1, the sequence's seed), with no top-k / top-p (`validate()` refuses them) and
+log-probs of the sampled token after temperature (`logprobs_mode=processed_logprobs`), so a
+sequence's log-probs mean what the learner recomputes: log softmax(logits / temperature).
+Outputs become a `Rollout` through `posttrain.rollout.vllm_convert.to_rollout`; weights go
+over as HF-named bf16 buckets from `posttrain.rollout.weights.iter_weights` (LoRA merged,
+FSDP2 gathered per parameter).
+
+- `VLLMColocateEngine`: a `vllm.LLM` in each trainer process, on that rank's GPU, in sleep
+  mode: asleep (weights in CPU memory, KV cache freed) while the trainer trains, woken for
+  the next generation; each rank pushes its own replica's weights with `load_weights`.
+- `VLLMServerEngine`: a `vllm serve` process (its own GPUs and environment) started with
+  `VLLM_SERVER_DEV_MODE=1`, `--logprobs-mode processed_logprobs` and
+  `--worker-extension-cls posttrain.rollout.vllm_worker.WeightReceiver`; requests over its
+  OpenAI-compatible HTTP API, weights over an NCCL group (docs/rollout.md).
+
+Nothing here has run on this project's CPU machines (no vLLM, no GPU): the conversion and the
+weight iterator are tested on their own; the engines themselves are read against vLLM's API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from posttrain.rollout.hf import SamplingParams, stop_token_ids, tokenize_prompts
+from posttrain.rollout.record import Rollout
+from posttrain.rollout.vllm_convert import Completion, to_rollout
+from posttrain.rollout.weights import DEFAULT_BUCKET_BYTES, iter_weights
+
+__all__ = ["VLLMColocateEngine", "VLLMServerEngine", "request_seeds"]
+
+
+def _import_vllm(engine: str) -> Any:
+    try:
+        import vllm
+    except ImportError as err:
+        raise ImportError(f"rollout_engine: {engine} needs vLLM: pip install "
+                          f"'posttrain[vllm]' ({err})") from err
+    return vllm
+
+
+def request_seeds(seeds: list[int] | None, n: int, generator: torch.Generator | None,
+                  greedy: bool) -> list[int | None]:
+    """One seed per sequence: the caller's, else drawn from `generator` (advancing it), else
+    none (vLLM's own randomness); greedy decoding needs none."""
+    if greedy:
+        return [None] * n
+    if seeds is not None:
+        if len(seeds) != n:
+            raise ValueError(f"{len(seeds)} seeds for {n} sequences")
+        return list(seeds)
+    if generator is None:
+        return [None] * n
+    drawn = torch.randint(0, 2**62, (n,), generator=generator, device=generator.device)
+    return [int(s) for s in drawn.tolist()]
+
+
+def _requests(tokenizer: Any, prompts: list[str], group_size: int
+              ) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
+    """Left-padded prompts [B, P] and mask [B, P] (for the Rollout) and the N token-id lists
+    sent (each prompt unpadded, repeated group_size times, group-contiguous)."""
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts)
+    ids = [prompt_ids[i][prompt_mask[i]].tolist() for i in range(len(prompts))]
+    return prompt_ids, prompt_mask, [p for p in ids for _ in range(group_size)]
+
+
+def _stops(tokenizer: Any, model_dir: str, stop_ids: list[int] | None) -> list[int]:
+    if stop_ids is not None:
+        return list(stop_ids)
+    from transformers import GenerationConfig
+
+    class _Holder:  # `stop_token_ids` reads the model's generation_config
+        pass
+
+    holder = _Holder()
+    try:
+        holder.generation_config = GenerationConfig.from_pretrained(model_dir)  # type: ignore
+    except OSError:
+        holder.generation_config = None  # type: ignore[attr-defined]
+    return stop_token_ids(holder, tokenizer)  # type: ignore[arg-type]
+
+
+def _model_dir(cfg: Any, engine: str) -> str:
+    if not isinstance(cfg.model, str) or not cfg.model:
+        raise ValueError(f"rollout_engine: {engine} loads the model from config key 'model' (a "
+                         "directory or hub name); a model object cannot be handed to vLLM")
+    return cfg.model
+
+
+def _pad_id(tokenizer: Any, stops: list[int]) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+
+
+class VLLMColocateEngine:
+    """A `vllm.LLM` in this process (see the module doc)."""
+
+    name = "vllm_colocate"
+    runs_policy = False
+
+    def __init__(self, llm: Any, tokenizer: Any, stops: list[int], *, sleep: bool = True,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        self.llm, self.tokenizer, self.stops = llm, tokenizer, stops
+        self.sleep_enabled = sleep
+        self.bucket_bytes = bucket_bytes
+        self.version: int | None = None  # unknown: the first update_weights pushes
+        self._asleep: set[str] = set()  # "weights" / "kv_cache" while asleep
+
+    @classmethod
+    def from_config(cls, cfg: Any, tokenizer: Any, *, role: str = "eval", dist: Any = None,
+                    model: Any = None) -> VLLMColocateEngine:
+        vllm = _import_vllm(cls.name)
+        path = _model_dir(cfg, cls.name)
+        world = getattr(dist, "world", 1)
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # load_weights in-process
+        kwargs: dict[str, Any] = {
+            "model": path, "dtype": "bfloat16", "seed": cfg.seed,
+            "gpu_memory_utilization": cfg.vllm_gpu_memory_utilization,
+            "enable_sleep_mode": cfg.vllm_sleep, "logprobs_mode": "processed_logprobs"}
+        if cfg.vllm_max_model_len:
+            kwargs["max_model_len"] = cfg.vllm_max_model_len
+        if world > 1:  # one engine per torchrun rank, on its own GPU
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        llm = vllm.LLM(**kwargs)
+        return cls(llm, tokenizer, _stops(tokenizer, path, None), sleep=cfg.vllm_sleep)
+
+    # ---- memory -------------------------------------------------------------------------------
+    def sleep(self) -> None:
+        if self.sleep_enabled and not self._asleep:
+            self.llm.sleep(level=1)  # weights to CPU memory, KV cache dropped
+            self._asleep = {"weights", "kv_cache"}
+
+    def wake(self, tags: list[str] | None = None) -> None:
+        wanted = [t for t in (tags or ["weights", "kv_cache"]) if t in self._asleep]
+        if wanted:
+            self.llm.wake_up(tags=wanted)
+            self._asleep -= set(wanted)
+
+    def close(self) -> None:
+        engine = getattr(self.llm, "llm_engine", None)
+        shutdown = getattr(engine, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        self.llm = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    # ---- weights ------------------------------------------------------------------------------
+    def update_weights(self, model: torch.nn.Module, version: int) -> None:
+        if version == self.version:
+            return
+        self.wake(["weights"])  # only the weights: the KV cache stays freed meanwhile
+        for bucket in iter_weights(model, self.bucket_bytes):
+            self._load([(name, t.cuda(non_blocking=True)) for name, t in bucket])
+        self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        self.version = version
+
+    def _load(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        apply = getattr(self.llm, "apply_model", None)
+        if callable(apply):
+            apply(lambda m: m.load_weights(weights=weights))
+            return
+        worker = self.llm.llm_engine.model_executor.driver_worker
+        getattr(worker, "worker", worker).model_runner.model.load_weights(weights=weights)
+
+    # ---- sampling -----------------------------------------------------------------------------
+    def generate(self, prompts: list[str], *, group_size: int = 1,
+                 params: SamplingParams | None = None, seeds: list[int] | None = None,
+                 stop_ids: list[int] | None = None, rows: list[dict[str, Any]] | None = None,
+                 batch_size: int = 0, generator: torch.Generator | None = None) -> Rollout:
+        vllm = _import_vllm(self.name)
+        params = params or SamplingParams()
+        self.wake()
+        stops = list(stop_ids) if stop_ids is not None else self.stops
+        prompt_ids, prompt_mask, requests = _requests(self.tokenizer, prompts, group_size)
+        per_seq = request_seeds(seeds, len(requests), generator, params.greedy)
+        sampling = [vllm.SamplingParams(**_sampling_kwargs(params, stops, s)) for s in per_seq]
+        step = batch_size if batch_size > 0 else max(1, len(requests))
+        outputs: list[Any] = []
+        for start in range(0, len(requests), step):
+            batch = [{"prompt_token_ids": ids} for ids in requests[start:start + step]]
+            outputs += self.llm.generate(batch, sampling[start:start + step], use_tqdm=False)
+        return to_rollout(outputs, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+                          group_size=group_size, stop_ids=stops,
+                          pad_token_id=_pad_id(self.tokenizer, stops), tokenizer=self.tokenizer,
+                          rows=rows)
+
+
+def _sampling_kwargs(params: SamplingParams, stops: list[int], seed: int | None
+                     ) -> dict[str, Any]:
+    """vLLM `SamplingParams` keywords of one sequence (greedy: temperature 0, no log-probs;
+    `logprobs=0`: the sampled token's only). No top-k / top-p: vLLM renormalises its log-probs
+    after truncation and the learner does not."""
+    if params.top_k > 0 or params.top_p < 1.0:
+        raise ValueError(f"vLLM engines sample without truncation: top_k={params.top_k}, "
+                         f"top_p={params.top_p} (set top_k: 0, top_p: 1.0)")
+    return {"n": 1, "max_tokens": params.max_new_tokens,
+            "temperature": 0.0 if params.greedy else params.temperature, "seed": seed,
+            "logprobs": None if params.greedy else 0, "stop_token_ids": stops,
+            "detokenize": False}
+
+
+class VLLMServerEngine:
+    """A `vllm serve` process reached over HTTP; weights over NCCL (see the module doc)."""
+
+    name = "vllm_server"
+    runs_policy = False
+
+    def __init__(self, base_url: str, tokenizer: Any, stops: list[int], *, group_host: str,
+                 group_port: int, timeout: float, is_main: bool = True,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        self.base_url, self.tokenizer, self.stops = base_url.rstrip("/"), tokenizer, stops
+        self.group_host, self.group_port, self.timeout = group_host, group_port, timeout
+        self.is_main, self.bucket_bytes = is_main, bucket_bytes
+        self.version: int | None = None
+        self._comm: Any = None
+        self._src = 0
+        self._served = self._get("/v1/models")["data"][0]["id"]
+
+    @classmethod
+    def from_config(cls, cfg: Any, tokenizer: Any, *, role: str = "eval", dist: Any = None,
+                    model: Any = None) -> VLLMServerEngine:
+        _import_vllm(cls.name)  # the NCCL group needs vLLM's communicator on this side too
+        path = _model_dir(cfg, cls.name)
+        return cls(f"http://{cfg.vllm_server_host}:{cfg.vllm_server_port}", tokenizer,
+                   _stops(tokenizer, path, None), group_host=cfg.vllm_server_host,
+                   group_port=cfg.vllm_group_port, timeout=cfg.vllm_server_timeout,
+                   is_main=getattr(dist, "is_main", True))
+
+    # ---- HTTP ---------------------------------------------------------------------------------
+    def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(body or {}).encode()
+        req = urllib.request.Request(self.base_url + path, data=data,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            text = resp.read().decode()
+        return json.loads(text) if text else None
+
+    def _get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.base_url + path, timeout=self.timeout) as resp:
+            return json.loads(resp.read().decode())
+
+    # ---- memory: the server has its own GPUs ----------------------------------------------------
+    def sleep(self) -> None:
+        """Nothing to free here (the server's memory is its own)."""
+
+    def wake(self) -> None:
+        """Nothing to take back."""
+
+    def close(self) -> None:
+        self._comm = None
+
+    # ---- weights ------------------------------------------------------------------------------
+    def update_weights(self, model: torch.nn.Module, version: int) -> None:
+        """Rank 0 broadcasts every bucket to the server's workers; under FSDP2 every rank
+        iterates (each parameter's `full_tensor()` is a collective) and only rank 0 sends."""
+        if version == self.version:
+            return
+        sharded = any(hasattr(p, "full_tensor") for p in model.parameters())
+        if self.is_main or sharded:
+            if self.is_main and self._comm is None:
+                self._init_group()
+            for bucket in iter_weights(model, self.bucket_bytes):
+                if self.is_main:
+                    self._send(bucket)
+            if self.is_main:
+                self._post("/reset_prefix_cache")
+        self.version = version
+
+    def _init_group(self) -> None:
+        """An NCCL group of the server's workers (ranks 0..w-1, rank 0 hosts the store) and
+        this process (rank w, the broadcast source)."""
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        workers = len(self._post("/collective_rpc", {"method": "weight_group_rank"})["results"])
+        world = workers + 1
+        rpc = {"method": "init_weight_group", "args": [self.group_host, self.group_port, world]}
+        thread = threading.Thread(target=self._post, args=("/collective_rpc", rpc))
+        thread.start()  # the workers block until this process joins the group
+        group = StatelessProcessGroup.create(host=self.group_host, port=self.group_port,
+                                             rank=workers, world_size=world)
+        self._comm = PyNcclCommunicator(group, device=torch.cuda.current_device())
+        self._src = workers
+        thread.join()
+
+    def _send(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        specs = [[name, str(t.dtype).removeprefix("torch."), list(t.shape)] for name, t in bucket]
+        rpc = {"method": "receive_weights", "args": [specs]}
+        thread = threading.Thread(target=self._post, args=("/collective_rpc", rpc))
+        thread.start()  # the workers allocate and wait on the broadcasts below
+        for _, t in bucket:
+            self._comm.broadcast(t.cuda(), src=self._src, stream=torch.cuda.current_stream())
+        torch.cuda.current_stream().synchronize()
+        thread.join()
+
+    # ---- sampling -----------------------------------------------------------------------------
+    def generate(self, prompts: list[str], *, group_size: int = 1,
+                 params: SamplingParams | None = None, seeds: list[int] | None = None,
+                 stop_ids: list[int] | None = None, rows: list[dict[str, Any]] | None = None,
+                 batch_size: int = 0, generator: torch.Generator | None = None) -> Rollout:
+        params = params or SamplingParams()
+        stops = list(stop_ids) if stop_ids is not None else self.stops
+        prompt_ids, prompt_mask, requests = _requests(self.tokenizer, prompts, group_size)
+        per_seq = request_seeds(seeds, len(requests), generator, params.greedy)
+        workers = min(64, batch_size if batch_size > 0 else len(requests)) or 1
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            outputs = list(pool.map(lambda a: self._complete(a[0], a[1], params, stops),
+                                    zip(requests, per_seq, strict=True)))
+        return to_rollout(outputs, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+                          group_size=group_size, stop_ids=stops,
+                          pad_token_id=_pad_id(self.tokenizer, stops), tokenizer=self.tokenizer,
+                          rows=rows)
+
+    def _complete(self, ids: list[int], seed: int | None, params: SamplingParams,
+                  stops: list[int]) -> Completion:
+        kw = _sampling_kwargs(params, stops, seed)
+        body = {"model": self._served, "prompt": ids, "max_tokens": kw["max_tokens"],
+                "temperature": kw["temperature"], "top_p": 1.0, "n": 1, "seed": seed,
+                "logprobs": kw["logprobs"], "stop_token_ids": stops, "return_token_ids": True,
+                "return_tokens_as_token_ids": True, "skip_special_tokens": False}
+        return server_choice(self._post("/v1/completions", body)["choices"][0])
+
+
+def server_choice(choice: dict[str, Any]) -> Completion:
+    """A `Completion` from one choice of `/v1/completions`: token ids from `token_ids`
+    (`return_token_ids`), else from the `token_id:N` strings of `logprobs.tokens`
+    (`return_tokens_as_token_ids`); log-probs from `logprobs.token_logprobs`."""
+    lp = choice.get("logprobs") or {}
+    tokens = choice.get("token_ids")
+    if tokens is None:
+        tokens = [int(str(t).removeprefix("token_id:")) for t in lp.get("tokens") or []]
+    logprobs = lp.get("token_logprobs")
+    return Completion([int(t) for t in tokens],
+                      [float(x) for x in logprobs] if logprobs is not None else None,
+                      choice.get("finish_reason"))

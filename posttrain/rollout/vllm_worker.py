@@ -1,0 +1,54 @@
+"""The server side of `rollout_engine: vllm_server`: a vLLM worker extension.
+
+Start the server with ``--worker-extension-cls posttrain.rollout.vllm_worker.WeightReceiver``
+(and ``VLLM_SERVER_DEV_MODE=1`` for its ``/collective_rpc`` endpoint): vLLM mixes this class
+into each GPU worker, and the trainer calls its methods by name through ``/collective_rpc``.
+The weights travel over an NCCL group of the workers (ranks 0..w-1; rank 0 hosts the store)
+and the trainer's rank 0 (rank w, the broadcast source).
+
+Not run on this project's machines (no vLLM, no GPU): written against vLLM's public pieces
+(`StatelessProcessGroup`, `PyNcclCommunicator`, the model's `load_weights`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["WeightReceiver"]
+
+
+class WeightReceiver:
+    """Methods added to a vLLM GPU worker (which provides `self.device`, `self.model_runner`)."""
+
+    device: Any
+    model_runner: Any
+
+    def weight_group_rank(self) -> int:
+        """This worker's rank in vLLM's world (the trainer counts the answers)."""
+        from vllm.distributed.parallel_state import get_world_group
+
+        return int(get_world_group().rank)
+
+    def init_weight_group(self, host: str, port: int, world_size: int) -> None:
+        """Join the NCCL group with the trainer (the last rank, the source)."""
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        group = StatelessProcessGroup.create(host=host, port=port,
+                                             rank=self.weight_group_rank(),
+                                             world_size=world_size)
+        self._posttrain_comm = PyNcclCommunicator(group, device=self.device)
+        self._posttrain_src = world_size - 1
+
+    def receive_weights(self, specs: list[list[Any]]) -> None:
+        """Receive one bucket [(name, dtype name, shape)] in order and load it."""
+        weights = []
+        for name, dtype, shape in specs:
+            buf = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
+            self._posttrain_comm.broadcast(buf, src=self._posttrain_src,
+                                           stream=torch.cuda.current_stream())
+            weights.append((name, buf))
+        torch.cuda.current_stream().synchronize()
+        self.model_runner.model.load_weights(weights=weights)

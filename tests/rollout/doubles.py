@@ -1,0 +1,68 @@
+"""Engine test doubles, registered through `posttrain.rollout.engine.register_engine`.
+
+    from tests.rollout.doubles import shifted_hf
+    monkeypatch.setitem(ENGINES, "hf", shifted_hf(0.1))   # or register_engine("hf", ...)
+    GRPOTrainer(cfg).train()  # rollouts' `logprobs` are the hf engine's + 0.1 on counted tokens
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from posttrain.rollout.engine import ENGINES, RolloutEngine
+from posttrain.rollout.record import Rollout
+
+
+class Wrapped:
+    """An engine that forwards to `inner` and changes its rollouts with `edit` (training role
+    only: held-out evaluation is left as it is); `calls` records every generate's keywords."""
+
+    name = "hf"
+
+    def __init__(self, inner: RolloutEngine, edit: Any) -> None:
+        self.inner, self.edit = inner, edit
+        self.runs_policy = inner.runs_policy
+        self.calls: list[dict[str, Any]] = []
+        self.raw_logprobs: list[torch.Tensor] = []  # the inner engine's, before `edit`
+
+    def generate(self, prompts: list[str], **kw: Any) -> Rollout:
+        self.calls.append({"n_prompts": len(prompts), **kw})
+        rollout = self.inner.generate(prompts, **kw)
+        self.raw_logprobs.append(rollout.logprobs.clone())
+        return self.edit(rollout)
+
+    def update_weights(self, model: torch.nn.Module, version: int) -> None:
+        self.inner.update_weights(model, version)
+
+    def sleep(self) -> None:
+        self.inner.sleep()
+
+    def wake(self) -> None:
+        self.inner.wake()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def shifted_hf(shift: float, built: list[Wrapped] | None = None, real: Any = None) -> Any:
+    """A factory for `rollout_engine: hf` whose training engine adds `shift` to the sampler's
+    log-probs of the counted tokens (a known sampler/learner gap); `built` collects the
+    engines it makes; `real` is the factory wrapped (default: the registered hf one)."""
+    real = real or ENGINES["hf"]
+
+    def add(r: Rollout) -> Rollout:
+        r.logprobs = r.logprobs + shift * r.response_mask.float()
+        return r
+
+    def factory(cfg: Any, tokenizer: Any, *, role: str = "eval", **kw: Any) -> RolloutEngine:
+        inner = real(cfg, tokenizer, role=role, **kw)
+        if role != "train":
+            return inner
+        engine = Wrapped(inner, add)
+        if built is not None:
+            built.append(engine)
+        return engine
+
+    return factory

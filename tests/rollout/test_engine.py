@@ -1,0 +1,281 @@
+"""The rollout-engine protocol: the hf engine is today's sampler, the factory and registry,
+trainers and evaluation sample through the engine, and vLLM engines are refused in one line
+where they cannot run (here: no vLLM installed, no GPU)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from posttrain.cli import main
+from posttrain.config import ConfigError, GRPOConfig, SearchConfig, SFTConfig, build_config
+from posttrain.config import engine as engine_checks
+from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.rollout import SamplingParams, generate
+from posttrain.rollout.engine import (
+    ENGINES,
+    HFEngine,
+    RolloutEngine,
+    build_engine,
+    register_engine,
+)
+from posttrain.trainers.common import save_checkpoint
+from tests.rollout.doubles import shifted_hf
+
+PROMPTS = ["ab", "cde", "f"]
+FIELDS = ("prompt_ids", "prompt_mask", "completion_ids", "response_mask", "logprobs",
+          "truncated")
+
+
+@pytest.fixture(scope="module")
+def model_tok():
+    tok = build_char_tokenizer()
+    return build_tiny_llama(tok, hidden_size=16, num_layers=1, num_heads=2,
+                            intermediate_size=32, seed=0), tok
+
+
+def _same(a, b) -> None:
+    for f in FIELDS:
+        assert torch.equal(getattr(a, f), getattr(b, f)), f
+    assert a.completions == b.completions and a.rows == b.rows
+
+
+@pytest.mark.parametrize("case", ["seeds", "generator", "greedy_batched", "stop_ids"])
+def test_hf_engine_equals_generate(model_tok, case):
+    model, tok = model_tok
+    params = SamplingParams(max_new_tokens=6, temperature=0.9)
+    kw: dict = {"group_size": 2, "params": params, "rows": [{"i": i} for i in range(3)]}
+    if case == "seeds":
+        kw["seeds"] = list(range(100, 106))
+    elif case == "greedy_batched":
+        kw.update(params=SamplingParams(max_new_tokens=6, greedy=True), batch_size=2)
+    elif case == "stop_ids":
+        kw.update(stop_ids=tok.convert_tokens_to_ids(["a", "b"]), seeds=list(range(6)))
+    engine = HFEngine(tok)
+    assert isinstance(engine, RolloutEngine)
+    engine.update_weights(model, 0)
+    if case == "generator":
+        got = engine.generate(PROMPTS, generator=torch.Generator().manual_seed(3), **kw)
+        want = generate(model, tok, PROMPTS, generator=torch.Generator().manual_seed(3), **kw)
+    else:
+        got, want = engine.generate(PROMPTS, **kw), generate(model, tok, PROMPTS, **kw)
+    _same(got, want)
+
+
+def test_hf_sampler_copy_follows_the_version(model_tok):
+    model, tok = model_tok
+    engine = HFEngine(tok, sampler_copy=True)
+    engine.update_weights(model, 0)
+    sampler, autocast = engine.sampler()
+    assert sampler is not model and autocast is False
+    q = "model.layers.0.self_attn.q_proj.weight"
+    copy_q = dict(sampler.named_parameters())[q]
+    master = dict(model.named_parameters())[q]
+    old = master.detach().clone()
+    try:
+        with torch.no_grad():
+            master.add_(1.0)
+        engine.update_weights(model, 0)  # same version: nothing happens
+        assert torch.equal(copy_q, old.to(torch.bfloat16))
+        engine.update_weights(model, 1)  # new version: re-synced
+        assert torch.equal(copy_q, master.detach().to(torch.bfloat16))
+    finally:
+        with torch.no_grad():
+            master.copy_(old)
+    plain = HFEngine(tok, autocast=True)
+    plain.update_weights(model, 0)
+    assert plain.sampler() == (model, True)
+
+
+def test_build_engine_roles_and_registry(model_tok, monkeypatch):
+    model, tok = model_tok
+    cfg = GRPOConfig(autocast_bf16=True)
+    train = build_engine(cfg, tok, role="train", model=model)
+    evaluation = build_engine(cfg, tok, role="eval", model=model)
+    assert train.sampler()[0] is not model  # the bf16 sampler copy
+    assert evaluation.sampler() == (model, True)  # the policy under autocast, as before
+    seen = []
+    monkeypatch.setitem(ENGINES, "hf", ENGINES["hf"])
+    previous = register_engine("hf", lambda c, t, **kw: seen.append(kw["role"]) or
+                               previous(c, t, **kw))
+    build_engine(cfg, tok, role="train", model=model)
+    assert seen == ["train"]
+
+
+def test_vllm_colocate_without_vllm_is_a_clear_error(model_tok, monkeypatch):
+    monkeypatch.setattr(engine_checks, "vllm_available", lambda: False)
+    for cls in (GRPOConfig, SFTConfig):  # every trainer's evaluation generates
+        with pytest.raises(ConfigError) as err:
+            cls(rollout_engine="vllm_colocate")
+        assert str(err.value) == ("config key 'rollout_engine'=vllm_colocate needs vLLM: pip "
+                                  "install 'posttrain[vllm]' (or use rollout_engine: hf)")
+    if engine_checks.vllm_available():
+        pytest.skip("vLLM is installed here")
+    cfg = GRPOConfig()
+    cfg.rollout_engine = "vllm_colocate"  # past validate(): the engine itself says it too
+    with pytest.raises(ImportError, match=r"needs vLLM: pip install 'posttrain\[vllm\]'"):
+        build_engine(cfg, model_tok[1])
+
+
+@pytest.mark.parametrize("keys, needle", [
+    ({"device": "cpu"}, "needs a CUDA device (device=cpu)"),
+    ({"top_k": 5}, "top_k=5 / top_p=1.0: vLLM's log-probs would be renormalised"),
+    ({"top_p": 0.9}, "top_p=0.9"),
+    ({"vllm_gpu_memory_utilization": 1.0}, "'vllm_gpu_memory_utilization'=1.0"),
+    ({"vllm_server_port": 0}, "'vllm_server_port'=0: expected a TCP port"),
+])
+def test_vllm_combinations_that_cannot_work(monkeypatch, keys, needle):
+    monkeypatch.setattr(engine_checks, "vllm_available", lambda: True)
+    monkeypatch.setattr(engine_checks, "_cuda", lambda: True)
+    with pytest.raises(ConfigError, match="config key") as err:
+        GRPOConfig(rollout_engine="vllm_server", **keys)
+    assert needle in str(err.value)
+    GRPOConfig(rollout_engine="vllm_server")  # a valid one
+    with pytest.raises(ConfigError, match="top_p=0.5"):
+        SearchConfig(eval_data="x.jsonl", rollout_engine="vllm_colocate", top_p=0.5)
+    with pytest.raises(ConfigError, match="generation_batch_size"):
+        GRPOConfig(generation_batch_size=-1)
+
+
+def test_cli_without_vllm_is_one_line(toy_world_engine, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(engine_checks, "vllm_available", lambda: False)
+    capsys.readouterr()
+    code = main(["grpo", f"model={toy_world_engine['model']}",
+                 f"train_data={toy_world_engine['data']}",
+                 f"out_dir={tmp_path / 'run'}", "rollout_engine=vllm_colocate",
+                 "report_to=none", "progress=false"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "config key 'rollout_engine'=vllm_colocate needs vLLM: pip install " \
+           "'posttrain[vllm]'" in err
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+def test_grpo_samples_through_a_registered_engine(toy_world_engine, tmp_path, monkeypatch):
+    """A double registered as `hf` shifts the sampler's log-probs: GRPO trains with it end to
+    end, every generation (with generation_batch_size) goes through it, and the rollouts it
+    trains on carry the shifted log-probs."""
+    from posttrain.trainers.grpo import GRPOTrainer
+
+    built: list = []
+    monkeypatch.setitem(ENGINES, "hf", shifted_hf(0.25, built))
+    cfg = build_config(GRPOConfig, overrides={
+        "model": toy_world_engine["model"], "train_data": toy_world_engine["data"],
+        "eval_data": toy_world_engine["data"], "eval_size": 4,
+        "out_dir": str(tmp_path), "rewards": [{"name": "tests.trainers.toy_rewards:sevens",
+                                               "weight": 1.0}],
+        "group_size": 2, "prompts_per_step": 2, "max_new_tokens": 4, "max_steps": 2,
+        "generation_batch_size": 2, "progress": False, "report_to": [], "threads": 1,
+        "eval_max_new_tokens": 4,
+        "num_iterations": 2})
+    trainer = GRPOTrainer(cfg)
+    captured = []
+    real = trainer.rollout_step
+
+    def spy():
+        out = real()
+        captured.append(out[0])
+        return out
+
+    monkeypatch.setattr(trainer, "rollout_step", spy)
+    summary = trainer.train()
+    assert summary["steps"] == 2 and len(built) == 1
+    engine = built[0]
+    assert [c["batch_size"] for c in engine.calls] == [2, 2]
+    assert all(len(c["seeds"]) == 4 for c in engine.calls)
+    assert len(captured) == 2
+    for r, raw in zip(captured, engine.raw_logprobs, strict=True):  # the rollouts trained on
+        assert torch.equal(r.logprobs, raw + 0.25 * r.response_mask.float())
+        assert bool(r.response_mask.any())
+
+
+@pytest.fixture(scope="module")
+def toy_world_engine(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("engine_world")
+    tok = build_char_tokenizer()
+    save_checkpoint(build_tiny_llama(tok, hidden_size=16, num_layers=1, num_heads=2,
+                                     intermediate_size=32, max_position_embeddings=64,
+                                     seed=0), tok, root / "model")
+    data = root / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": c, "answer": "7"}) + "\n" for c in "abcdef"))
+    return {"model": str(root / "model"), "data": str(data)}
+
+
+# ---- the colocated engine's plumbing, on a fake vllm module and a fake LLM ---------------------
+@dataclass
+class _Out:
+    token_ids: list[int]
+    logprobs: list
+    finish_reason: str
+
+
+@dataclass
+class _Req:
+    outputs: list
+
+
+class _FakeLLM:
+    def __init__(self, eos: int) -> None:
+        self.eos, self.log, self.loaded = eos, [], {}
+
+    def sleep(self, level: int) -> None:
+        self.log.append(("sleep", level))
+
+    def wake_up(self, tags=None) -> None:
+        self.log.append(("wake_up", tuple(tags)))
+
+    def reset_prefix_cache(self) -> None:
+        self.log.append(("reset_prefix_cache",))
+
+    def apply_model(self, fn) -> None:
+        class M:
+            def load_weights(inner, weights):  # noqa: N805
+                self.loaded.update({n: t.cpu() for n, t in weights})
+        fn(M())
+
+    def generate(self, batch, sampling, use_tqdm=False):
+        self.log.append(("generate", len(batch)))
+        out = []
+        for req, sp in zip(batch, sampling, strict=True):
+            tok = 5 + (sp["seed"] or 0) % 3  # depends on the sequence's own seed only
+            ids = [tok, self.eos] if tok != 7 else [tok, tok]
+            reason = "stop" if tok != 7 else "length"
+            out.append(_Req([_Out(ids, [{t: -0.5} for t in ids], reason)]))
+            assert sp["n"] == 1 and sp["detokenize"] is False and req["prompt_token_ids"]
+        return out
+
+
+def test_colocate_engine_plumbing(model_tok, monkeypatch):
+    from posttrain.rollout.vllm_engine import VLLMColocateEngine
+    from posttrain.rollout.weights import iter_weights
+
+    model, tok = model_tok
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=dict))
+    llm = _FakeLLM(tok.eos_token_id)
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, **kw: self)  # no GPU here
+    engine = VLLMColocateEngine(llm, tok, [tok.eos_token_id], sleep=True)
+    engine.update_weights(model, 3)
+    engine.update_weights(model, 3)  # unchanged version: nothing pushed
+    assert llm.log == [("reset_prefix_cache",)]
+    want = {n: t for b in iter_weights(model) for n, t in b}
+    assert set(llm.loaded) == set(want)
+    engine.sleep()
+    engine.update_weights(model, 4)  # wakes the weights only, pushes, resets the cache
+    assert llm.log[1:] == [("sleep", 1), ("wake_up", ("weights",)), ("reset_prefix_cache",)]
+    seeds = [10, 11, 12, 13, 14, 15]
+    r = engine.generate(PROMPTS, group_size=2, seeds=seeds, batch_size=4,
+                        params=SamplingParams(max_new_tokens=4))
+    assert llm.log[4:] == [("wake_up", ("kv_cache",)), ("generate", 4), ("generate", 2)]
+    first = [5 + s % 3 for s in seeds]
+    assert r.completion_ids[:, 0].tolist() == first
+    assert r.truncated.tolist() == [t == 7 for t in first]
+    assert r.response_mask.sum(1).tolist() == [2] * 6
+    assert torch.equal(r.prompt_ids, generate(model, tok, PROMPTS, group_size=2,
+                                              params=SamplingParams(max_new_tokens=1)).prompt_ids)
+    with pytest.raises(ValueError, match="without truncation"):
+        engine.generate(PROMPTS, params=SamplingParams(top_k=3))
