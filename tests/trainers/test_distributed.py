@@ -124,7 +124,7 @@ def test_fsdp2_resume_under_torchrun(world, tmp_path):
     torchrun("sft", _keys(world, tmp_path / "whole", fsdp=True, max_steps=6))
     resumed, whole = _steps(tmp_path / "two"), _steps(tmp_path / "whole")
     def values(rows: list[dict]) -> list[dict]:  # not timings nor memory
-        return [{k: v for k, v in r.items() if not k.startswith(("perf/", "gpu/"))
+        return [{k: v for k, v in r.items() if not k.startswith(("perf/", "gpu/", "time"))
                  or k == "perf/tokens"} for r in rows]
 
     assert values(resumed) == values(whole) and len(whole) == 6
