@@ -500,7 +500,8 @@ class Trainer:
         `from_pretrained` layout; with LoRA the trainable adapters and heads go into the state
         file instead, as peft's adapter files cannot be loaded back into a live model
         exactly); everything else (optimizers, schedules, other modules such as PPO's
-        critic, data order, RNGs, the trainer's own state) goes into `trainer_state.pt`.
+        critic, data order, RNGs, the trainer's own state) goes into `trainer_state.pt`; under
+        FSDP2 each rank writes its shards of the policy and its AdamW state to `sharded/`.
         """
         policy, fsdp, tmp = self.groups[0], self.dist.fsdp, None
         if fsdp:  # sharded weights + AdamW state, written by every rank; full weights gathered
