@@ -61,8 +61,10 @@ class BaseConfig:
     """Forward and backward passes on a bf16 copy of the weights (mixed precision with fp32
     master weights, fp32 AdamW state, fp32 LM head and log-probs; the frozen reference is a bf16
     copy too). Faster than autocast_bf16 on CPUs with a bf16 matrix unit (no per-op casts);
-    a precision change, so opt-in. grpo and dpo only; not with LoRA or FSDP2. Samples from the
-    bf16 sampler copy like autocast_bf16: see docs/performance.md."""
+    a precision change, so opt-in. grpo and dpo only; not with LoRA. Samples from the bf16
+    sampler copy like autocast_bf16: see docs/performance.md. With `fsdp: true` (CUDA only) it
+    is FSDP2's mixed precision instead: bf16 decoder layers, fp32 gradient reductions, fp32
+    embeddings, norm and head (docs/distributed.md)."""
     torch_compile: bool = False
     """With bf16_compute: `torch.compile` the transformer body of the bf16 learner and reference
     copies (fused element-wise work in the forward and backward). The first step pays the

@@ -7,6 +7,7 @@ gated repository) the error says so plainly and tells how to fix it.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +74,14 @@ def load_model_and_tokenizer(
     tokenizer_path: str | Path | None = None,
     trust_remote_code: bool = False,
     revision: str | None = None,
+    empty: bool = False,
     **model_kwargs: Any,
 ) -> tuple[Any, Any]:
     """Return ``(model, tokenizer)``; ``model`` is an ``AutoModelForCausalLM`` in ``dtype``.
 
     ``tokenizer_path`` defaults to ``path_or_name``. The model's generation config gets the
-    tokenizer's pad/eos ids when it lacks them.
+    tokenizer's pad/eos ids when it lacks them. ``empty``: the same model built from its
+    config on the ``meta`` device, no weights read (FSDP2 ranks that receive rank 0's).
     """
     torch_dtype = resolve_dtype(dtype)
     _preflight("model", path_or_name, "config.json")
@@ -87,8 +90,9 @@ def load_model_and_tokenizer(
         extra["revision"] = revision
     tokenizer = load_tokenizer(tokenizer_path or path_or_name, **extra)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path_or_name), dtype=torch_dtype, **extra, **model_kwargs)
+        model = (_empty_model(path_or_name, torch_dtype, extra) if empty else
+                 AutoModelForCausalLM.from_pretrained(str(path_or_name), dtype=torch_dtype,
+                                                      **extra, **model_kwargs))
     except (OSError, ValueError) as err:
         raise _load_error("model", path_or_name, err) from err
     gen = getattr(model, "generation_config", None)
@@ -98,6 +102,20 @@ def load_model_and_tokenizer(
         if gen.eos_token_id is None:
             gen.eos_token_id = tokenizer.eos_token_id
     return model, tokenizer
+
+
+def _empty_model(path_or_name: str | Path, dtype: torch.dtype, extra: dict[str, Any]) -> Any:
+    """The causal LM of `path_or_name`'s config on the ``meta`` device, with its generation
+    config (as `from_pretrained` would set it)."""
+    from transformers import AutoConfig, GenerationConfig
+
+    config = AutoConfig.from_pretrained(str(path_or_name), **extra)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype,
+                                                 trust_remote_code=extra["trust_remote_code"])
+    with contextlib.suppress(OSError):  # none saved: from_config's default, as from_pretrained
+        model.generation_config = GenerationConfig.from_pretrained(str(path_or_name), **extra)
+    return model
 
 
 def _load_error(what: str, path_or_name: str | Path, err: Exception) -> ModelLoadError:

@@ -58,6 +58,8 @@ from posttrain.trainers.checkpoint import (
     read_model_weights,
     rng_state,
     set_rng_state,
+    start_checkpoint,
+    tmp_path,
     trained_tensors,
     truncate_metrics,
     write_checkpoint,
@@ -73,8 +75,9 @@ from posttrain.trainers.common import (
     slow_bf16_warning,
     write_summary,
 )
-from posttrain.trainers.distributed import Dist, full_state, load_full_state
+from posttrain.trainers.distributed import Dist
 from posttrain.trainers.engine import CountFn, LossFn, OptimGroup, Plan, run_update
+from posttrain.trainers.fsdp import SHARDED, full_weights, load_sharded, save_sharded
 from posttrain.trainers.launch import (
     StopRequest,
     check_bf16_compute,
@@ -102,6 +105,10 @@ class Trainer:
     """Whether the trainer runs its passes through `learner()` / `reference()` (bf16_compute)."""
     supports_fsdp: ClassVar[bool] = True
     """Whether `fsdp: true` is supported (validated before any model loads)."""
+    fsdp_meta_start: ClassVar[bool] = True
+    """Under FSDP2: whether the model is first used after `Dist.wrap` (not in `setup`), so
+    ranks other than 0 build it on ``meta``, nothing is moved to the device before sharding,
+    and a loaded reference is sharded like the policy (`posttrain.trainers.fsdp`)."""
 
     def __init__(self, cfg: BaseConfig | None = None, session: Session | None = None, *,
                  model: Any = None, tokenizer: Any = None, train_data: Any = None,
@@ -124,7 +131,7 @@ class Trainer:
         prepare_out_dir(cfg, self.dist.is_main)  # an earlier run there: refused or overwritten
         # Data, rewards and config are validated inside load_session before any model loads.
         self.s = session or load_session(cfg, kind=self.data_kind, loader=self.load_model,
-                                         **objects)
+                                         place=not self.sharded_start, **objects)
         self.s.maybe_lora()
         self.s.dist = self.dist  # held-out evaluation: sharded by rank, gathered
         self.device = resolve_device(cfg.device)
@@ -140,7 +147,10 @@ class Trainer:
         self.setup()
         if cfg.gradient_checkpointing:
             enable_checkpointing(self.model)
-        self.model = self.dist.wrap(self.model, cfg.fsdp)
+        bf16 = cfg.fsdp and cfg.bf16_compute  # FSDP2 mixed precision (CUDA, validated)
+        self.model = self.dist.wrap(self.model, cfg.fsdp, self.device, bf16)
+        if self._ref is not None and self.sharded_start:  # the reference: sharded the same way
+            self._ref = self.dist.wrap(self._ref, True, self.device, bf16)
         # everything that trains is built before a checkpoint is restored into it
         self.groups = self.optimizer_groups()
         self.start_step = 0
@@ -176,10 +186,17 @@ class Trainer:
         """Cheap checks before anything loads (the config's own `validate` already ran)."""
 
     def load_model(self) -> tuple[Any, Any]:
-        """(model, tokenizer) from `cfg.model`; default: a causal LM."""
+        """(model, tokenizer) from `cfg.model`; default: a causal LM (under FSDP2 built on
+        ``meta`` on ranks other than 0: `fsdp_meta_start`)."""
         from posttrain.models import load_model_and_tokenizer
 
-        return load_model_and_tokenizer(self.cfg.model, dtype=self.cfg.dtype)
+        meta = self.sharded_start and not self.dist.is_main
+        return load_model_and_tokenizer(self.cfg.model, dtype=self.cfg.dtype, empty=meta)
+
+    @property
+    def sharded_start(self) -> bool:
+        """FSDP2 under torchrun with `fsdp_meta_start` (see there)."""
+        return self.cfg.fsdp and self.dist.enabled and self.fsdp_meta_start
 
     def setup(self) -> None:
         """After the model is loaded: reference, critic, tokenised data... (default: nothing)."""
@@ -330,7 +347,7 @@ class Trainer:
         """The model the policy's log-probs are computed (and differentiated) with: the policy,
         or under `bf16_compute` its bf16 copy (`posttrain.rollout.bf16_copy`), re-synced after
         every optimizer step; its gradients land in the policy's fp32 ``.grad``."""
-        if not self.cfg.bf16_compute:
+        if not self.cfg.bf16_compute or self.dist.fsdp:  # FSDP2: its own mixed precision
             return self.model
         if self._learner is None:
             self._learner = BF16Copy(self.model, trainable=True,
@@ -369,7 +386,8 @@ class Trainer:
     @contextlib.contextmanager
     def reference(self) -> Iterator[torch.nn.Module]:
         """The frozen reference policy in eval mode: the loaded copy or the adapters-off policy."""
-        if self._ref is not None and self.cfg.bf16_compute and self._ref_bf16 is None:
+        if (self._ref is not None and self.cfg.bf16_compute and self._ref_bf16 is None
+                and not self.sharded_start):
             # built like the learner, so the KL is exactly 0 before an update; the fp32 body is
             # freed (the copy shares only the fp32 head)
             self._ref_bf16 = BF16Copy(self._ref, compile_body=self.cfg.torch_compile)
@@ -434,7 +452,7 @@ class Trainer:
                    **self.summary_fields()}
         if self.dist.is_main:
             write_summary(cfg.out_dir, cfg, **summary)
-        self.dist.barrier()
+        self.dist.slow_barrier()  # rank 0 wrote final/
         return summary
 
     def _stopped(self, last: int, history: list[dict[str, float]],
@@ -490,9 +508,9 @@ class Trainer:
             return self.evaluate(when)
 
     def _gather_weights(self) -> None:
-        """Under FSDP2 every rank gathers the full weights for rank 0 to save."""
+        """Under FSDP2 every rank gathers the full weights (not the optimizer) for rank 0."""
         if self.dist.fsdp:
-            self._full_weights = full_state(self.model, self.opt, True)[0]
+            self._full_weights = full_weights(self.model)
 
     def save_training_state(self, step: int, history: list[dict[str, float]],
                             eval_before: dict[str, Any], seconds: float) -> None:
@@ -502,11 +520,18 @@ class Trainer:
         `from_pretrained` layout; with LoRA the trainable adapters and heads go into the state
         file instead, as peft's adapter files cannot be loaded back into a live model
         exactly); everything else (optimizers, schedules, other modules such as PPO's
-        critic, data order, RNGs, the trainer's own state) goes into `trainer_state.pt`.
+        critic, data order, RNGs, the trainer's own state) goes into `trainer_state.pt`; under
+        FSDP2 each rank writes its shards of the policy and its AdamW state to `sharded/`.
         """
-        policy = self.groups[0]
-        model_sd, opt_sd = full_state(self.model, policy.opt, self.dist.fsdp)
-        self._full_weights = model_sd if self.dist.fsdp else None
+        policy, fsdp, tmp = self.groups[0], self.dist.fsdp, None
+        if fsdp:  # sharded weights + AdamW state, written by every rank; full weights gathered
+            if self.dist.is_main:
+                start_checkpoint(self.cfg.out_dir, step)
+            self.dist.slow_barrier()
+            tmp = tmp_path(self.cfg.out_dir, step)
+            save_sharded(self.model, policy.opt, tmp / SHARDED, self.dist.slow_group())
+            self._gather_weights()
+        opt_sd: Any = SHARDED if fsdp else policy.opt.state_dict()
         rngs = self.dist.all_gather_objects(rng_state())
         trainer = self.state_dict()
         if self.dist.is_main:
@@ -522,10 +547,10 @@ class Trainer:
                      "eval_before": eval_before, "seconds": seconds,
                      "metrics_bytes": self.logger.tell(), "world_size": self.dist.world}
             write_checkpoint(self.cfg.out_dir, step, state, self.save,
-                             self.cfg.keep_checkpoints)
+                             self.cfg.keep_checkpoints, started=tmp is not None)
         self._saved_at = step
         self._full_weights = None
-        self.dist.barrier()
+        self.dist.slow_barrier()
 
     def _load_checkpoint(self, path: Any) -> None:
         state = read_checkpoint(path)
@@ -534,13 +559,19 @@ class Trainer:
             raise ConfigError(f"config key 'resume_from': checkpoint {path} holds optimizers "
                               f"{sorted(state['optimizers'])}, this run trains {sorted(names)}"
                               " (a different trainer or critic set-up)")
-        policy = self.groups[0]
-        if is_peft(self.model):
+        policy, sharded = self.groups[0], path / SHARDED
+        if sharded.is_dir() != self.dist.fsdp:
+            raise ConfigError(f"config key 'resume_from': checkpoint {path} was written "
+                              f"{'with' if sharded.is_dir() else 'without'} FSDP2; resume it "
+                              f"with fsdp: {str(sharded.is_dir()).lower()}")
+        if self.dist.fsdp:
+            load_sharded(self.model, policy.opt, sharded, self.dist.slow_group())
+        elif is_peft(self.model):
             load_trainable(self.model, state["trainable"], self.groups)
             policy.opt.load_state_dict(state["optimizers"]["policy"])
         else:
-            load_full_state(self.model, policy.opt, read_model_weights(path, self.model),
-                            state["optimizers"]["policy"], self.dist.fsdp)
+            self.model.load_state_dict(read_model_weights(path, self.model))
+            policy.opt.load_state_dict(state["optimizers"]["policy"])
         for g in self.groups:
             if g is not policy:
                 g.opt.load_state_dict(state["optimizers"][g.name])

@@ -4,6 +4,8 @@ Layout: ``out_dir/checkpoints/step-00000012/`` holds
 
 - ``model/``: the model as the trainer's `save` hook writes it (`from_pretrained`-loadable);
   a resume reads the policy's weights back from it (they are written once);
+- ``sharded/`` (FSDP2 only): the policy's weights and AdamW state as each rank's shards
+  (``torch.distributed.checkpoint``); a resume reads them from here instead;
 - ``trainer_state.pt``: everything else an exact resume needs: every optimizer group's state
   and LR schedule, the weights of other trained modules (PPO's critic) and, with LoRA, the
   trainable adapter weights, step, data position (the epoch order and the CPU generator),
@@ -94,17 +96,33 @@ def set_rng_state(state: dict[str, Any]) -> None:
         np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
 
 
-def write_checkpoint(out_dir: str | Path, step: int, state: dict[str, Any],
-                     save_model: Callable[[str], None] | None, keep: int) -> Path:
-    """Write `state` (+ the model through `save_model(dir)`) atomically; keep the newest `keep`.
-
-    Returns the checkpoint directory.
-    """
+def tmp_path(out_dir: str | Path, step: int) -> Path:
+    """Where the checkpoint of `step` is written before it is renamed into place."""
     final = checkpoint_path(out_dir, step)
-    tmp = final.with_name(f".tmp-{final.name}")
+    return final.with_name(f".tmp-{final.name}")
+
+
+def start_checkpoint(out_dir: str | Path, step: int) -> Path:
+    """The empty temporary directory that the checkpoint of `step` is written into (other
+    writers, such as FSDP2's sharded files, may add to it before `write_checkpoint`)."""
+    tmp = tmp_path(out_dir, step)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
+    return tmp
+
+
+def write_checkpoint(out_dir: str | Path, step: int, state: dict[str, Any],
+                     save_model: Callable[[str], None] | None, keep: int,
+                     started: bool = False) -> Path:
+    """Write `state` (+ the model through `save_model(dir)`) atomically; keep the newest `keep`.
+
+    `started`: `start_checkpoint` made the temporary directory already (keep what is in it).
+    Returns the checkpoint directory.
+    """
+    final, tmp = checkpoint_path(out_dir, step), tmp_path(out_dir, step)
+    if not started:
+        start_checkpoint(out_dir, step)
     if save_model is not None:
         save_model(str(tmp / "model"))
     state_file = tmp / STATE_FILE

@@ -16,6 +16,8 @@ counts (:meth:`Dist.sum`), so the summed gradient is exactly the full-batch grad
 (:func:`torch.distributed.fsdp.fully_shard`, one group per decoder layer plus the root); its
 reduce-scatter sums (divide factor 1) for the same reason. Generation under FSDP2 gathers the
 weights once for the whole decode loop (ranks may decode different numbers of tokens).
+Start-up from rank 0's weights, bf16 mixed precision and sharded checkpoints:
+`posttrain.trainers.fsdp`.
 """
 
 from __future__ import annotations
@@ -102,24 +104,42 @@ class Dist:
             dist.destroy_process_group()
 
     # ---- models ------------------------------------------------------------------------------
-    def wrap(self, model: torch.nn.Module, fsdp: bool) -> torch.nn.Module:
-        """Shard `model` with FSDP2 when `fsdp`, else leave it replicated (see module doc)."""
+    def wrap(self, model: torch.nn.Module, fsdp: bool, device: torch.device | None = None,
+             bf16: bool = False) -> torch.nn.Module:
+        """Shard `model` with FSDP2 when `fsdp`, else leave it replicated (see module doc).
+
+        FSDP2 (`posttrain.trainers.fsdp.shard`): shards on `device` (default: CUDA when
+        available, else the CPU); ranks that built the model on ``meta`` get rank 0's weights;
+        `bf16`: the decoder layers' bf16 mixed precision (fp32 reductions and root group).
+        """
         if not self.enabled:
             return model
         if not fsdp:
             self.broadcast_params(model)
             return model
-        from torch.distributed.fsdp import fully_shard
+        from posttrain.trainers.fsdp import on_meta, shard
 
         self.fsdp = True
-        for layer in _decoder_layers(model):
-            fully_shard(layer, reshard_after_forward=True)
-        fully_shard(model, reshard_after_forward=True)
-        for mod in model.modules():  # sum gradients (as data parallel), with plain SUM comms
-            if hasattr(mod, "set_gradient_divide_factor"):
-                mod.set_gradient_divide_factor(1.0)  # type: ignore[operator]
-                mod.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
+        if device is None:
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        shard(model, _decoder_layers(model), device, bf16, self.any(on_meta(model)))
         return model
+
+    def slow_barrier(self) -> None:
+        """A barrier with `fsdp.CHECKPOINT_TIMEOUT` (on a gloo group made at the first call, by
+        every rank): ranks waiting for rank 0 to write a checkpoint or `final/`."""
+        if self.enabled:
+            dist.barrier(group=self.slow_group())
+
+    def slow_group(self) -> Any:
+        """The gloo group of every rank with `fsdp.CHECKPOINT_TIMEOUT` (None without torchrun)."""
+        if not self.enabled:
+            return None
+        if getattr(self, "_slow_group", None) is None:
+            from posttrain.trainers.fsdp import CHECKPOINT_TIMEOUT
+
+            self._slow_group = dist.new_group(backend="gloo", timeout=CHECKPOINT_TIMEOUT)
+        return self._slow_group
 
     def broadcast_params(self, model: torch.nn.Module) -> None:
         """Rank 0's weights on every rank (they are loaded identically; this makes it certain)."""
@@ -176,27 +196,3 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
         if isinstance(layers, torch.nn.ModuleList) and len(layers) > 0:
             return list(layers)
     return []
-
-
-def full_state(model: torch.nn.Module, opt: torch.optim.Optimizer,
-               fsdp: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Unsharded (model, optimizer) state dicts on the CPU; under FSDP2 every rank must call."""
-    if not fsdp:
-        return model.state_dict(), opt.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_state_dict(model, opt, options=opts)
-
-
-def load_full_state(model: torch.nn.Module, opt: torch.optim.Optimizer, model_sd: dict[str, Any],
-                    opt_sd: dict[str, Any], fsdp: bool) -> None:
-    """Inverse of :func:`full_state` (every rank loads the same full state; FSDP2 shards it)."""
-    if not fsdp:
-        model.load_state_dict(model_sd)
-        opt.load_state_dict(opt_sd)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-    set_state_dict(model, opt, model_state_dict=model_sd, optim_state_dict=opt_sd,
-                   options=StateDictOptions(full_state_dict=True))

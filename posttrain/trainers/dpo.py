@@ -74,6 +74,7 @@ class DPOTrainer(Trainer):
 
     name = "dpo"
     supports_bf16_compute = True
+    fsdp_meta_start = False  # setup() computes the reference tables with the policy
     config_class = DPOConfig
     data_kind = "preferences"
     progress_keys = ("loss/dpo", "rewards/accuracy")

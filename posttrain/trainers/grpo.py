@@ -304,10 +304,12 @@ class GRPOTrainer(Trainer):
         return out
 
     def policy_logprobs(self, rollout: Rollout, model: torch.nn.Module | None = None) -> Tensor:
-        """[N, T] no-grad log-probs of the rollout's tokens under `model` (default the policy)."""
+        """[N, T] no-grad log-probs of the rollout's tokens under `model` (default the policy);
+        under FSDP2 only that model's weights are gathered for the pass."""
         cfg = self.cfg
-        with self.gathered():
-            return batched_logprobs(model or self.learner(), rollout.prompt_ids,
+        model = model if model is not None else self.learner()
+        with self.dist.gathered(model):
+            return batched_logprobs(model, rollout.prompt_ids,
                                     rollout.prompt_mask, rollout.completion_ids,
                                     rollout.response_mask, cfg.micro_batch_size,
                                     cfg.temperature, self.learner_autocast,

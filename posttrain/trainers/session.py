@@ -245,12 +245,13 @@ def _needed_fields(scorer: RewardScorer | None, answer_field: str) -> dict[str, 
 def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
                  loader: Callable[[], tuple[Any, Any]] | None = None, model: Any = None,
                  tokenizer: Any = None, train_data: Any = None, eval_data: Any = None,
-                 reward_fns: dict[str, Any] | None = None) -> Session:
+                 reward_fns: dict[str, Any] | None = None, place: bool = True) -> Session:
     """Validate rewards and data (cheap, first), check the rows against the tokenizer and the
     model's context, then load the model.
 
     `model`, `tokenizer`, `train_data`, `eval_data` and `reward_fns` are in-memory objects from
     the Python API; what is not given is loaded from the config (`loader` loads the model).
+    `place`: move the model to `cfg.device` (not under FSDP2, which places each rank's shards).
     """
     scorer, names = _scorer(cfg, reward_fns)
     if kind == "prompts" and "code" in names:
@@ -282,7 +283,8 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
     else:
         session = Session(cfg, model, _with_template(tokenizer, cfg), train_rows, eval_rows)
         check_rows(session, kind, model_context(model), _sources(cfg, train_data, eval_data))
-    model.to(resolve_device(cfg.device))
+    if place:
+        model.to(resolve_device(cfg.device))
     return Session(cfg, model, _with_template(tokenizer, cfg), train_rows, eval_rows, scorer,
                    names)
 

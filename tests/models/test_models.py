@@ -71,6 +71,27 @@ def test_tokenizer_and_model_round_trip(tokenizer, tmp_path):
     assert len(tok3) == len(tokenizer)
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_empty_load_is_the_same_model_on_meta(tokenizer, tmp_path, tied):
+    """`empty=True` (FSDP2 ranks other than 0): the same modules, names, shapes, dtype and
+    weight tying as the loaded model, on the meta device, with its generation config."""
+    build_tiny_llama(tokenizer, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                     max_position_embeddings=128, tie_word_embeddings=tied).save_pretrained(
+        tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    full, _ = load_model_and_tokenizer(tmp_path, dtype="bfloat16")
+    empty, _ = load_model_and_tokenizer(tmp_path, dtype="bfloat16", empty=True)
+    assert type(empty) is type(full)
+    shapes = [(n, p.shape, p.dtype) for n, p in full.named_parameters(remove_duplicate=False)]
+    assert [(n, p.shape, p.dtype) for n, p in
+            empty.named_parameters(remove_duplicate=False)] == shapes
+    assert all(p.is_meta for p in empty.parameters())
+    assert all(b.is_meta for b in empty.buffers())
+    assert (empty.lm_head.weight is empty.model.embed_tokens.weight) is tied
+    assert (full.lm_head.weight is full.model.embed_tokens.weight) is tied
+    assert empty.generation_config.to_dict() == full.generation_config.to_dict()
+
+
 def test_build_tiny_llama_sizes(tokenizer):
     model = build_tiny_llama(tokenizer, hidden_size=128, num_layers=2, num_heads=4,
                              intermediate_size=512)

@@ -195,3 +195,12 @@ def test_fused_head_path_reads_the_fp32_master_head(tok, tie):
     torch.testing.assert_close(lps[0], lps[1], rtol=0.0, atol=1e-5)
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_bf16_compute_with_fsdp_is_refused_on_the_cpu(tok, tmp_path):
+    """FSDP2's bf16 mixed precision is CUDA only: on the CPU one line names both keys, before
+    any model loads."""
+    with pytest.raises(ConfigError, match="'bf16_compute' and 'fsdp'.*CUDA only"):
+        GRPOTrainer(model="__never_loaded__", tokenizer=tok, train_data=prompt_rows(4),
+                    bf16_compute=True, fsdp=True, device="cpu", out_dir=str(tmp_path / "f"),
+                    **COMMON)

@@ -105,13 +105,46 @@ def test_sft_two_ranks_equal_one_process(world, tmp_path, fsdp):
 
 @pytest.mark.slow
 def test_fsdp2_resume_under_torchrun(world, tmp_path):
-    """4 steps under FSDP2, then resume to 6: equals 6 steps in one process."""
+    """4 steps under FSDP2, then resume to 6: equals 6 steps in one process, and EXACTLY (==)
+    6 uninterrupted steps under FSDP2. The checkpoint holds each rank's shards of the weights
+    and AdamW state in sharded/ (torch.distributed.checkpoint) and a from_pretrained-loadable
+    model/ equal to the gathered weights."""
     SFTTrainer(build_config(SFTConfig, overrides=_keys(world, tmp_path / "one",
                                                        max_steps=6))).train()
     torchrun("sft", _keys(world, tmp_path / "two", fsdp=True))
+    ckpt = tmp_path / "two" / "checkpoints" / "step-00000004"
+    assert sorted(p.name for p in (ckpt / "sharded").iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp"]  # one file per rank
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=True)
+    assert state["optimizers"]["policy"] == "sharded"  # no gathered optimizer state
+    at_4 = _weights(ckpt / "model")
     torchrun("sft", _keys(world, tmp_path / "two", fsdp=True, max_steps=6,
                           resume_from="latest"))
     _assert_close(tmp_path / "one", tmp_path / "two", world["model"])
+    torchrun("sft", _keys(world, tmp_path / "whole", fsdp=True, max_steps=6))
+    resumed, whole = _steps(tmp_path / "two"), _steps(tmp_path / "whole")
+    def values(rows: list[dict]) -> list[dict]:  # not timings nor memory
+        return [{k: v for k, v in r.items() if not k.startswith(("perf/", "gpu/", "time"))
+                 or k == "perf/tokens"} for r in rows]
+
+    assert values(resumed) == values(whole) and len(whole) == 6
+    wr, ww = _weights(tmp_path / "two" / "final"), _weights(tmp_path / "whole" / "final")
+    assert wr.keys() == ww.keys() and all(torch.equal(wr[k], ww[k]) for k in wr)
+    assert any(not torch.equal(at_4[k], ww[k]) for k in ww)  # steps 5-6 moved the weights
+
+
+@pytest.mark.slow
+def test_fsdp2_start_up_shards_rank0_weights(world, tmp_path):
+    """Under FSDP2 only rank 0 reads the weights (rank 1 builds on meta); the sharded policy
+    and reference hold exactly the saved weights; bf16 mixed precision gathers the decoder
+    layers in bf16 and the root in fp32 (tests/trainers/fsdp_startup_check.py)."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc_per_node=2", str(ROOT / "tests" / "trainers" / "fsdp_startup_check.py"),
+            world["model"], world["prompts"], str(tmp_path / "out")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert sorted(proc.stdout.split("startup ok ")[1:]) == ["0\n", "1\n"]
 
 
 GRPO = {"rewards": [{"name": "tests.trainers.toy_rewards:digits", "weight": 1.0}],
