@@ -216,20 +216,21 @@ class GRPOTrainer(Trainer):
     def compute_advantages(self, rollout: Rollout, metrics: dict[str, float]) -> None:
         """3: reference log-probs (if KL is used), KL-in-reward shaping, group advantages."""
         cfg = self.cfg
-        if rollout.num_sequences == 0:
-            rollout.advantages = torch.zeros(0)
-            return
-        scores = rollout.scores.to(rollout.logprobs.device)  # [N]
         off_policy = not (cfg.num_iterations == 1 and cfg.mini_batches == 1)
         kl_in_reward = cfg.kl_coef > 0 and cfg.kl_placement == "reward"
         correction = cfg.rollout_correction()
-        if off_policy or kl_in_reward or correction != "none":
-            # old log-probs: the sampler's where they equal the learner's forward (fp32, no
-            # correction asked), else one learner forward, so a ratio or a KL starts at exactly 0
-            # in every precision and the correction compares the learner with the sampler
-            reuse = (cfg.old_logprobs == "rollout" and correction == "none"
-                     and cfg.rollout_engine == "hf"
-                     and not (cfg.autocast_bf16 or cfg.bf16_compute))
+        need_old = off_policy or kl_in_reward or correction != "none"
+        # old log-probs: the sampler's where they equal the learner's forward (fp32, no
+        # correction asked), else one learner forward, so a ratio or a KL starts at exactly 0
+        # in every precision and the correction compares the learner with the sampler
+        reuse = (cfg.old_logprobs == "rollout" and correction == "none"
+                 and cfg.rollout_engine == "hf" and not (cfg.autocast_bf16 or cfg.bf16_compute))
+        if rollout.num_sequences == 0:  # every group of this rank was filtered out
+            rollout.advantages = torch.zeros(0)
+            self._join_gathers(need_old and not reuse)
+            return
+        scores = rollout.scores.to(rollout.logprobs.device)  # [N]
+        if need_old:
             rollout.old_logprobs = rollout.logprobs if reuse else self.policy_logprobs(rollout)
         if correction != "none":  # [N, T] pi_old / q, 0 where masked or rejected
             gap = (rollout.old_logprobs, rollout.logprobs, rollout.response_mask, correction,
@@ -257,6 +258,18 @@ class GRPOTrainer(Trainer):
             masked_mean(adv.abs(), rollout.response_mask) if adv.dim() == 2 else adv.abs().mean())
         if not off_policy:
             rollout.old_logprobs = None  # on-policy: old = detached current, no extra pass
+
+    def _join_gathers(self, policy_pass: bool) -> None:
+        """Under FSDP2, a rank with nothing to score still joins the all-gathers of the other
+        ranks' no-grad passes (policy, then reference), or they would wait for it forever."""
+        if not self.dist.fsdp:
+            return
+        if policy_pass:
+            with self.dist.gathered(self.learner()):
+                pass
+        if self.cfg.kl_coef > 0:
+            with self.reference() as ref, self.dist.gathered(ref):
+                pass
 
     def score_steps(self, rollout: Rollout) -> None:
         """Step ends and step scores of every completion, stored in the rollout."""
@@ -336,7 +349,8 @@ class GRPOTrainer(Trainer):
         if self.dist.sum(rollout.num_sequences) == 0:
             return {"train/skipped_empty_batch": 1.0}
         mask_all = self.loss_mask(rollout)  # [N, T]
-        if rollout.is_weights is not None and self.dist.sum(float(mask_all.sum())) == 0:
+        if (cfg.rollout_correction() != "none"  # the same test on every rank
+                and self.dist.sum(float(mask_all.sum())) == 0):
             return self._all_rejected()
         lengths = mask_all.sum(-1).cpu()  # [N], on the CPU with the index tensors
         plan = local_plan(rollout.num_sequences, cfg.group_size, self.dist,
