@@ -439,22 +439,30 @@ def _check_dtype(cfg: BaseConfig) -> None:
 
 
 def _check_device(device: str) -> None:
-    """A device this torch build can use, before any model loads (not an AssertionError)."""
-    if device == "auto":
-        return
+    """A device this torch build can use (under torchrun: the rank's own GPU), before any
+    model loads (not an AssertionError)."""
     import torch
 
+    from posttrain.core.device import process_device
+
+    if device != "auto":
+        try:
+            dev = torch.device(device)
+        except RuntimeError as err:
+            raise ConfigError(f"config key 'device'={device!r}: expected auto, cpu, cuda or "
+                              f"cuda:N ({err})") from err
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"config key 'device'={device!r}: no CUDA device is available to "
+                              f"this torch build ({torch.__version__}); use device: cpu or auto")
+        if dev.type == "cuda" and dev.index is not None \
+                and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"config key 'device'={device!r}: only "
+                              f"{torch.cuda.device_count()} CUDA device(s) are visible")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     try:
-        dev = torch.device(device)
-    except RuntimeError as err:
-        raise ConfigError(f"config key 'device'={device!r}: expected auto, cpu, cuda or cuda:N "
-                          f"({err})") from err
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"config key 'device'={device!r}: no CUDA device is available to this "
-                          f"torch build ({torch.__version__}); use device: cpu or auto")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ConfigError(f"config key 'device'={device!r}: only {torch.cuda.device_count()} "
-                          "CUDA device(s) are visible")
+        process_device(device, os.environ, count)
+    except ValueError as err:
+        raise ConfigError(f"config key 'device'={device!r}: {err}") from err
 
 
 def config_help(cls: type[BaseConfig]) -> str:

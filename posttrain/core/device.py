@@ -1,17 +1,59 @@
-"""Device resolution and the bf16 autocast context."""
+"""Device resolution (one process or a torchrun rank), the process-group backend, and the
+bf16 autocast context."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+from collections.abc import Mapping
 
 import torch
 
 
+def under_torchrun(env: Mapping[str, str]) -> bool:
+    """Whether `env` is a torchrun rank's environment (more than one process)."""
+    return int(env.get("WORLD_SIZE", "1")) > 1
+
+
+def process_device(name: str, env: Mapping[str, str], cuda_count: int) -> str:
+    """The device string this process runs on, from config key `device` (pure function).
+
+    One process: `auto` -> ``cuda`` when `cuda_count` > 0, else ``cpu``; anything else as given.
+    Under torchrun (``WORLD_SIZE`` > 1 in `env`) every rank uses the GPU of its
+    ``LOCAL_RANK`` (index 0 when each rank sees a single GPU, e.g. ``CUDA_VISIBLE_DEVICES`` set
+    per rank): `auto` and `cuda` resolve to it, ``cuda:N`` is accepted only when N is that
+    index, and `cpu` stays ``cpu``. Raises ValueError (one line) for any other choice.
+    """
+    if not under_torchrun(env):
+        if name == "auto":
+            return "cuda" if cuda_count > 0 else "cpu"
+        return name
+    if name == "cpu" or (name == "auto" and cuda_count == 0):
+        return "cpu"
+    local = int(env.get("LOCAL_RANK", "0"))
+    if cuda_count > local:
+        index = local
+    elif cuda_count == 1:
+        index = 0
+    else:
+        raise ValueError(f"LOCAL_RANK {local} has no GPU of its own ({cuda_count} visible); "
+                         "start at most one rank per GPU")
+    if name in ("auto", "cuda") or name == f"cuda:{index}":
+        return f"cuda:{index}"
+    raise ValueError(f"under torchrun each rank runs on the GPU of its LOCAL_RANK (this rank: "
+                     f"cuda:{index}); use device: auto or cuda, not {name!r}")
+
+
+def process_group_backend(device: torch.device | str) -> str:
+    """The one process group's backend: gloo for CPU tensors, plus NCCL for CUDA tensors when
+    the process runs on a GPU (so a CPU tensor never goes to NCCL)."""
+    return "cpu:gloo,cuda:nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
 def resolve_device(name: str) -> torch.device:
-    """`auto` -> cuda when available, else cpu; anything else as torch spells it."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    """Config key `device` for this process (`process_device` on the real environment)."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return torch.device(process_device(name, os.environ, count))
 
 
 def autocast_ctx(

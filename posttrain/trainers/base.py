@@ -117,7 +117,7 @@ class Trainer:
         if cfg.fsdp and not self.supports_fsdp:
             raise ConfigError(f"config key 'fsdp': `posttrain {self.name}` does not support "
                               "FSDP2 yet; use data parallel (fsdp: false)")
-        self.dist = Dist()  # torchrun's process group (a no-op without torchrun)
+        self.dist = Dist(cfg.device)  # torchrun's process group (a no-op without torchrun)
         self.gen = set_seed(cfg.seed)  # CPU generator: data order and sampling seeds
         self.validate()
         prepare_out_dir(cfg, self.dist.is_main)  # an earlier run there: refused or overwritten
