@@ -64,6 +64,12 @@ class BaseConfig:
     copy too). Faster than autocast_bf16 on CPUs with a bf16 matrix unit (no per-op casts);
     a precision change, so opt-in. grpo and dpo only; not with LoRA or FSDP2. Samples from the
     bf16 sampler copy like autocast_bf16: see docs/performance.md."""
+    head_precision: Literal["fp32", "tf32", "bf16"] = "fp32"
+    """Arithmetic of the fused LM head in the learner's and the reference's log-probs (the
+    families and sizes where the head is fused, docs/performance.md): fp32 (the head's
+    weight dtype; exact), tf32 (TF32 matmuls on CUDA, fp32 elsewhere) or bf16 (inputs rounded
+    to bf16, fp32 accumulation and log-softmax). tf32 and bf16 are faster on a GPU and move
+    the log-probs by about 1e-3 (tf32) to 1e-2 (bf16); the sampler's head stays fp32."""
     torch_compile: bool = False
     """With bf16_compute: `torch.compile` the transformer body of the bf16 learner and reference
     copies (fused element-wise work in the forward and backward). The first step pays the
@@ -403,6 +409,7 @@ def validate_config(cfg: BaseConfig, require: bool = True) -> None:
         raise ConfigError(f"config key 'lr'={cfg.lr}: expected > 0")
     _check_dtype(cfg)
     _check_device(cfg.device)
+    _check_bf16_device(cfg)
     if cfg.chat_template not in ("auto", "none") and not any(
             mark in cfg.chat_template for mark in ("{{", "{%")):
         raise ConfigError(f"config key 'chat_template'={cfg.chat_template[:60]!r}: expected auto, "
@@ -441,6 +448,8 @@ def _check_dtype(cfg: BaseConfig) -> None:
 def _check_device(device: str) -> None:
     """A device this torch build can use (under torchrun: the rank's own GPU), before any
     model loads (not an AssertionError)."""
+    if device == "auto" and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return  # one process: nothing to check (and no torch import)
     import torch
 
     from posttrain.core.device import process_device
@@ -463,6 +472,35 @@ def _check_device(device: str) -> None:
         process_device(device, os.environ, count)
     except ValueError as err:
         raise ConfigError(f"config key 'device'={device!r}: {err}") from err
+
+
+def bf16_device_error(cfg: BaseConfig, device_type: str, native_bf16: bool) -> str | None:
+    """The one line refusing the first bf16 option of `cfg` on a CUDA device without native
+    bf16 (`native_bf16` False: compute capability < 8.0), else None (pure function)."""
+    if device_type != "cuda" or native_bf16:
+        return None
+    keys = [("dtype", cfg.dtype == "bfloat16"), ("autocast_bf16", cfg.autocast_bf16),
+            ("bf16_compute", cfg.bf16_compute),
+            ("head_precision", cfg.head_precision == "bf16")]
+    key = next((k for k, on in keys if on), None)
+    if key is None:
+        return None
+    return (f"config key '{key}': this GPU has no native bf16 (compute capability below 8.0, "
+            "e.g. V100 or T4; torch.cuda.is_bf16_supported(including_emulation=False) is "
+            "False), so bf16 would be emulated or fail; use fp32 (and tf32 where offered)")
+
+
+def _check_bf16_device(cfg: BaseConfig) -> None:
+    """`bf16_device_error` on the device this process will use."""
+    from posttrain.core.device import cuda_bf16_native, resolve_device
+
+    if not (cfg.dtype == "bfloat16" or cfg.autocast_bf16 or cfg.bf16_compute
+            or cfg.head_precision == "bf16"):
+        return
+    device = resolve_device(cfg.device)
+    native = device.type != "cuda" or cuda_bf16_native(device)
+    if (err := bf16_device_error(cfg, device.type, native)) is not None:
+        raise ConfigError(err)
 
 
 def config_help(cls: type[BaseConfig]) -> str:

@@ -56,6 +56,33 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(process_device(name, os.environ, count))
 
 
+def cuda_bf16_native(device: torch.device | str) -> bool:
+    """Whether a CUDA `device` computes bf16 natively (compute capability >= 8.0, or ROCm);
+    ``torch.cuda.is_bf16_supported`` without emulation, for that device."""
+    device = torch.device(device)
+    if torch.version.hip:
+        return True
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_properties(index).major >= 8
+
+
+def reset_gpu_peak(device: torch.device | str) -> None:
+    """Start a new peak for `gpu_memory_metrics` (a no-op off CUDA)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def gpu_memory_metrics(device: torch.device | str) -> dict[str, float]:
+    """CUDA memory of this process on `device` since the last `reset_gpu_peak`, in MB:
+    ``gpu/max_allocated_mb`` (peak of tensors) and ``gpu/reserved_mb`` (held by the caching
+    allocator now); empty off CUDA."""
+    if torch.device(device).type != "cuda":
+        return {}
+    mb = 1024.0 * 1024.0
+    return {"gpu/max_allocated_mb": torch.cuda.max_memory_allocated(device) / mb,
+            "gpu/reserved_mb": torch.cuda.memory_reserved(device) / mb}
+
+
 def autocast_ctx(
     enabled: bool, device: torch.device | str = "cpu"
 ) -> contextlib.AbstractContextManager:

@@ -46,7 +46,9 @@ from typing import Any, ClassVar
 import torch
 
 from posttrain.config import BaseConfig, ConfigError, to_dict
+from posttrain.core.device import gpu_memory_metrics, reset_gpu_peak
 from posttrain.models import adapters_disabled
+from posttrain.ops.head_blocks import head_precision
 from posttrain.rollout.bf16_copy import BF16Copy, BF16Sampler, bf16_copy_supported
 from posttrain.rollout.hf import autocast_ctx
 from posttrain.trainers.checkpoint import (
@@ -446,10 +448,14 @@ class Trainer:
         with self.s.progress(cfg.max_steps, self.name) as bar:
             for step in range(self.start_step + 1, cfg.max_steps + 1):
                 t0 = time.time()
-                metrics = self.step(step)
+                reset_gpu_peak(self.device)
+                with head_precision(cfg.head_precision):  # the fused LM head's arithmetic
+                    metrics = self.step(step)
                 metrics["perf/step_seconds"] = time.time() - t0
                 metrics = self.dist.mean_metrics(metrics)
                 metrics["perf/peak_rss_mb"] = self.dist.max(peak_rss_mb())
+                for key, mb in gpu_memory_metrics(self.device).items():  # CUDA only
+                    metrics[key] = self.dist.max(mb)
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
                     metrics.update(_eval_metrics(self._evaluate("during")))
                     self.model.train()
