@@ -71,10 +71,10 @@ class BaseConfig:
     to bf16, fp32 accumulation and log-softmax). tf32 and bf16 are faster on a GPU and move
     the log-probs by about 1e-3 (tf32) to 1e-2 (bf16); the sampler's head stays fp32."""
     torch_compile: bool = False
-    """With bf16_compute: `torch.compile` the transformer body of the bf16 learner and reference
-    copies (fused element-wise work in the forward and backward). The first step pays the
-    compilation (about 40 s for a 19M Llama on one CPU thread); same log-probs in the loss, the
-    reference and no-grad passes (docs/performance.md)."""
+    """With bf16_compute: `torch.compile` each decoder layer of the bf16 learner and reference
+    copies (fused element-wise work in the forward and backward; one graph shared by all
+    layers, so compilation does not grow with depth). The first step pays the compilation;
+    no-grad passes (reference, old log-probs) run without grad (docs/performance.md)."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of storing them
     (transformers' activation checkpointing, non-reentrant): less memory for one more forward

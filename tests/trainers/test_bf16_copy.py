@@ -195,3 +195,18 @@ def test_fused_head_path_reads_the_fp32_master_head(tok, tie):
     torch.testing.assert_close(lps[0], lps[1], rtol=0.0, atol=1e-5)
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_compile_body_compiles_each_layer_and_keeps_the_reference_frozen(tok):
+    """torch_compile: every decoder layer is compiled in place (lazily: nothing is traced
+    here), the body's own forward is left alone, and the frozen reference copy's parameters
+    do not require grad (its no-grad passes build no graph)."""
+    from posttrain.rollout.bf16_copy import decoder_layers
+
+    ref = BF16Copy(tiny(tok), compile_body=True)
+    layers = decoder_layers(ref.model)
+    assert len(layers) == 2 and all(layer._compiled_call_impl is not None for layer in layers)
+    assert "forward" not in ref.model.base_model.__dict__
+    assert not any(p.requires_grad for p, _ in ref._pairs)  # the body (the head is shared)
+    learner = BF16Copy(tiny(tok), trainable=True, compile_body=True)
+    assert all(p.requires_grad for p, _ in learner._pairs)
