@@ -68,8 +68,9 @@ class BaseConfig:
     """Arithmetic of the fused LM head in the learner's and the reference's log-probs (the
     families and sizes where the head is fused, docs/performance.md): fp32 (the head's
     weight dtype; exact), tf32 (TF32 matmuls on CUDA, fp32 elsewhere) or bf16 (inputs rounded
-    to bf16, fp32 accumulation and log-softmax). tf32 and bf16 are faster on a GPU and move
-    the log-probs by about 1e-3 (tf32) to 1e-2 (bf16); the sampler's head stays fp32."""
+    to bf16, fp32 accumulation and log-softmax). tf32 and bf16 are faster on a GPU; their
+    inputs keep 11 and 8 significant bits (relative rounding 2^-11 and 2^-9), which moves
+    the log-probs accordingly; the sampler's head stays fp32."""
     torch_compile: bool = False
     """With bf16_compute: `torch.compile` each decoder layer of the bf16 learner and reference
     copies (fused element-wise work in the forward and backward; one graph shared by all
