@@ -245,3 +245,44 @@ def test_masks_end_at_the_first_stop_id():
     assert short[0].shape == (2, 3)
     cut = _finish(torch.tensor([[2, 5, 5]]), lp[:1, :3], torch.tensor([2]), pad_token_id=0)
     assert cut[0].tolist() == [[2]] and cut[1].tolist() == [[True]]
+
+
+def test_ready_4d_step_mask_changes_no_sample(model_tok, monkeypatch):
+    """The accelerator's decode steps (a ready [n, 1, 1, L] sdpa mask, counts every 8 steps)
+    run on the CPU: same tokens and masks as the CPU's own path, with left-padded prompts of
+    different lengths (the mask matters) and rows finishing at different steps."""
+    from posttrain.rollout import hf
+
+    model, tok = model_tok
+    assert model.config._attn_implementation == "sdpa"
+    assert not hf.step_mask_4d(model, "cpu") and hf.step_mask_4d(model, "cuda")
+    kw = {"group_size": 3, "params": SamplingParams(max_new_tokens=14),
+          "seeds": list(range(50, 59))}
+    want = generate(model, tok, PROMPTS, **kw)
+    calls = []
+    real = hf.step_mask_4d
+    monkeypatch.setattr(hf, "sync_every", lambda device: 8)
+    monkeypatch.setattr(hf, "step_mask_4d", lambda m, d: calls.append(real(m, "cuda")) or True)
+    got = generate(model, tok, PROMPTS, **kw)
+    assert calls == [True]
+    assert torch.equal(got.completion_ids, want.completion_ids)
+    assert torch.equal(got.response_mask, want.response_mask)
+    torch.testing.assert_close(got.logprobs, want.logprobs, rtol=0.0, atol=1e-5)
+
+
+def test_ready_4d_step_mask_only_for_full_sdpa_attention(model_tok):
+    from posttrain.rollout.hf import step_mask_4d
+
+    model, tok = model_tok
+    cfg = model.config
+    try:
+        cfg.sliding_window = 16
+        assert not step_mask_4d(model, "cuda")
+        cfg.use_sliding_window = False  # Qwen2's switch: the window is off
+        assert step_mask_4d(model, "cuda")
+        cfg.layer_types = ["full_attention", "sliding_attention"]
+        assert not step_mask_4d(model, "cuda")
+    finally:
+        for key in ("sliding_window", "use_sliding_window", "layer_types"):
+            cfg.__dict__.pop(key, None)
+    assert step_mask_4d(model, "cuda")

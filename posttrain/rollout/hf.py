@@ -198,6 +198,23 @@ def sync_every(device: torch.device | str) -> int:
     return 1 if torch.device(device).type == "cpu" else 8
 
 
+def step_mask_4d(model: torch.nn.Module, device: torch.device | str) -> bool:
+    """Whether decode steps hand the model a ready 4-D boolean mask ``[n, 1, 1, L]`` instead of
+    the 2-D padding mask: on an accelerator (`sync_every` > 1), for sdpa attention on full-
+    attention layers only (no sliding window, no hybrid layers). transformers reads a 2-D mask
+    on the host at every step to decide whether sdpa may skip it; for one query position the
+    4-D mask it would build is exactly this one."""
+    if sync_every(device) == 1:
+        return False
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    cfg = getattr(base, "config", None)
+    if getattr(cfg, "_attn_implementation", None) != "sdpa":
+        return False
+    if any(kind != "full_attention" for kind in getattr(cfg, "layer_types", None) or []):
+        return False
+    return not (getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True))
+
+
 def _decode(model: torch.nn.Module, prompt_ids: Tensor, attn: Tensor, params: SamplingParams,
             eos: Tensor, pad_token_id: int, generator: torch.Generator | None, group_size: int,
             cache: Any, cache_kw: dict[str, Any], uniforms: Tensor | None = None
@@ -205,8 +222,9 @@ def _decode(model: torch.nn.Module, prompt_ids: Tensor, attn: Tensor, params: Sa
     """The prefill + decode loop of `sample_tokens` (runs inside its autocast region).
 
     No host sync per token: the uniforms live on the model's device, every step writes the
-    running rows' tokens and log-probs by index, and the finished-row count is read every
-    `sync_every` steps only; lengths and EOS flags come from the tokens at the end.
+    running rows' tokens and log-probs by index, the finished-row count is read every
+    `sync_every` steps only, the step's attention mask is handed over ready
+    (`step_mask_4d`), and lengths and EOS flags come from the tokens at the end.
     """
     device = prompt_ids.device
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, P]
@@ -217,7 +235,7 @@ def _decode(model: torch.nn.Module, prompt_ids: Tensor, attn: Tensor, params: Sa
         cache.batch_repeat_interleave(group_size)
         attn, pos = attn.repeat_interleave(group_size, 0), pos.repeat_interleave(group_size, 0)
     N, T = logits.shape[0], params.max_new_tokens
-    every = sync_every(device)
+    every, mask_4d = sync_every(device), step_mask_4d(model, device)
     tokens = torch.full((N, T), pad_token_id, dtype=torch.long, device=device)  # [N, T]
     logprobs = torch.zeros((N, T), device=device)  # [N, T]
     u_all = uniforms.to(device) if uniforms is not None else None  # [N, T]
@@ -243,7 +261,8 @@ def _decode(model: torch.nn.Module, prompt_ids: Tensor, attn: Tensor, params: Sa
         # finished rows not yet compacted away run on and their samples are masked out
         attn = torch.cat([attn, torch.ones_like(tok)[:, None]], dim=1)  # [n, P+t+1]
         pos = pos + 1
-        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos,
+        mask = attn.bool()[:, None, None, :] if mask_4d else attn  # [n, 1, 1, L] or [n, L]
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos,
                     use_cache=True, **cache_kw)
         logits = out.logits[:, -1, :]  # [n, V]
     return _finish(tokens, logprobs, eos, pad_token_id)
