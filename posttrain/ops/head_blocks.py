@@ -78,9 +78,15 @@ def mm_fp32_out(a: Tensor, b: Tensor) -> Tensor:
     (no mixed-dtype matmul) the bf16-rounded inputs are multiplied in fp32: products of bf16
     values are exact in fp32, so it is the same arithmetic up to summation order."""
     a, b = a.to(torch.bfloat16), b.to(torch.bfloat16)
-    if a.device.type == "cuda":
-        return torch.mm(a, b, out_dtype=torch.float32)
+    if a.device.type == "cuda" and _MIXED_MM[0]:
+        try:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        except (RuntimeError, TypeError):  # a torch without bf16 -> fp32 mm: same arithmetic
+            _MIXED_MM[0] = False
     return a.float() @ b.float()
+
+
+_MIXED_MM = [True]  # whether torch.mm(..., out_dtype=float32) works on CUDA here
 
 
 def block_rows(n_rows: int, vocab: int, block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> int:
