@@ -31,9 +31,10 @@ DEMO = {
     "threads": 1,
     "model": {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "intermediate_size": 512},
     "sft": {"rows": 96_000, "flaw_rate": 0.6, "max_steps": 1500, "batch_size": 64, "lr": 2e-3,
-            "warmup_steps": 100},
+            "warmup_steps": 100, "micro_batch_size": 0},  # CPU sizes (the defaults: a GPU's)
     "grpo": {"max_steps": 60, "prompts_per_step": 16, "group_size": 8, "lr": 5e-5,
-             "max_new_tokens": 48, "eval_max_new_tokens": 48, "eval_every": 20},
+             "max_new_tokens": 48, "eval_max_new_tokens": 48, "eval_every": 20,
+             "micro_batch_size": 64},
     "heldout": 1000,
 }
 QUICK = {"sft": {"rows": 2000, "max_steps": 30}, "grpo": {"max_steps": 3, "eval_every": 0},

@@ -203,3 +203,86 @@ def test_generate_and_learner_on_device_with_cpu_generator(model_tok, device):
         bf = generate(model, tok, PROMPTS, group_size=2, params=params, autocast=True,
                       generator=torch.Generator().manual_seed(7))
         assert bf.logprobs.device.type == device
+
+
+@pytest.mark.parametrize("every", [3, 8, 1000])
+def test_sync_cadence_changes_no_sample(model_tok, monkeypatch, every):
+    """The accelerator's cadence (finished rows counted every 8 steps, here also 3 and never)
+    run on the CPU gives the tokens, masks and truncation flags of the every-step cadence;
+    log-probs agree to float rounding (compaction changes the batch a row runs in). The
+    per-row seeds make each row's draws independent of the batch."""
+    from posttrain.rollout import hf
+
+    model, tok = model_tok
+    kw = {"group_size": 4, "params": SamplingParams(max_new_tokens=16), "seeds": list(range(12))}
+    want = generate(model, tok, PROMPTS, **kw)
+    lengths = want.response_mask.sum(1)
+    assert lengths.min() < lengths.max() and want.truncated.any() and not want.truncated.all()
+    monkeypatch.setattr(hf, "sync_every", lambda device: every)
+    got = generate(model, tok, PROMPTS, **kw)
+    assert torch.equal(got.completion_ids, want.completion_ids)
+    assert torch.equal(got.response_mask, want.response_mask)
+    assert torch.equal(got.truncated, want.truncated)
+    torch.testing.assert_close(got.logprobs, want.logprobs, rtol=0.0, atol=1e-5)
+
+
+def test_masks_end_at_the_first_stop_id():
+    """`_finish`: each row's mask runs through its first stop id (any of several), later
+    tokens are padding, a row without one is truncated; columns no row uses are cut.
+    Rows: [5, 2, 7, 2] stops at 1; [3, 4, 9, 1] stops at 2 (id 9); [3, 3, 3, 3] runs to the
+    end; so the widest row uses all 4 columns."""
+    from posttrain.rollout.hf import _finish
+
+    tokens = torch.tensor([[5, 2, 7, 2], [3, 4, 9, 1], [3, 3, 3, 3]])
+    lp = -torch.arange(1.0, 13.0).view(3, 4)
+    ids, mask, logp, truncated = _finish(tokens, lp, torch.tensor([2, 9]), pad_token_id=0)
+    assert mask.tolist() == [[True, True, False, False], [True, True, True, False],
+                             [True] * 4]
+    assert ids.tolist() == [[5, 2, 0, 0], [3, 4, 9, 0], [3, 3, 3, 3]]
+    assert logp[0].tolist() == [-1.0, -2.0, 0.0, 0.0]
+    assert truncated.tolist() == [False, False, True]
+    short = _finish(tokens[:2, :3], lp[:2, :3], torch.tensor([2, 9]), pad_token_id=0)
+    assert short[0].shape == (2, 3)
+    cut = _finish(torch.tensor([[2, 5, 5]]), lp[:1, :3], torch.tensor([2]), pad_token_id=0)
+    assert cut[0].tolist() == [[2]] and cut[1].tolist() == [[True]]
+
+
+def test_ready_4d_step_mask_changes_no_sample(model_tok, monkeypatch):
+    """The accelerator's decode steps (a ready [n, 1, 1, L] sdpa mask, counts every 8 steps)
+    run on the CPU: same tokens and masks as the CPU's own path, with left-padded prompts of
+    different lengths (the mask matters) and rows finishing at different steps."""
+    from posttrain.rollout import hf
+
+    model, tok = model_tok
+    assert model.config._attn_implementation == "sdpa"
+    assert not hf.step_mask_4d(model, "cpu") and hf.step_mask_4d(model, "cuda")
+    kw = {"group_size": 3, "params": SamplingParams(max_new_tokens=14),
+          "seeds": list(range(50, 59))}
+    want = generate(model, tok, PROMPTS, **kw)
+    calls = []
+    real = hf.step_mask_4d
+    monkeypatch.setattr(hf, "sync_every", lambda device: 8)
+    monkeypatch.setattr(hf, "step_mask_4d", lambda m, d: calls.append(real(m, "cuda")) or True)
+    got = generate(model, tok, PROMPTS, **kw)
+    assert calls == [True]
+    assert torch.equal(got.completion_ids, want.completion_ids)
+    assert torch.equal(got.response_mask, want.response_mask)
+    torch.testing.assert_close(got.logprobs, want.logprobs, rtol=0.0, atol=1e-5)
+
+
+def test_ready_4d_step_mask_only_for_full_sdpa_attention(model_tok):
+    from posttrain.rollout.hf import step_mask_4d
+
+    model, tok = model_tok
+    cfg = model.config
+    try:
+        cfg.sliding_window = 16
+        assert not step_mask_4d(model, "cuda")
+        cfg.use_sliding_window = False  # Qwen2's switch: the window is off
+        assert step_mask_4d(model, "cuda")
+        cfg.layer_types = ["full_attention", "sliding_attention"]
+        assert not step_mask_4d(model, "cuda")
+    finally:
+        for key in ("sliding_window", "use_sliding_window", "layer_types"):
+            cfg.__dict__.pop(key, None)
+    assert step_mask_4d(model, "cuda")

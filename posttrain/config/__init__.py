@@ -9,6 +9,7 @@ from posttrain.config.base import (
     TRACKERS,
     BaseConfig,
     ConfigError,
+    bf16_device_error,
     build_config,
     config_help,
     field_docs,
@@ -35,6 +36,7 @@ CONFIGS: dict[str, type[BaseConfig]] = {
 }
 
 __all__ = ["CONFIGS", "TRACKERS", "BaseConfig", "ConfigError", "DPOConfig", "GRPOConfig",
-           "PPOConfig", "PRMConfig", "RMConfig", "SFTConfig", "SearchConfig", "build_config",
+           "PPOConfig", "PRMConfig", "RMConfig", "SFTConfig", "SearchConfig", "bf16_device_error",
+           "build_config",
            "config_help", "field_docs", "math_and_format", "parse_overrides", "to_dict",
            "validate_config"]

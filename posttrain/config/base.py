@@ -65,11 +65,18 @@ class BaseConfig:
     sampler copy like autocast_bf16: see docs/performance.md. With `fsdp: true` (CUDA only) it
     is FSDP2's mixed precision instead: bf16 decoder layers, fp32 gradient reductions, fp32
     embeddings, norm and head (docs/distributed.md)."""
+    head_precision: Literal["fp32", "tf32", "bf16"] = "fp32"
+    """Arithmetic of the fused LM head in the learner's and the reference's log-probs (the
+    families and sizes where the head is fused, docs/performance.md): fp32 (the head's
+    weight dtype; exact), tf32 (TF32 matmuls on CUDA, fp32 elsewhere) or bf16 (inputs rounded
+    to bf16, fp32 accumulation and log-softmax). tf32 and bf16 are faster on a GPU; their
+    inputs keep 11 and 8 significant bits (relative rounding 2^-11 and 2^-9), which moves
+    the log-probs accordingly; the sampler's head stays fp32."""
     torch_compile: bool = False
-    """With bf16_compute: `torch.compile` the transformer body of the bf16 learner and reference
-    copies (fused element-wise work in the forward and backward). The first step pays the
-    compilation (about 40 s for a 19M Llama on one CPU thread); same log-probs in the loss, the
-    reference and no-grad passes (docs/performance.md)."""
+    """With bf16_compute: `torch.compile` each decoder layer of the bf16 learner and reference
+    copies (fused element-wise work in the forward and backward; one graph shared by all
+    layers, so compilation does not grow with depth). The first step pays the compilation;
+    no-grad passes (reference, old log-probs) run without grad (docs/performance.md)."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of storing them
     (transformers' activation checkpointing, non-reentrant): less memory for one more forward
@@ -427,6 +434,7 @@ def validate_config(cfg: BaseConfig, require: bool = True) -> None:
         raise ConfigError(f"config key 'lr'={cfg.lr}: expected > 0")
     _check_dtype(cfg)
     _check_device(cfg.device)
+    _check_bf16_device(cfg)
     if cfg.chat_template not in ("auto", "none") and not any(
             mark in cfg.chat_template for mark in ("{{", "{%")):
         raise ConfigError(f"config key 'chat_template'={cfg.chat_template[:60]!r}: expected auto, "
@@ -464,22 +472,61 @@ def _check_dtype(cfg: BaseConfig) -> None:
 
 
 def _check_device(device: str) -> None:
-    """A device this torch build can use, before any model loads (not an AssertionError)."""
-    if device == "auto":
-        return
+    """A device this torch build can use (under torchrun: the rank's own GPU), before any
+    model loads (not an AssertionError)."""
+    if device == "auto" and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return  # one process: nothing to check (and no torch import)
     import torch
 
+    from posttrain.core.device import process_device
+
+    if device != "auto":
+        try:
+            dev = torch.device(device)
+        except RuntimeError as err:
+            raise ConfigError(f"config key 'device'={device!r}: expected auto, cpu, cuda or "
+                              f"cuda:N ({err})") from err
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"config key 'device'={device!r}: no CUDA device is available to "
+                              f"this torch build ({torch.__version__}); use device: cpu or auto")
+        if dev.type == "cuda" and dev.index is not None \
+                and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"config key 'device'={device!r}: only "
+                              f"{torch.cuda.device_count()} CUDA device(s) are visible")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     try:
-        dev = torch.device(device)
-    except RuntimeError as err:
-        raise ConfigError(f"config key 'device'={device!r}: expected auto, cpu, cuda or cuda:N "
-                          f"({err})") from err
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"config key 'device'={device!r}: no CUDA device is available to this "
-                          f"torch build ({torch.__version__}); use device: cpu or auto")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ConfigError(f"config key 'device'={device!r}: only {torch.cuda.device_count()} "
-                          "CUDA device(s) are visible")
+        process_device(device, os.environ, count)
+    except ValueError as err:
+        raise ConfigError(f"config key 'device'={device!r}: {err}") from err
+
+
+def bf16_device_error(cfg: BaseConfig, device_type: str, native_bf16: bool) -> str | None:
+    """The one line refusing the first bf16 option of `cfg` on a CUDA device without native
+    bf16 (`native_bf16` False: compute capability < 8.0), else None (pure function)."""
+    if device_type != "cuda" or native_bf16:
+        return None
+    keys = [("dtype", cfg.dtype == "bfloat16"), ("autocast_bf16", cfg.autocast_bf16),
+            ("bf16_compute", cfg.bf16_compute),
+            ("head_precision", cfg.head_precision == "bf16")]
+    key = next((k for k, on in keys if on), None)
+    if key is None:
+        return None
+    return (f"config key '{key}': this GPU has no native bf16 (compute capability below 8.0, "
+            "e.g. V100 or T4; torch.cuda.is_bf16_supported(including_emulation=False) is "
+            "False), so bf16 would be emulated or fail; use fp32 (and tf32 where offered)")
+
+
+def _check_bf16_device(cfg: BaseConfig) -> None:
+    """`bf16_device_error` on the device this process will use."""
+    from posttrain.core.device import cuda_bf16_native, resolve_device
+
+    if not (cfg.dtype == "bfloat16" or cfg.autocast_bf16 or cfg.bf16_compute
+            or cfg.head_precision == "bf16"):
+        return
+    device = resolve_device(cfg.device)
+    native = device.type != "cuda" or cuda_bf16_native(device)
+    if (err := bf16_device_error(cfg, device.type, native)) is not None:
+        raise ConfigError(err)
 
 
 def config_help(cls: type[BaseConfig]) -> str:

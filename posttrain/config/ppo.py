@@ -73,8 +73,10 @@ class PPOConfig(PromptRLConfig):
     """Passes over each rollout batch."""
     mini_batches: int = 4
     """Optimizer steps per pass (the batch is split into this many shuffled mini-batches)."""
-    micro_batch_size: int = 64
-    """Sequences per forward/backward (gradient accumulation within a mini-batch)."""
+    micro_batch_size: int = 8
+    """Sequences per forward/backward (gradient accumulation within a mini-batch; the update is
+    the same for any value). 8 is sized for a GPU (verl's per-GPU micro-batch); on a CPU with a
+    tiny model 64 is faster."""
     target_kl: float | None = None
     """Stop this step's remaining PPO epochs when the approx KL between the rollout policy and
     the current one, mean(logp_old - logp), exceeds this (the mini-batch that crossed it is not

@@ -15,9 +15,9 @@ class _ScorerConfig(BaseConfig):
     """Split name when `train_data` is a `datasets` name."""
     batch_size: int = 32
     """Rows (preference pairs, completions or step rows) per optimizer step."""
-    micro_batch_size: int = 64
+    micro_batch_size: int = 16
     """Sequences per forward/backward (gradient accumulation), as in every trainer: a preference
-    pair is two sequences."""
+    pair is two sequences. 16 is sized for a GPU; on a CPU with a tiny model 64 is faster."""
     max_seq_len: int = 256
     """Longest prompt+completion (or prompt+steps) in tokens; longer rows are an error."""
     eval_size: int = 100_000

@@ -25,10 +25,10 @@ is fp32 and the optimizer, clipping and gradient sync only see the master; the h
 lands on the master directly. The frozen reference is built the same way, so before the first
 update its log-probs equal the learner's bit for bit (KL exactly 0). On the CPU both use
 transformers' eager attention (PyTorch's CPU flash-attention backward is slow in bf16, and the
-reference must take the learner's path). With ``compile_body`` (`torch_compile: true`) the
-body's forward is compiled (dynamic shapes); inductor compiles a graph that will be
-differentiated differently from a no-grad one, so every call runs the differentiable graph and
-detaches the result under no_grad: the reference and the learner stay bit-identical.
+reference must take the learner's path). With ``compile_body`` (`torch_compile: true`) each
+decoder layer is compiled (`compile_layers`: one traced graph shared by every layer, so
+compilation does not grow with depth); no-grad passes (the reference, old log-probs) run the
+compiled layers without grad, holding no activations for a backward.
 
 Not supported: PEFT/LoRA models and FSDP2-sharded parameters (`bf16_copy_supported`).
 """
@@ -86,9 +86,7 @@ class BF16Copy:
             if id(p) in shared:
                 continue
             master = masters[name]
-            # a compiled frozen copy still takes the differentiable graph (see above); its
-            # outputs are detached, so no gradient ever reaches it
-            p.requires_grad_(master.requires_grad if trainable else compile_body)
+            p.requires_grad_(master.requires_grad if trainable else False)
             self._pairs.append((p, master))
             if p.requires_grad and trainable:
                 p.register_post_accumulate_grad_hook(_to_master(master))
@@ -100,8 +98,7 @@ class BF16Copy:
             self.model.set_attn_implementation("eager")
         self.model.train(source.training)
         if compile_body:
-            body = self.model.base_model
-            body.forward = _always_differentiable(torch.compile(body.forward, dynamic=True))
+            compile_layers(self.model)
         self._packed: dict[torch.nn.Linear, torch.Tensor] = {}  # body linear -> packed weight
         self._linears: list[torch.nn.Linear] = []
         if packed and on_cpu and packed_linear_supported():
@@ -163,18 +160,24 @@ def _to_master(master: torch.nn.Parameter) -> Any:
     return hook
 
 
-def _always_differentiable(compiled: Any) -> Any:
-    """Run `compiled` with grad enabled; under no_grad return its output detached."""
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        if torch.is_grad_enabled():
-            return compiled(*args, **kwargs)
-        with torch.enable_grad():
-            out = compiled(*args, **kwargs)
-        for key, value in out.items():  # a ModelOutput: detach every tensor in it
-            if isinstance(value, torch.Tensor):
-                out[key] = value.detach()
-        return out
-    return forward
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a Hugging Face causal LM (the first non-empty ``layers``
+    ``ModuleList``, e.g. ``model.model.layers``); [] when there is none."""
+    for mod in model.modules():
+        layers = getattr(mod, "layers", None)
+        if isinstance(layers, torch.nn.ModuleList) and len(layers) > 0:
+            return list(layers)
+    return []
+
+
+def compile_layers(model: torch.nn.Module) -> int:
+    """`torch.compile` each decoder layer in place (dynamic shapes): the layers of a model share
+    one class, so one graph is traced and reused by all of them (per grad mode), instead of
+    one graph of the whole unrolled body. Returns the number of layers compiled."""
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.compile(dynamic=True)
+    return len(layers)
 
 
 _PACK_ROWS = 64  # oneDNN's batch-size hint for the packed layout (any row count works)

@@ -159,7 +159,9 @@ def sample_tokens(
 
     Two savings over a plain loop: each distinct prompt is prefilled once and its KV cache
     repeated `group_size` times, and rows that have finished are dropped from the batch (the
-    cache is compacted) once a quarter of the running rows are done.
+    cache is compacted) once a quarter of the running rows are done (checked every
+    `sync_every` steps: each step on the CPU, every 8th on a GPU, so that decoding does not
+    wait on the host at every token).
 
     Args:
         prompt_ids: [B, P] distinct left-padded prompts; prompt_mask: [B, P] bool.
@@ -188,11 +190,42 @@ def sample_tokens(
                        group_size, cache, cache_kw, uniforms)
 
 
+def sync_every(device: torch.device | str) -> int:
+    """Decode steps between the loop's host syncs (the finished-row count that drives the
+    break and the compaction): every step on the CPU, where reading a tensor costs nothing;
+    every 8 steps on an accelerator, where each read stalls the launch queue (finished rows
+    decode up to 7 steps longer, masked out)."""
+    return 1 if torch.device(device).type == "cpu" else 8
+
+
+def step_mask_4d(model: torch.nn.Module, device: torch.device | str) -> bool:
+    """Whether decode steps hand the model a ready 4-D boolean mask ``[n, 1, 1, L]`` instead of
+    the 2-D padding mask: on an accelerator (`sync_every` > 1), for sdpa attention on full-
+    attention layers only (no sliding window, no hybrid layers). transformers reads a 2-D mask
+    on the host at every step to decide whether sdpa may skip it; for one query position the
+    4-D mask it would build is exactly this one."""
+    if sync_every(device) == 1:
+        return False
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    cfg = getattr(base, "config", None)
+    if getattr(cfg, "_attn_implementation", None) != "sdpa":
+        return False
+    if any(kind != "full_attention" for kind in getattr(cfg, "layer_types", None) or []):
+        return False
+    return not (getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True))
+
+
 def _decode(model: torch.nn.Module, prompt_ids: Tensor, attn: Tensor, params: SamplingParams,
             eos: Tensor, pad_token_id: int, generator: torch.Generator | None, group_size: int,
             cache: Any, cache_kw: dict[str, Any], uniforms: Tensor | None = None
             ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The prefill + decode loop of `sample_tokens` (runs inside its autocast region)."""
+    """The prefill + decode loop of `sample_tokens` (runs inside its autocast region).
+
+    No host sync per token: the uniforms live on the model's device, every step writes the
+    running rows' tokens and log-probs by index, the finished-row count is read every
+    `sync_every` steps only, the step's attention mask is handed over ready
+    (`step_mask_4d`), and lengths and EOS flags come from the tokens at the end.
+    """
     device = prompt_ids.device
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, P]
     out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=pos, use_cache=True,
@@ -202,36 +235,51 @@ def _decode(model: torch.nn.Module, prompt_ids: Tensor, attn: Tensor, params: Sa
         cache.batch_repeat_interleave(group_size)
         attn, pos = attn.repeat_interleave(group_size, 0), pos.repeat_interleave(group_size, 0)
     N, T = logits.shape[0], params.max_new_tokens
+    every, mask_4d = sync_every(device), step_mask_4d(model, device)
     tokens = torch.full((N, T), pad_token_id, dtype=torch.long, device=device)  # [N, T]
     logprobs = torch.zeros((N, T), device=device)  # [N, T]
-    lengths = torch.full((N,), T, dtype=torch.long, device=device)  # [N]
-    ended = torch.zeros(N, dtype=torch.bool, device=device)  # [N] sampled EOS
+    u_all = uniforms.to(device) if uniforms is not None else None  # [N, T]
     rows = torch.arange(N, device=device)  # [n] original index of each running row
-    alive = torch.ones(N, dtype=torch.bool, device=device)  # [n] not finished yet
+    alive = torch.ones(N, dtype=torch.bool, device=device)  # [n] no EOS sampled yet
     pos = pos[:, -1:]  # [n, 1]
     for t in range(T):
-        u = uniforms[rows.cpu(), t] if uniforms is not None else None  # [n]
+        u = u_all[rows, t] if u_all is not None else None  # [n]
         tok, lp = _next_token(logits, params, generator, u)  # [n], [n]
         tokens[rows, t], logprobs[rows, t] = tok, lp
-        newly_done = alive & torch.isin(tok, eos)  # [n]
-        lengths[rows[newly_done]] = t + 1
-        ended[rows[newly_done]] = True
-        alive = alive & ~newly_done
-        n_alive = int(alive.sum())
-        if n_alive == 0 or t == T - 1:
+        alive = alive & ~torch.isin(tok, eos)  # [n]
+        if t == T - 1:
             break
-        if 4 * (rows.numel() - n_alive) >= rows.numel():  # compact: drop finished rows
-            keep = alive.nonzero()[:, 0]  # [n']
-            cache.batch_select_indices(keep)
-            rows, tok, attn, pos, alive = rows[keep], tok[keep], attn[keep], pos[keep], alive[keep]
+        if (t + 1) % every == 0:  # the one host sync: stop, or drop the finished rows
+            n_alive = int(alive.sum())
+            if n_alive == 0:
+                break
+            if 4 * (rows.numel() - n_alive) >= rows.numel():
+                keep = alive.nonzero()[:, 0]  # [n']
+                cache.batch_select_indices(keep)
+                rows, tok, attn, pos, alive = (rows[keep], tok[keep], attn[keep], pos[keep],
+                                               alive[keep])
         # finished rows not yet compacted away run on and their samples are masked out
         attn = torch.cat([attn, torch.ones_like(tok)[:, None]], dim=1)  # [n, P+t+1]
         pos = pos + 1
-        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos,
+        mask = attn.bool()[:, None, None, :] if mask_4d else attn  # [n, 1, 1, L] or [n, L]
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos,
                     use_cache=True, **cache_kw)
         logits = out.logits[:, -1, :]  # [n, V]
-    steps = torch.arange(T, device=device)[None, :]  # [1, T]
-    response_mask = steps < lengths[:, None]  # [N, T]
+    return _finish(tokens, logprobs, eos, pad_token_id)
+
+
+def _finish(tokens: Tensor, logprobs: Tensor, eos: Tensor, pad_token_id: int
+            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Masks from the sampled tokens [N, T]: each row ends at its first stop id (inclusive).
+
+    Returns tokens and log-probs (pad / 0 outside the mask) and the mask, cut to the longest
+    row, and truncated [N] (no stop id sampled)."""
+    N, T = tokens.shape
+    steps = torch.arange(T, device=tokens.device)[None, :]  # [1, T]
+    first = torch.where(torch.isin(tokens, eos), steps, T).amin(1) if T else \
+        torch.zeros(N, dtype=torch.long, device=tokens.device)  # [N] first stop (T: none)
+    ended = first < T  # [N]
+    response_mask = steps <= first[:, None]  # [N, T] through the stop id (all when none)
     tokens = tokens.masked_fill(~response_mask, pad_token_id)
     logprobs = logprobs.masked_fill(~response_mask, 0.0)
     used = int(response_mask.any(0).sum()) if N else 0

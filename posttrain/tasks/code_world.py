@@ -32,7 +32,7 @@ WORLD: dict[str, Any] = {
     "model": {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "intermediate_size": 512,
               "max_position_embeddings": 128},
     "sft": {"rows": 64_000, "flaw_rate": 0.6, "max_steps": 700, "batch_size": 64, "lr": 3e-3,
-            "warmup_steps": 50},
+            "warmup_steps": 50, "micro_batch_size": 0},  # the whole batch: a CPU size
     "prompts": 20_000,
     "heldout": 1000,
     "measure": 500,

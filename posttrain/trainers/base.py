@@ -15,11 +15,9 @@ around it, once for all trainers:
    `peak_rss_mb`, `history`, + `summary_fields()`).
 
 Hooks a subclass overrides: `step` (required), `validate`, `load_model`, `setup`,
-`optimizer_steps`, `evaluate`, `summary_fields`, `save`, and `state_dict` / `load_state_dict`
-(the trainer's own state beyond model, optimizer, schedule, data order and RNGs, for exact
-resume: a batch stream, a KL controller...). Helpers it uses: `next_rows` / `next_indices`
-(epoch sampler), `optimizer_step`, `autocast`, `reference`, `gathered` (full weights for
-generation under FSDP2), and `self.dist` (rank, world, `shard`, global `sum`).
+`optimizer_steps`, `optimizer_groups`, `state_modules`, `evaluate`, `summary_fields`, `save`,
+`state_dict` / `load_state_dict` (its own state for exact resume). Helpers: `next_rows`,
+`optimize` (the one engine), `reference`, `learner`, `rollout_engine`, `gathered`, `self.dist`.
 
 Resume and stop (docs/distributed.md): `save_every` writes `checkpoints/step-N/` atomically
 (posttrain.trainers.checkpoint); `resume_from: latest | PATH` restores everything and continues
@@ -46,7 +44,9 @@ from typing import Any, ClassVar
 import torch
 
 from posttrain.config import BaseConfig, ConfigError, to_dict
+from posttrain.core.device import gpu_memory_metrics, reset_gpu_peak
 from posttrain.models import adapters_disabled
+from posttrain.ops.head_blocks import head_precision
 from posttrain.rollout.bf16_copy import BF16Copy
 from posttrain.rollout.engine import HFEngine, RolloutEngine, build_engine
 from posttrain.rollout.hf import autocast_ctx
@@ -125,7 +125,7 @@ class Trainer:
         if cfg.fsdp and not self.supports_fsdp:
             raise ConfigError(f"config key 'fsdp': `posttrain {self.name}` does not support "
                               "FSDP2 yet; use data parallel (fsdp: false)")
-        self.dist = Dist()  # torchrun's process group (a no-op without torchrun)
+        self.dist = Dist(cfg.device)  # torchrun's process group (a no-op without torchrun)
         self.gen = set_seed(cfg.seed)  # CPU generator: data order and sampling seeds
         self.validate()
         prepare_out_dir(cfg, self.dist.is_main)  # an earlier run there: refused or overwritten
@@ -482,10 +482,14 @@ class Trainer:
         with self.s.progress(cfg.max_steps, self.name) as bar:
             for step in range(self.start_step + 1, cfg.max_steps + 1):
                 t0 = time.time()
-                metrics = self.step(step)
+                reset_gpu_peak(self.device)
+                with head_precision(cfg.head_precision):  # the fused LM head's arithmetic
+                    metrics = self.step(step)
                 metrics["perf/step_seconds"] = time.time() - t0
                 metrics = self.dist.mean_metrics(metrics)
                 metrics["perf/peak_rss_mb"] = self.dist.max(peak_rss_mb())
+                for key, mb in gpu_memory_metrics(self.device).items():  # CUDA only
+                    metrics[key] = self.dist.max(mb)
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
                     metrics.update(_eval_metrics(self._evaluate("during")))
                     self.model.train()

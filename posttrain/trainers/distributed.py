@@ -2,7 +2,8 @@
 
 Started by ``torchrun`` (it sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``...);
 without it everything here is a no-op and a trainer runs as one process. Backend: NCCL when
-CUDA is available, gloo on CPU.
+the run uses CUDA: one process group ``cpu:gloo,cuda:nccl`` (CPU tensors take gloo, CUDA tensors
+NCCL), each rank on the GPU of its ``LOCAL_RANK``; gloo alone on the CPU.
 
 Data parallelism (the default) replicates the model on every rank and sums gradients across
 ranks with one all-reduce of the flattened gradients at each optimizer step (the gradient
@@ -30,21 +31,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from posttrain.core.device import process_group_backend, resolve_device
+
 
 class Dist:
     """This process's place in the run: rank, world size, and the collectives trainers use."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str = "auto") -> None:
+        """`device`: config key `device`; under torchrun the rank's own device
+        (`posttrain.core.device.process_device`) and one process group for both kinds of
+        tensor (`process_group_backend`: gloo for CPU tensors, NCCL for CUDA ones)."""
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.fsdp = False
+        self.device = resolve_device(device)
         if self.world > 1 and not dist.is_initialized():
-            if torch.cuda.is_available():
-                torch.cuda.set_device(self.local_rank)
-                dist.init_process_group("nccl")
-            else:
-                dist.init_process_group("gloo")
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            dist.init_process_group(process_group_backend(self.device))
 
     @property
     def enabled(self) -> bool:
@@ -178,10 +183,10 @@ class Dist:
 
     # ---- internals -------------------------------------------------------------------------
     def _all_reduce(self, t: torch.Tensor, op: Any) -> torch.Tensor:
-        device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
-        moved = t.to(device)
-        dist.all_reduce(moved, op=op)
-        return moved.to(t.device)
+        """All-reduce `t` in place on its own device (the process group sends CPU tensors to
+        gloo, CUDA tensors to NCCL); every caller passes a tensor of its own."""
+        dist.all_reduce(t, op=op)
+        return t
 
     def _gather_objects(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world

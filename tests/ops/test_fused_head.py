@@ -140,3 +140,73 @@ def test_entropy_gradient_golden_two_token_vocab():
     ent.sum().backward()
     assert w.grad[:, 0].tolist() == pytest.approx([-0.19661, 0.19661], abs=1e-5)
     assert w.grad[:, 1].tolist() == [0.0, 0.0]
+
+
+def test_block_size_by_device():
+    """CPU: 8M fp32 elements (32 MB) as before; a GPU: 128M (512 MB), at most 1/64 of its
+    memory: 24 GB / 256 bytes = 93,750,000 elements; never below the CPU's block."""
+    from posttrain.ops.head_blocks import device_block_elements
+
+    assert device_block_elements("cpu") == 1 << 23
+    assert device_block_elements("cuda", 141 * 10**9) == 1 << 27
+    assert device_block_elements("cuda", 24 * 10**9) == 93_750_000
+    assert device_block_elements("cuda", 10**9) == 1 << 23
+    assert device_block_elements("cuda") == 1 << 27  # memory unknown
+    h, w = torch.randn(4, 6), torch.randn(11, 6)  # the default (None) is the CPU's block
+    tok = torch.arange(4)
+    assert torch.equal(head_logprobs(h, w, tok)[0], head_logprobs(h, w, tok,
+                                                                  block_elements=1 << 23)[0])
+
+
+def _case(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(6, 16, generator=g, requires_grad=True)
+    w = torch.randn(13, 16, generator=g, requires_grad=True)
+    b = torch.randn(13, generator=g, requires_grad=True)
+    return h, w, b, torch.randint(0, 13, (6,), generator=g), torch.randn(6, generator=g)
+
+
+@pytest.mark.parametrize("block_elements", [13, 40, 1 << 20])
+def test_bf16_precision_is_bf16_inputs_with_fp32_arithmetic(block_elements):
+    """precision=bf16: the log-probs are those of the head on bf16-ROUNDED hidden states and
+    weights computed in float64 (to fp32 rounding), not the fp32 head's (they differ by the
+    input rounding, ~1e-2 here); gradients match float64 autograd of that rounded head up to
+    the bf16 rounding of the logits' gradient (cosine > 0.999)."""
+    from posttrain.ops import token_logprobs
+
+    h, w, b, tok, go = _case()
+    hr, wr = (x.detach().bfloat16().double().requires_grad_(True) for x in (h, w))
+    br = b.detach().double().requires_grad_(True)
+    want = token_logprobs(torch.nn.functional.linear(hr, wr, br), tok, temperature=0.7)
+    got, _ = head_logprobs(h, w, tok, bias=b, temperature=0.7, precision="bf16",
+                           block_elements=block_elements)
+    fp32, _ = head_logprobs(h, w, tok, bias=b, temperature=0.7)
+    torch.testing.assert_close(got.double(), want, rtol=0.0, atol=1e-5)
+    assert (fp32.double() - want).abs().max() > 1e-3  # the rounding is really applied
+    want_g = torch.autograd.grad((want * go.double()).sum(), [hr, wr, br])
+    got_g = torch.autograd.grad((got * go).sum(), [h, w, b])
+    for a, e in zip(got_g, want_g, strict=True):
+        assert a.dtype == torch.float32
+        cos = torch.nn.functional.cosine_similarity(a.double().flatten(), e.flatten(), dim=0)
+        assert cos > 0.999, float(cos)
+
+
+def test_precision_context_and_tf32_on_cpu():
+    """`head_precision` sets the precision of the calls inside it (an explicit `precision`
+    wins); tf32 only changes CUDA matmuls, so on the CPU it equals fp32 bit for bit."""
+    from posttrain.ops.head_blocks import current_head_precision, head_precision
+
+    h, w, b, tok, _ = _case(1)
+    fp32 = head_logprobs(h, w, tok, bias=b)[0]
+    bf16 = head_logprobs(h, w, tok, bias=b, precision="bf16")[0]
+    with head_precision("bf16"):
+        assert current_head_precision() == "bf16"
+        assert torch.equal(head_logprobs(h, w, tok, bias=b)[0], bf16)
+        assert torch.equal(head_logprobs(h, w, tok, bias=b, precision="fp32")[0], fp32)
+        with head_precision("tf32"):
+            assert torch.equal(head_logprobs(h, w, tok, bias=b)[0], fp32)
+    assert current_head_precision() == "fp32"
+    with pytest.raises(ValueError, match="precision 'fp16'"):
+        head_logprobs(h, w, tok, precision="fp16")
+    with pytest.raises(ValueError, match="expected one of"), head_precision("half"):
+        pass

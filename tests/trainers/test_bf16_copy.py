@@ -204,3 +204,18 @@ def test_bf16_compute_with_fsdp_is_refused_on_the_cpu(tok, tmp_path):
         GRPOTrainer(model="__never_loaded__", tokenizer=tok, train_data=prompt_rows(4),
                     bf16_compute=True, fsdp=True, device="cpu", out_dir=str(tmp_path / "f"),
                     **COMMON)
+
+
+def test_compile_body_compiles_each_layer_and_keeps_the_reference_frozen(tok):
+    """torch_compile: every decoder layer is compiled in place (lazily: nothing is traced
+    here), the body's own forward is left alone, and the frozen reference copy's parameters
+    do not require grad (its no-grad passes build no graph)."""
+    from posttrain.rollout.bf16_copy import decoder_layers
+
+    ref = BF16Copy(tiny(tok), compile_body=True)
+    layers = decoder_layers(ref.model)
+    assert len(layers) == 2 and all(layer._compiled_call_impl is not None for layer in layers)
+    assert "forward" not in ref.model.base_model.__dict__
+    assert not any(p.requires_grad for p, _ in ref._pairs)  # the body (the head is shared)
+    learner = BF16Copy(tiny(tok), trainable=True, compile_body=True)
+    assert all(p.requires_grad for p, _ in learner._pairs)
