@@ -235,11 +235,17 @@ def test_killing_the_parent_only_fails_the_program(program: str, mode: str,
         # the program can kill its supervisor (same sandbox uid), which only fails the program
         assert (score, status) == (0.0, "crashed")
     # an assert test's judge process is not PID 1: a program that kills everything it can
-    # see kills it too, which is a loss only (the judge's verdict is the only pass)
+    # see kills it too, which is a loss only (the judge's verdict is the only pass). Whether
+    # the judge is already running when the kill comes is a race (under load it sometimes is
+    # not, and then it judges the honest f and passes it), so either outcome is allowed
+    # there; what must hold is that the kill never turns into anything else
     score, status = run_case(program, ["assert f() > 0"], mode, partial=True)
     assert psutil.Process().is_running()
     spares_the_judge = mode == "bwrap" and "getppid" in program
-    assert (score, status) == ((1.0, "passed") if spares_the_judge else (0.0, "crashed"))
+    if spares_the_judge:
+        assert (score, status) == (1.0, "passed")
+    else:
+        assert (score, status) in ((0.0, "crashed"), (1.0, "passed"))
 
 
 def test_cannot_write_outside_its_temp_dir(mode: str, tmp_path: Path, marker: str) -> None:
