@@ -1,85 +1,185 @@
 #!/usr/bin/env bash
-# Smoke test on an accelerator: one step of each trainer on DEVICE, fp32 and bf16 autocast
-# (and GRPO/DPO with bf16_compute, GRPO compiled),
-# plus the sampler/learner device tests. Prints one PASS/FAIL line per part and exits non-zero
-# when any part fails.
-#   bash scripts/gpu_smoke.sh                 # DEVICE=cuda (default)
-#   DEVICE=cpu bash scripts/gpu_smoke.sh      # the same end to end on the CPU
-# Env: DEVICE (cuda), PYTHON (python), WORK (a fresh temp dir), KEEP=1 keeps WORK.
-# Nothing is downloaded: a tiny Llama, the char tokenizer and arithmetic data are built locally.
+# Smoke test on an accelerator (docs/distributed.md, "GPU smoke test"). Every trainer on a
+# random Qwen2-shaped model with the real 151,936-token vocabulary (tied embeddings, q/k/v
+# biases), fp32 and bf16 autocast, checked beyond the exit code (scripts/smoke_checks.py:
+# finite losses, first-step KL < 1e-4, the sampler/learner gap, final/ reloads); a stop by
+# SIGTERM and a resume; torchrun data parallel and FSDP2; the vLLM colocated engine when vLLM
+# imports; (full mode) bf16_compute, torch.compile, the device tests and a recipe-shaped probe.
+# One PASS/FAIL/SKIP line per part; exits non-zero when any part fails.
+#   bash scripts/gpu_smoke.sh                      # DEVICE=cuda MODE=quick (<= 5 min, one H200)
+#   MODE=full bash scripts/gpu_smoke.sh            # + the parts listed under "full" below
+#   ONLY="probe vllm*" bash scripts/gpu_smoke.sh   # only these parts (shell patterns)
+#   DEVICE=cpu MODE=quick bash scripts/gpu_smoke.sh  # the same end to end on the CPU, smaller
+# Env: DEVICE (cuda), MODE (quick), ONLY (all parts of MODE), PYTHON (python), WORK (a fresh
+# temp dir), KEEP=1 keeps WORK, PART_TIMEOUT (seconds per part: 300, 600 on the CPU).
+# Nothing is downloaded: the model, the char tokenizer and arithmetic data are built locally.
 set -u
 cd "$(dirname "$0")/.."
 DEVICE=${DEVICE:-cuda}
+MODE=${MODE:-quick}
 PY=${PYTHON:-python}
 WORK=${WORK:-$(mktemp -d /tmp/posttrain_smoke.XXXXXX)}
+ONLY=${ONLY:-}
+if [ "$DEVICE" = cpu ]; then SIZE=cpu; else SIZE=gpu; fi
+PART_TIMEOUT=${PART_TIMEOUT:-$([ "$SIZE" = cpu ] && echo 600 || echo 300)}
+export PYTHONPATH="$PWD/scripts:$PWD${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 mkdir -p "$WORK"
 FAILED=0
+CHECK=("$PY" scripts/smoke_checks.py)
+case "$MODE" in quick|full) ;; *) echo "gpu_smoke: MODE=$MODE: expected quick or full"; exit 2;; esac
 
-part() {  # part NAME CMD... : run CMD, log to $WORK/NAME.log, print PASS/FAIL
+selected() {  # selected NAME: is NAME one of the ONLY patterns (or is ONLY empty)?
+  [ -z "$ONLY" ] && return 0
+  local pat
+  for pat in $ONLY; do
+    # shellcheck disable=SC2053
+    [[ $1 == $pat ]] && return 0
+  done
+  return 1
+}
+
+part() {  # part NAME CMD... : run CMD under `timeout`, log to $WORK/NAME.log, print PASS/FAIL
   local name=$1; shift
-  local start=$SECONDS
-  if "$@" >"$WORK/$name.log" 2>&1; then
+  selected "$name" || return 0
+  local start=$SECONDS rc=0
+  timeout -k 20 "$PART_TIMEOUT" "$@" >"$WORK/$name.log" 2>&1 || rc=$?
+  if [ "$rc" = 0 ]; then
     echo "PASS $name ($((SECONDS - start)) s)"
+    grep '^smoke: ' "$WORK/$name.log" | sed 's/^/    /'
   else
-    echo "FAIL $name ($((SECONDS - start)) s, log $WORK/$name.log):"
+    local why="exit $rc"
+    [ "$rc" = 124 ] || [ "$rc" = 137 ] && why="timeout after ${PART_TIMEOUT} s"
+    echo "FAIL $name ($((SECONDS - start)) s, $why, log $WORK/$name.log):"
     tail -n 25 "$WORK/$name.log" | sed 's/^/    /'
     FAILED=1
   fi
 }
 
-echo "gpu_smoke: DEVICE=$DEVICE WORK=$WORK"
+skip() {  # skip NAME REASON...
+  selected "$1" || return 0
+  local name=$1; shift
+  echo "SKIP $name: $*"
+}
+
+echo "gpu_smoke: DEVICE=$DEVICE MODE=$MODE WORK=$WORK"
+T0=$SECONDS
+ONLY_SAVED=$ONLY; ONLY=""  # the device and the world are needed by every part
 part device "$PY" -c "
-import sys, torch
+import torch
 d = torch.device('$DEVICE')
-print('torch', torch.__version__, 'device', d)
+print('smoke: torch', torch.__version__, 'device', d)
 if d.type == 'cuda':
     assert torch.cuda.is_available(), 'DEVICE=cuda but torch.cuda.is_available() is False'
-    print(torch.cuda.get_device_name(0), 'bf16:', torch.cuda.is_bf16_supported())
+    print('smoke:', torch.cuda.device_count(), 'x', torch.cuda.get_device_name(0),
+          'bf16:', torch.cuda.is_bf16_supported())
 torch.ones(2, device=d).sum().item()
 "
 [ "$FAILED" = 0 ] || { echo "gpu_smoke: FAIL (no usable $DEVICE)"; exit 1; }
+part world "${CHECK[@]}" world "$WORK" --size "$SIZE"
+[ "$FAILED" = 0 ] || { echo "gpu_smoke: FAIL (could not build the smoke world)"; exit 1; }
+ONLY=$ONLY_SAVED
 
-part world "$PY" -c "
-from pathlib import Path
-from posttrain.models import build_char_tokenizer, build_tiny_llama
-from posttrain.tasks.arithmetic import heldout_rows, prompt_rows, sft_rows, write_jsonl
-from posttrain.tasks.preferences import offline_pairs
-from posttrain.trainers.common import save_checkpoint
-out = Path('$WORK')
-tok = build_char_tokenizer()
-save_checkpoint(build_tiny_llama(tok, hidden_size=64, num_layers=2, num_heads=4,
-                                 intermediate_size=128, seed=0), tok, out / 'init')
-write_jsonl(sft_rows(256, 0), out / 'sft.jsonl')
-write_jsonl(prompt_rows(64, 1), out / 'prompts.jsonl')
-write_jsonl(heldout_rows(8), out / 'heldout.jsonl')
-write_jsonl(offline_pairs(64, 0, kind='sign'), out / 'pairs.jsonl')
-print('world ready in', out)
-"
+W=$WORK
+BASE=(model="$W/init" device="$DEVICE" threads=1 seed=0 progress=false report_to=none)
+COMMON=("${BASE[@]}" max_steps=2)
+REWARDS='rewards=[{name: "smoke_checks:text_chars", weight: 1.0}, {name: math, weight: 1.0}]'
+RL=(train_data="$W/prompts.jsonl" eval_data="$W/heldout.jsonl" eval_size=4
+    max_new_tokens=16 eval_max_new_tokens=16 "$REWARDS")
+GRPO=("${RL[@]}" prompts_per_step=2 group_size=4 kl_coef=0.04)
+PPO=("${RL[@]}" prompts_per_step=4 group_size=2 ppo_epochs=1 mini_batches=2 kl_coef=0.05)
+SCORER=(batch_size=8 micro_batch_size=8 max_seq_len=128)
+train() {  # train NAME CHECK-FLAGS... -- COMMAND KEYS... : one trainer run, checked
+  local name=$1; shift
+  local flags=()
+  while [ "$1" != -- ]; do flags+=("$1"); shift; done
+  shift
+  part "$name" "${CHECK[@]}" run --out "$W/$name" "${flags[@]}" -- \
+    "$PY" -m posttrain "$@" out_dir="$W/$name"
+}
 
-COMMON=(model="$WORK/init" device="$DEVICE" max_steps=1 threads=1 seed=0)
+# ---- every trainer, fp32 and bf16 autocast -------------------------------------------------
 for bf16 in false true; do
-  tag=$([ "$bf16" = true ] && echo "_bf16" || echo "")
-  part "sft$tag" "$PY" -m posttrain.cli sft "${COMMON[@]}" autocast_bf16=$bf16 \
-    out_dir="$WORK/sft$tag" train_data="$WORK/sft.jsonl" batch_size=8 max_seq_len=96
-  part "grpo$tag" "$PY" -m posttrain.cli grpo "${COMMON[@]}" autocast_bf16=$bf16 \
-    out_dir="$WORK/grpo$tag" train_data="$WORK/prompts.jsonl" eval_data="$WORK/heldout.jsonl" \
-    eval_size=8 prompts_per_step=2 group_size=4 max_new_tokens=16 eval_max_new_tokens=16
-  part "dpo$tag" "$PY" -m posttrain.cli dpo "${COMMON[@]}" autocast_bf16=$bf16 \
-    out_dir="$WORK/dpo$tag" train_data="$WORK/pairs.jsonl" batch_size=8 micro_batch_size=4 \
+  t=$([ "$bf16" = true ] && echo _bf16 || echo "")
+  B=("${COMMON[@]}" autocast_bf16=$bf16)
+  train "sft$t" -- sft "${B[@]}" train_data="$W/sft.jsonl" batch_size=8 max_seq_len=96
+  train "grpo$t" --kl --gap -- grpo "${B[@]}" "${GRPO[@]}"
+  train "dpo$t" -- dpo "${B[@]}" train_data="$W/pairs.jsonl" batch_size=8 micro_batch_size=4 \
     max_seq_len=96
+  train "ppo$t" --kl --gap -- ppo "${B[@]}" "${PPO[@]}"                 # copied critic
+  train "ppo_lora$t" --kl --gap -- ppo "${B[@]}" "${PPO[@]}" lora_r=8   # LoRA critic
+  train "rm$t" -- rm "${B[@]}" train_data="$W/pairs.jsonl" "${SCORER[@]}"
+  train "prm$t" -- prm "${B[@]}" train_data="$W/steps.jsonl" "${SCORER[@]}"
+  train "grpo_process$t" --kl --gap -- grpo "${B[@]}" "${GRPO[@]}" advantage=grpo_process \
+    process_reward_model="$W/prm$t/final"
+  train "search$t" --no-metrics --no-reload -- search model="$W/init" device="$DEVICE" \
+    threads=1 seed=0 autocast_bf16=$bf16 eval_data="$W/heldout.jsonl" eval_size=4 \
+    orm="$W/rm$t/final" prm="$W/prm$t/final" "n=[1, 2]" beam_width=2 expansions=2 \
+    beam_max_steps=2 max_new_tokens=16
+  train "eval$t" --no-metrics --no-reload -- eval model="$W/grpo$t/final" device="$DEVICE" \
+    threads=1 autocast_bf16=$bf16 eval_data="$W/heldout.jsonl" eval_size=4 \
+    eval_max_new_tokens=16 "$REWARDS"
 done
-# bf16 learner and reference copies (fp32 masters), compiled
-part grpo_bf16_compute "$PY" -m posttrain.cli grpo "${COMMON[@]}" bf16_compute=true \
-  torch_compile=true kl_coef=0.04 out_dir="$WORK/grpo_bf16c" train_data="$WORK/prompts.jsonl" \
-  prompts_per_step=2 group_size=4 max_new_tokens=16
-part dpo_bf16_compute "$PY" -m posttrain.cli dpo "${COMMON[@]}" bf16_compute=true \
-  out_dir="$WORK/dpo_bf16c" train_data="$WORK/pairs.jsonl" batch_size=8 micro_batch_size=4 \
-  max_seq_len=96
 
-# sampler/learner tests: parametrised over cpu and (when available) cuda
-part pytest_devices "$PY" -m pytest -q -p no:cacheprovider tests/test_rollout.py \
-  tests/trainers/test_forward.py
+# ---- a stop by SIGTERM after the first checkpoint, then resume_from=latest -----------------
+part resume "${CHECK[@]}" resume --out "$W/resume" --steps 8 -- "$PY" -m posttrain grpo \
+  "${BASE[@]}" "${GRPO[@]}" eval_data= out_dir="$W/resume"
+
+# ---- torchrun: data parallel and FSDP2 on 2 processes (gloo on the CPU, NCCL on 2 GPUs) -----
+NGPU=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+TORCHRUN=("$PY" -m torch.distributed.run --standalone --nproc_per_node 2 -m posttrain)
+DIST=(grpo sft dpo prm)
+[ "$MODE" = quick ] && DIST=(grpo)
+for trainer in "${DIST[@]}"; do
+  case $trainer in
+    grpo) keys=("${GRPO[@]}");;
+    sft) keys=(train_data="$W/sft.jsonl" batch_size=8 max_seq_len=96);;
+    dpo) keys=(train_data="$W/pairs.jsonl" batch_size=8 micro_batch_size=4 max_seq_len=96);;
+    prm) keys=(train_data="$W/steps.jsonl" "${SCORER[@]}");;
+  esac
+  for fsdp in false true; do
+    name="torchrun_${trainer}_$([ "$fsdp" = true ] && echo fsdp2 || echo dp)"
+    if [ "$DEVICE" != cpu ] && [ "$NGPU" -lt 2 ]; then
+      skip "$name" "needs >= 2 GPUs ($NGPU visible)"
+      continue
+    fi
+    part "$name" "${CHECK[@]}" run --out "$W/$name" -- "${TORCHRUN[@]}" "$trainer" \
+      "${COMMON[@]}" "${keys[@]}" fsdp=$fsdp out_dir="$W/$name"
+  done
+done
+
+# ---- the vLLM colocated rollout engine ------------------------------------------------------
+if VLLM_ERR=$("$PY" -c "import vllm" 2>&1); then
+  train vllm_colocate --kl --gap -- grpo "${COMMON[@]}" "${GRPO[@]}" autocast_bf16=true \
+    rollout_engine=vllm_colocate
+else
+  skip vllm_colocate "python -c 'import vllm' failed: $(echo "$VLLM_ERR" | tail -n 1)"
+fi
+
+# ---- full mode: bf16 copies, compile, gradient checkpointing, device tests, the probe -------
+if [ "$MODE" = full ]; then
+  train grpo_bf16_compute --kl --gap -- grpo "${COMMON[@]}" "${GRPO[@]}" bf16_compute=true \
+    torch_compile=true
+  train dpo_bf16_compute -- dpo "${COMMON[@]}" bf16_compute=true train_data="$W/pairs.jsonl" \
+    batch_size=8 micro_batch_size=4 max_seq_len=96
+  train grpo_checkpointing --kl --gap -- grpo "${COMMON[@]}" "${GRPO[@]}" autocast_bf16=true \
+    gradient_checkpointing=true
+  # sampler/learner tests: parametrised over cpu and (when available) cuda
+  part pytest_devices "$PY" -m pytest -q -p no:cacheprovider tests/test_rollout.py \
+    tests/trainers/test_forward.py
+fi
+# recipe-shaped probe: recipes/grpo_gsm8k_qwen.yaml on a random model of Qwen2.5-0.5B's shape,
+# 16 prompts x 8 samples x 512 new tokens, one step (tiny on the CPU: 2 x 2 x 16)
+PROBE=(grpo --config recipes/grpo_gsm8k_qwen.yaml device="$DEVICE" train_data="$W/prompts.jsonl"
+       eval_data= data_subset= "columns={}" answer_marker= max_steps=1 save_every=0 threads=1
+       progress=false report_to=none)
+if [ "$SIZE" = cpu ]; then
+  PROBE+=(prompts_per_step=2 group_size=2 max_new_tokens=16 micro_batch_size=4)
+  part probe "${CHECK[@]}" probe --out "$W/probe" --shape tiny -- "${PROBE[@]}"
+elif [ "$MODE" = full ] || [ -n "$ONLY" ]; then
+  part probe "${CHECK[@]}" probe --out "$W/probe" --shape 0.5b -- "${PROBE[@]}"
+fi
 
 [ "${KEEP:-0}" = 1 ] || [ "$FAILED" = 1 ] || rm -rf "$WORK"
-if [ "$FAILED" = 0 ]; then echo "gpu_smoke: PASS (DEVICE=$DEVICE)"; else echo "gpu_smoke: FAIL"; fi
+if [ "$FAILED" = 0 ]; then RESULT=PASS; else RESULT=FAIL; fi
+echo "gpu_smoke: $RESULT (DEVICE=$DEVICE MODE=$MODE, $((SECONDS - T0)) s)"
 exit "$FAILED"

@@ -9,6 +9,7 @@ from posttrain.models import (
     apply_lora,
     build_char_tokenizer,
     build_tiny_llama,
+    build_tiny_qwen2,
     count_parameters,
     has_adapters,
     load_model_and_tokenizer,
@@ -101,6 +102,29 @@ def test_build_tiny_llama_sizes(tokenizer):
     assert model.config.vocab_size == len(tokenizer)
     with pytest.raises(ValueError, match="divisible"):
         build_tiny_llama(tokenizer, hidden_size=30, num_heads=4)
+
+
+def test_build_tiny_qwen2_shape(tokenizer, tmp_path):
+    model = build_tiny_qwen2(tokenizer, hidden_size=16, num_layers=1, num_heads=2,
+                             num_kv_heads=1, intermediate_size=32, seed=0)
+    # tied embeddings 151936*16 = 2430976; one layer with head_dim 8: q 16*16+16, k and v
+    # 16*8+8 each, o 16*16 (no bias) -> 800; MLP 3*16*32 = 1536; 2 norms 32 -> 2368;
+    # final norm 16 -> 2430976 + 2368 + 16 = 2433360
+    assert count_parameters(model) == 2433360
+    assert model.config.vocab_size == 151936 > len(tokenizer)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    attn = model.model.layers[0].self_attn
+    assert all(p.bias is not None and p.bias.abs().sum() > 0
+               for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+    assert (model.config.pad_token_id, model.generation_config.eos_token_id) == (
+        tokenizer.pad_token_id, tokenizer.eos_token_id)
+    ids = torch.tensor([tokenizer(TRACE)["input_ids"]])
+    model.save_pretrained(tmp_path)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert type(again).__name__ == "Qwen2ForCausalLM"
+    assert torch.equal(model(ids).logits, again(ids).logits)
+    with pytest.raises(ValueError, match="smaller than the tokenizer"):
+        build_tiny_qwen2(tokenizer, vocab_size=50)
 
 
 def test_build_is_seeded(tokenizer):
