@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 from posttrain.ops import entropy_from_logits, head_logprobs, token_logprobs
 from posttrain.ops.fused_head import DEFAULT_BLOCK_ELEMENTS
@@ -43,10 +44,13 @@ FUSE_MIN_ELEMENTS = 2 * DEFAULT_BLOCK_ELEMENTS
 
 def fused_head_supported(model: torch.nn.Module) -> bool:
     """Whether `completion_logprobs` may fuse the LM head: a listed family whose output
-    embedding is a plain ``nn.Linear`` (not e.g. a LoRA-wrapped head)."""
+    embedding is a plain ``nn.Linear`` (not e.g. a LoRA-wrapped head) with a plain weight. Under
+    FSDP2 the head's weight is a sharded DTensor outside the model's forward, so the head runs
+    inside the forward as usual (full logits of a micro-batch; docs/distributed.md)."""
     head = embeddings(model)[1]
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    return type(head) is torch.nn.Linear and model_type in FUSED_HEAD_FAMILIES
+    return (type(head) is torch.nn.Linear and model_type in FUSED_HEAD_FAMILIES
+            and not isinstance(head.weight, DTensor))
 
 
 @contextlib.contextmanager
@@ -83,7 +87,8 @@ def _completion_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask:
 def learner_attention(model: torch.nn.Module, autocast: bool,
                       device: torch.device | str) -> Iterator[None]:
     """Eager attention for the learner's and the reference's forward passes on the CPU under
-    bf16 autocast (the model's own ``sdpa`` otherwise, and always outside this context).
+    bf16 autocast (the model's own ``sdpa`` otherwise, and outside this context unless the model
+    checkpoints its activations: then it stays eager for the backward's recomputation).
 
     PyTorch's CPU flash-attention backward in bf16 was 14-16% of a 19M GRPO step (95-195 ms
     per layer for 64 x 49 tokens); transformers' eager attention (matmul, fp32 softmax, matmul)
@@ -96,6 +101,11 @@ def learner_attention(model: torch.nn.Module, autocast: bool,
         yield
         return
     model.set_attn_implementation("eager")
+    if getattr(model, "is_gradient_checkpointing", False):
+        # the backward recomputes the layers after this context: switching back to sdpa would
+        # make the recomputation differ from the forward (CheckpointError), so it stays eager
+        yield
+        return
     try:
         yield
     finally:
