@@ -13,6 +13,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 
+def _special_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int | None]:
+    """The tokenizer's pad/bos/eos ids, for the model config and its generation config."""
+    return {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id}
+
+
 def build_tiny_llama(
     tokenizer: PreTrainedTokenizerBase,
     *,
@@ -41,17 +47,13 @@ def build_tiny_llama(
         num_key_value_heads=num_kv_heads or num_heads,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=tie_word_embeddings,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        **_special_ids(tokenizer),
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-    gen = model.generation_config
-    gen.pad_token_id = tokenizer.pad_token_id
-    gen.bos_token_id = tokenizer.bos_token_id
-    gen.eos_token_id = tokenizer.eos_token_id
+    for key, value in _special_ids(tokenizer).items():  # generate stops at EOS, pads with PAD
+        setattr(model.generation_config, key, value)
     return model
 
 
@@ -103,9 +105,7 @@ def build_tiny_qwen2(
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=tie_word_embeddings,
         use_sliding_window=False,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        **_special_ids(tokenizer),
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -115,10 +115,8 @@ def build_tiny_qwen2(
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj,
                              layer.self_attn.v_proj):
                     proj.bias.normal_(0.0, bias_std)
-    gen = model.generation_config
-    gen.pad_token_id = tokenizer.pad_token_id
-    gen.bos_token_id = tokenizer.bos_token_id
-    gen.eos_token_id = tokenizer.eos_token_id
+    for key, value in _special_ids(tokenizer).items():  # generate stops at EOS, pads with PAD
+        setattr(model.generation_config, key, value)
     return model
 
 
