@@ -1,6 +1,7 @@
 """The rollout-engine protocol: one interface for every sampler (config key `rollout_engine`).
 
-Every caller that samples completions (training, held-out evaluation, search) goes through a
+Every caller that samples completions (training, held-out evaluation, search, the offline label
+and pair generators of `posttrain.tasks` through `model_engine`) goes through a
 `RolloutEngine`: `generate` returns a group-contiguous `Rollout` whose `logprobs` are the
 sampler's log-probs of the sampled tokens under the full distribution at the sampling
 temperature; `update_weights(model, version)` hands the engine the policy's current weights
@@ -24,7 +25,7 @@ from posttrain.rollout.hf import SamplingParams, generate
 from posttrain.rollout.record import Rollout
 
 __all__ = ["ENGINES", "EngineFactory", "HFEngine", "Role", "RolloutEngine", "build_engine",
-           "register_engine"]
+           "model_engine", "register_engine"]
 
 Role = Literal["train", "eval"]
 """What an engine is built for: `train` samples rollouts from the policy being trained (the
@@ -129,6 +130,14 @@ class HFEngine:
 
     def close(self) -> None:
         self.model, self.version, self._copy, self._copy_of = None, None, None, None
+
+
+def model_engine(model: torch.nn.Module, tokenizer: Any, autocast: bool = False) -> HFEngine:
+    """The `hf` engine on a model object as it is (offline label and pair generation, PRM beam
+    search's step sampling), under bf16 autocast when `autocast`."""
+    engine = HFEngine(tokenizer, autocast=autocast)
+    engine.update_weights(model, 0)
+    return engine
 
 
 EngineFactory = Callable[..., RolloutEngine]

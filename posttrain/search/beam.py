@@ -167,37 +167,30 @@ class PolicyProposer:
 
     @torch.no_grad()
     def __call__(self, contexts: Sequence[tuple[Any, str]], n: int) -> list[list[Candidate]]:
-        from posttrain.rollout.hf import SamplingParams, _trim_left, sample_tokens, tokenize_prompts
+        from posttrain.rollout.engine import model_engine
+        from posttrain.rollout.hf import SamplingParams
 
         tok = self.tokenizer
         eos = tok.eos_token_id
-        pad = tok.pad_token_id if tok.pad_token_id is not None else eos
         params = SamplingParams(max_new_tokens=self.max_step_tokens,
                                 temperature=self.temperature, top_p=self.top_p)
-        device = next(self.model.parameters()).device
-        was_training = self.model.training
-        self.model.eval()
+        engine = model_engine(self.model, tok, self.autocast)
         out: list[list[Candidate]] = []
         per_batch = max(1, self.batch_size // n)
         for start in range(0, len(contexts), per_batch):
             chunk = contexts[start:start + per_batch]
             texts = [self.render(p) + prefix for p, prefix in chunk]
-            ids, mask = tokenize_prompts(tok, texts)
-            ids, mask = _trim_left(ids.to(device), mask.to(device))
-            comp, resp, _, _ = sample_tokens(self.model, ids, mask, params, [eos, *self.stop_ids],
-                                             pad, self.autocast, self.generator, group_size=n)
+            rollout = engine.generate(texts, group_size=n, params=params,
+                                      stop_ids=[eos, *self.stop_ids], generator=self.generator)
+            comp, resp, decoded = rollout.completion_ids, rollout.response_mask, rollout.completions
             lengths = resp.sum(1).tolist()
             ended = [bool(resp[i].any()) and int(comp[i, lengths[i] - 1]) == eos
                      for i in range(comp.shape[0])]
-            decoded = tok.batch_decode(comp.masked_fill(~resp, pad).cpu(),
-                                       skip_special_tokens=True)
             for j in range(len(chunk)):
                 row = []
                 for i in range(j * n, (j + 1) * n):
                     row.append(self._candidate(decoded[i], lengths[i], ended[i]))
                 out.append(row)
-        if was_training:
-            self.model.train()
         return out
 
     def _candidate(self, text: str, n_tokens: int, ended: bool) -> Candidate:

@@ -82,14 +82,15 @@ def pass_rates(model: Any, tokenizer: Any, rows: list[dict[str, Any]], *,
 
     from posttrain.data import render_prompt
     from posttrain.rewards import RewardScorer, RewardSpec
-    from posttrain.rollout import SamplingParams, generate
+    from posttrain.rollout import SamplingParams
+    from posttrain.rollout.engine import model_engine
 
     params = SamplingParams(max_new_tokens=max_new_tokens, greedy=temperature is None,
                             temperature=temperature or 1.0)
     gen = torch.Generator().manual_seed(seed)
     prompts = [render_prompt(tokenizer, r["prompt"]) for r in rows]
-    rollout = generate(model, tokenizer, prompts, rows=rows, params=params, generator=gen,
-                       batch_size=batch_size)
+    rollout = model_engine(model, tokenizer).generate(prompts, rows=rows, params=params,
+                                                      generator=gen, batch_size=batch_size)
     result = RewardScorer([RewardSpec(**spec) for spec in CODE_REWARD]).score(
         rollout.completions, rows)
     n = len(rows)

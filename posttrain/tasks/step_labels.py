@@ -95,7 +95,8 @@ def sample_completions(model: Any, tokenizer: Any, prompts: list[str], samples: 
     """``samples`` completions per RENDERED prompt (group-contiguous) and truncation flags."""
     import torch
 
-    from posttrain.rollout import SamplingParams, generate
+    from posttrain.rollout import SamplingParams
+    from posttrain.rollout.engine import model_engine
 
     gen = torch.Generator().manual_seed(seed)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
@@ -103,9 +104,10 @@ def sample_completions(model: Any, tokenizer: Any, prompts: list[str], samples: 
     texts: list[str] = []
     truncated: list[bool] = []
     chunk = max(1, batch_size // samples)
+    engine = model_engine(model, tokenizer)
     for start in range(0, len(rendered), chunk):
-        out = generate(model, tokenizer, rendered[start:start + chunk], group_size=samples,
-                       params=params, generator=gen, batch_size=batch_size)
+        out = engine.generate(rendered[start:start + chunk], group_size=samples,
+                              params=params, generator=gen, batch_size=batch_size)
         texts += out.completions
         truncated += [bool(t) for t in out.truncated]
     return texts, truncated

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import posttrain.rollout
+import posttrain.rollout.engine
 from posttrain.models import build_char_tokenizer
 from posttrain.tasks import arithmetic as A
 from posttrain.tasks import preferences as P
@@ -90,7 +90,7 @@ def test_onpolicy_pairs_pick_a_correct_and_an_incorrect_sample(monkeypatch):
     tok = build_char_tokenizer()
     calls, seen = [], [0]
 
-    def fake_generate(model, tokenizer, prompts, *, group_size, params, generator, batch_size):
+    def fake_generate(prompts, *, group_size, params, generator, batch_size):
         calls.append(len(prompts))
         texts, truncated = [], []
         for rendered in prompts:
@@ -104,7 +104,8 @@ def test_onpolicy_pairs_pick_a_correct_and_an_incorrect_sample(monkeypatch):
             truncated += [kind == 3, False, False, False]
         return SimpleNamespace(completions=texts, truncated=torch.tensor(truncated))
 
-    monkeypatch.setattr(posttrain.rollout, "generate", fake_generate)
+    monkeypatch.setattr(posttrain.rollout.engine, "model_engine",
+                        lambda model, tokenizer: SimpleNamespace(generate=fake_generate))
     rows, stats = P.onpolicy_pairs(None, tok, 12, seed=0, samples=4, batch_size=16)
     assert calls == [4, 4, 4]  # 16 sequences per generation batch = 4 prompts x 4 samples
     assert stats["prompts"] == 12 and stats["pairs"] == len(rows) == 3
