@@ -127,3 +127,33 @@ def test_ppo_every_sequence_rejected_trains_only_the_critic(toy_world, tmp_path,
     steps = [r for r in rows if "loss/value" in r]
     assert len(steps) == 2 and all(math.isfinite(r["loss/value"]) for r in steps)
     assert all(r["rollout/is_clipfrac"] == 1.0 for r in steps)
+
+
+@pytest.mark.parametrize("kw", [
+    {"kl_coef": 0.04},  # the reference pass
+    {"kl_coef": 0.04, "rollout_is": "token_truncate"},  # + pi_old for the correction
+    {"kl_coef": 0.0, "num_iterations": 2, "old_logprobs": "recompute"},  # pi_old, no reference
+])
+def test_a_rank_with_no_groups_joins_the_same_gathers(toy_world, tmp_path, kw):
+    """Under FSDP2 every no-grad pass of step 3 all-gathers: a rank whose groups were all filtered
+    out must enter the same gathers, in the same order, as a rank with samples (else the others
+    wait for it forever). Recorded on one process by standing in for `Dist.gathered`."""
+    import contextlib
+
+    trainer = GRPOTrainer(_cfg(toy_world, str(tmp_path), max_steps=1, **kw))
+    calls: list[str] = []
+
+    @contextlib.contextmanager
+    def gathered(model):
+        calls.append("reference" if model is not trainer.learner() else "policy")
+        yield model
+
+    trainer.dist.fsdp = True  # only the gathers' bookkeeping: no module here is sharded
+    trainer.dist.gathered = gathered
+    trainer._step = 1
+    rollout, metrics = trainer.rollout_step()
+    calls.clear()  # generation's own gather
+    trainer.compute_advantages(rollout, metrics)
+    with_samples, calls[:] = list(calls), []
+    trainer.compute_advantages(rollout.select([]), {})
+    assert with_samples and calls == with_samples
