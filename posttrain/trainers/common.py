@@ -172,3 +172,10 @@ def accuracy_metrics(scores: list[float], verdicts: list[float] | None) -> dict[
         ok = [v for v in verdicts if v == v]
         out["reward/accuracy"] = sum(v >= 1.0 for v in ok) / len(ok) if ok else float("nan")
     return out
+
+
+def all_rejected_warning(name: str, step: int, cfg: Any, consequence: str) -> str:
+    """The one line a trainer prints when its rollout correction rejected every sample."""
+    return (f"[{name}] warning: step {step}: rollout_is={cfg.rollout_correction()} rejected "
+            f"every sample (importance ratio above rollout_is_cap={cfg.rollout_is_cap}, see "
+            f"rollout/*): {consequence}")

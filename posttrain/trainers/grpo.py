@@ -53,7 +53,12 @@ from posttrain.ops import (
 )
 from posttrain.rollout import Rollout, SamplingParams, concat_rollouts
 from posttrain.trainers.base import Trainer
-from posttrain.trainers.common import accuracy_metrics, first_verifier, sequence_seed
+from posttrain.trainers.common import (
+    accuracy_metrics,
+    all_rejected_warning,
+    first_verifier,
+    sequence_seed,
+)
 from posttrain.trainers.engine import local_plan
 from posttrain.trainers.forward import batched_logprobs, completion_logprobs
 from posttrain.trainers.process_steps import (
@@ -372,13 +377,11 @@ class GRPOTrainer(Trainer):
 
     def _all_rejected(self) -> dict[str, float]:
         """The rollout correction left no token in the loss: skip the update, say so once."""
-        cfg = self.cfg
         if self.dist.is_main:
-            print(f"[{self.name}] warning: step {self._step}: rollout_is="
-                  f"{cfg.rollout_correction()} rejected every sample (importance ratio above "
-                  f"rollout_is_cap={cfg.rollout_is_cap}, see rollout/*): no update this step. "
-                  "The sampler and the learner disagree: check the rollout engine's weights "
-                  "and precision, or raise rollout_is_cap.", file=sys.stderr)
+            print(all_rejected_warning(
+                self.name, self._step, self.cfg, "no update this step. The sampler and the "
+                "learner disagree: check the rollout engine's weights and precision, or raise "
+                "rollout_is_cap."), file=sys.stderr)
         return {"train/skipped_empty_batch": 1.0}
 
     def micro_loss(self, batch: Rollout, mask: Tensor, total_tokens: float,

@@ -62,7 +62,12 @@ from posttrain.ops import (
 from posttrain.ops.masked import as_bool_mask, keep
 from posttrain.rollout import SamplingParams
 from posttrain.trainers.base import Trainer
-from posttrain.trainers.common import accuracy_metrics, first_verifier, sequence_seed
+from posttrain.trainers.common import (
+    accuracy_metrics,
+    all_rejected_warning,
+    first_verifier,
+    sequence_seed,
+)
 from posttrain.trainers.engine import OptimGroup, Plan
 from posttrain.trainers.forward import batched_logprobs, completion_logprobs
 
@@ -326,10 +331,9 @@ class PPOTrainer(Trainer):
         rejects = cfg.rollout_correction().endswith("_mask")
         if train_policy and rejects and self.dist.sum(float(kept.sum())) == 0:
             if self.dist.is_main:
-                print(f"[{self.name}] warning: step {self._step}: rollout_is="
-                      f"{cfg.rollout_correction()} rejected every sample (importance ratio "
-                      f"above rollout_is_cap={cfg.rollout_is_cap}, see rollout/*): only the "
-                      "critic trains this step.", file=sys.stderr)
+                print(all_rejected_warning(self.name, self._step, cfg,
+                                           "only the critic trains this step."),
+                      file=sys.stderr)
             train_policy = False
 
         def counts(idx: list[int]) -> dict[str, float]:
