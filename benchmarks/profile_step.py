@@ -71,17 +71,17 @@ class PhaseClock:
 
 def instrument(trainer, clock: PhaseClock) -> None:
     """Wrap the trainer's collaborators so that each phase is timed."""
-    import posttrain.trainers.grpo as grpo_mod
+    import posttrain.trainers.engine as engine_mod
 
-    gen = grpo_mod.generate
-    grpo_mod.generate = clock.wrap("sampling", gen)
-    grpo_mod.batched_logprobs = clock.wrap("reference", grpo_mod.batched_logprobs)
-    grpo_mod.completion_logprobs = clock.wrap("policy_fwd", grpo_mod.completion_logprobs)
+    engine = trainer.rollout_engine()
+    engine.generate = clock.wrap("sampling", engine.generate)
+    trainer.policy_logprobs = clock.wrap("reference", trainer.policy_logprobs)  # old and ref
+    trainer.micro_loss = clock.wrap("policy_fwd", trainer.micro_loss)  # forward + loss
     trainer.s.scorer.score = clock.wrap("scoring", trainer.s.scorer.score)
-    trainer.optimizer_step = clock.wrap("optimizer", trainer.optimizer_step)
+    engine_mod.step_groups = clock.wrap("optimizer", engine_mod.step_groups)
     backward = torch.Tensor.backward
     torch.Tensor.backward = lambda self, *a, **k: clock.wrap("backward", backward)(self, *a, **k)
-    sampler, _ = trainer.rollout_model()  # the bf16 sampler copy under autocast_bf16
+    sampler, _ = engine.sampler()  # the bf16 sampler copy under autocast_bf16
     trainer.learner()  # build the bf16_compute learner copy before the policy is wrapped
     for model in {id(m): m for m in (trainer.model, sampler)}.values():
         model.forward = _timed_forward(model.forward, clock)
@@ -150,7 +150,7 @@ def main() -> None:
             per_step.append(phases)
     print(f"# profile_step: {args.model} beta={args.beta} bf16={args.bf16} "
           f"bf16_compute={args.bf16_compute} compile={args.compile} "
-          f"threads={args.threads} steps={args.steps} share_prefix={trainer.share_prefix}")
+          f"threads={args.threads} steps={args.steps} share_prefix={trainer.forward.share_prefix}")
     total = statistics.median(p["total"] for p in per_step)
     for name in (*PHASES, "total"):
         s = statistics.median(p.get(name, 0.0) for p in per_step)

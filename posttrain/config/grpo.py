@@ -37,12 +37,6 @@ class GRPOConfig(PromptRLConfig):
     """Importance ratio per token (PPO/GRPO), per sequence (GSPO) or GSPO-token."""
     sequence_ratio: Literal["geometric", "product"] = "geometric"
     """GSPO sequence ratio: length-normalised (paper) or the plain product (seed note form)."""
-    clip_eps_low: float = 0.2
-    """Lower clip range: ratio >= 1 - clip_eps_low."""
-    clip_eps_high: float = 0.2
-    """Upper clip range: ratio <= 1 + clip_eps_high (DAPO clip-higher: > clip_eps_low)."""
-    dual_clip: float | None = None
-    """Dual-clip constant c (e.g. 3.0) for negative advantages; null disables."""
     loss_agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = (
         "seq-mean-token-mean"
     )
@@ -54,10 +48,6 @@ class GRPOConfig(PromptRLConfig):
     """Per-token KL estimator (k3 = DeepSeekMath)."""
     kl_placement: Literal["loss", "reward"] = "loss"
     """KL added to the loss (GRPO) or subtracted from each sequence's score before advantages."""
-    kl_clamp: float = 10.0
-    """Bound on the per-token KL estimate: beyond +-kl_clamp its value is the bound and its
-    gradient 0 (OpenRLHF for k1/k2/k3, verl for k3), so one token far from the reference cannot
-    dominate; 0 turns it off (docs/algorithms.md)."""
     # --- update ---
     num_iterations: int = 1
     """Passes over each rollout batch (GRPO's mu)."""
@@ -98,10 +88,6 @@ class GRPOConfig(PromptRLConfig):
                 f"{n} sequences of a step (prompts_per_step*group_size)")
         if self.micro_batch_size < 1:
             raise ConfigError("config key 'micro_batch_size': expected >= 1")
-        if self.temperature <= 0:
-            raise ConfigError("config key 'temperature': expected > 0 (sampling is required)")
-        if not self.rewards:
-            raise ConfigError("config key 'rewards': at least one reward function is required")
         if self.advantage == "grpo_process" and not self.process_reward_model:
             raise ConfigError(
                 "config key 'process_reward_model': required with advantage=grpo_process "
@@ -111,8 +97,6 @@ class GRPOConfig(PromptRLConfig):
                 f"config key 'process_reward_model' is set but advantage={self.advantage!r}: "
                 "step scores are only used by advantage=grpo_process (to train on an "
                 "aggregated PRM score, list {name: process_reward_model, path: ...} in rewards)")
-        if not self.kl_clamp >= 0:
-            raise ConfigError(f"config key 'kl_clamp'={self.kl_clamp}: expected >= 0 (0: off)")
         if not math.isfinite(self.process_weight) or self.process_weight < 0:
             raise ConfigError(f"config key 'process_weight'={self.process_weight}: expected a "
                               "finite number >= 0")

@@ -58,6 +58,17 @@ class PromptRLConfig(BaseConfig):
     but none costs one no-grad learner forward per step for pi_old."""
     rollout_is_cap: float = 3.0
     """The ratio above which rollout_is truncates (min(r, cap)) or rejects."""
+    # --- policy loss and KL (both trainers; their other loss and KL keys are their own) ---
+    clip_eps_low: float = 0.2
+    """Lower clip range: ratio >= 1 - clip_eps_low."""
+    clip_eps_high: float = 0.2
+    """Upper clip range: ratio <= 1 + clip_eps_high (DAPO clip-higher: > clip_eps_low)."""
+    dual_clip: float | None = None
+    """Dual-clip constant c (e.g. 3.0) for negative advantages; null disables."""
+    kl_clamp: float = 10.0
+    """Bound on the per-token KL estimate: beyond +-kl_clamp its value is the bound and its
+    gradient 0 (OpenRLHF for k1/k2/k3, verl for k3), so one token far from the reference cannot
+    dominate; 0 turns it off (docs/algorithms.md)."""
 
     def rollout_correction(self) -> str:
         """The `rollout_is` mode this run uses (`auto` resolved by the rollout engine)."""
@@ -68,6 +79,12 @@ class PromptRLConfig(BaseConfig):
     def validate(self) -> None:
         super().validate()
         check_generation_budget(self, "max_new_tokens", "eval_max_new_tokens")
+        if self.temperature <= 0:
+            raise ConfigError("config key 'temperature': expected > 0 (sampling is required)")
+        if not self.rewards:
+            raise ConfigError("config key 'rewards': at least one reward function is required")
+        if not self.kl_clamp >= 0:
+            raise ConfigError(f"config key 'kl_clamp'={self.kl_clamp}: expected >= 0 (0: off)")
         if self.rollout_is_cap <= 0:
             raise ConfigError(f"config key 'rollout_is_cap'={self.rollout_is_cap}: expected > 0")
         if self.max_prompt_len < 0:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -48,7 +49,7 @@ from posttrain.core.device import gpu_memory_metrics, reset_gpu_peak
 from posttrain.models import adapters_disabled
 from posttrain.ops.head_blocks import head_precision
 from posttrain.rollout.bf16_copy import BF16Copy
-from posttrain.rollout.engine import HFEngine, RolloutEngine, build_engine
+from posttrain.rollout.engine import RolloutEngine, build_engine
 from posttrain.rollout.hf import autocast_ctx
 from posttrain.trainers.checkpoint import (
     find_resume,
@@ -77,6 +78,7 @@ from posttrain.trainers.common import (
 )
 from posttrain.trainers.distributed import Dist
 from posttrain.trainers.engine import CountFn, LossFn, OptimGroup, Plan, run_update
+from posttrain.trainers.forward import PolicyForward, policy_forward
 from posttrain.trainers.fsdp import SHARDED, full_weights, load_sharded, save_sharded
 from posttrain.trainers.launch import (
     StopRequest,
@@ -103,6 +105,8 @@ class Trainer:
     """Metrics shown next to the progress bar."""
     supports_bf16_compute: ClassVar[bool] = False
     """Whether the trainer runs its passes through `learner()` / `reference()` (bf16_compute)."""
+    shares_prompts: ClassVar[bool] = True
+    """Whether rows of a batch repeat a prompt (groups, pairs): `share_prompt_prefix` applies."""
     supports_fsdp: ClassVar[bool] = True
     """Whether `fsdp: true` is supported (validated before any model loads)."""
     fsdp_meta_start: ClassVar[bool] = True
@@ -329,13 +333,6 @@ class Trainer:
         self._engine.update_weights(self.model, self._weights_version)
         return self._engine
 
-    def rollout_model(self) -> tuple[Any, bool]:
-        """(model, autocast) the `hf` engine samples with (the bf16 copy or the policy)."""
-        engine = self.rollout_engine()
-        if not isinstance(engine, HFEngine):
-            raise RuntimeError(f"rollout_engine={engine.name} samples outside this process")
-        return engine.sampler()
-
     def close_engine(self) -> None:
         """Release the rollout engine (a vLLM engine's GPU memory); rebuilt if used again."""
         if self._engine is not None:
@@ -359,20 +356,11 @@ class Trainer:
             self._learner.model.train(self.model.training)
         return self._learner.model
 
-    @property
-    def learner_autocast(self) -> bool:
-        """Whether the learner's forward passes run under bf16 autocast (not under bf16_compute:
-        its copy is bf16 already)."""
-        return self.cfg.autocast_bf16 and not self.cfg.bf16_compute
-
-    @property
-    def share_prefix(self) -> bool:
-        """Whether the learner's and the reference's forward passes run each distinct prompt
-        once (`share_prompt_prefix`; not under torch_compile, whose compiled body is traced
-        for the plain forward, nor under FSDP2, where its data-dependent number of model calls
-        would give ranks different collectives)."""
-        return (self.cfg.share_prompt_prefix and not self.cfg.torch_compile
-                and not self.dist.fsdp)
+    @functools.cached_property
+    def forward(self) -> PolicyForward:
+        """The run's one policy forward (`posttrain.trainers.forward.policy_forward`): its
+        precision, prompt sharing and temperature are decided there, once."""
+        return policy_forward(self.cfg, self.dist.fsdp, self.shares_prompts)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast on this trainer's device type when `autocast_bf16` is set."""

@@ -41,16 +41,16 @@ from posttrain.data.pairs import PairTensors, tokenize_pairs
 from posttrain.ops import dpo_loss, sequence_logprobs
 from posttrain.trainers.base import Trainer
 from posttrain.trainers.engine import shard_plan
-from posttrain.trainers.forward import completion_logprobs
+from posttrain.trainers.forward import DEFAULT_FORWARD, PolicyForward
 from posttrain.trainers.ref_cache import ref_cache_path
 
 REF_KEYS = ("chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean")
 
 
-def pair_logprobs(model: torch.nn.Module, pairs: PairTensors, autocast: bool = False,
-                  share_prefix: bool = False) -> dict[str, Tensor]:
+def pair_logprobs(model: torch.nn.Module, pairs: PairTensors,
+                  forward: PolicyForward = DEFAULT_FORWARD) -> dict[str, Tensor]:
     """Summed and token-averaged log-probs of chosen and rejected, one forward over both
-    (with `share_prefix`, each prompt runs once for its two completions).
+    (with prompt sharing, each prompt runs once for its two completions).
 
     Returns {"chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean"}, each [n].
     """
@@ -60,9 +60,8 @@ def pair_logprobs(model: torch.nn.Module, pairs: PairTensors, autocast: bool = F
     prompt_mask = torch.cat([pairs.prompt_mask, pairs.prompt_mask])  # [2n, P]
     completion_ids = torch.cat([pairs.chosen_ids, pairs.rejected_ids])  # [2n, T]
     response_mask = torch.cat([pairs.chosen_mask, pairs.rejected_mask])  # [2n, T]
-    logprobs, _ = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids,
-                                      response_mask, 1.0, autocast,
-                                      share_prefix=share_prefix)  # [2n, T]
+    logprobs, _ = forward.logprobs(model, prompt_ids, prompt_mask, completion_ids,
+                                   response_mask)  # [2n, T]
     sums = sequence_logprobs(logprobs, response_mask)  # [2n]
     means = sequence_logprobs(logprobs, response_mask, average=True)  # [2n]
     return {"chosen_sum": sums[:n], "rejected_sum": sums[n:],
@@ -179,8 +178,7 @@ class DPOTrainer(Trainer):
         table = {k: [] for k in REF_KEYS}
         with self.reference() as ref:
             for micro in torch.arange(len(pairs)).split(self.micro_pairs):
-                out = pair_logprobs(ref, pairs.select(micro), self.learner_autocast,
-                                    self.share_prefix)
+                out = pair_logprobs(ref, pairs.select(micro), self.forward)
                 for k in REF_KEYS:
                     table[k].append(out[k])
         result = {k: torch.cat(v).float().cpu().contiguous() for k, v in table.items()}
@@ -199,8 +197,7 @@ class DPOTrainer(Trainer):
             ref, device = self.ref_tables[table], next(self.model.parameters()).device
             return ref[f"chosen_{kind}"][idx].to(device), ref[f"rejected_{kind}"][idx].to(device)
         with torch.no_grad(), self.reference() as model:
-            out = pair_logprobs(model, pairs.select(idx), self.learner_autocast,
-                                self.share_prefix)
+            out = pair_logprobs(model, pairs.select(idx), self.forward)
         return out[f"chosen_{kind}"], out[f"rejected_{kind}"]
 
     def pair_loss(self, pairs: PairTensors, idx: Tensor,
@@ -208,8 +205,7 @@ class DPOTrainer(Trainer):
         """2-4 for the pairs ``idx``: per-pair loss [n] and detached metrics."""
         cfg = self.cfg
         kind = "mean" if cfg.loss_type == "ipo" else "sum"
-        policy = pair_logprobs(self.learner(), pairs.select(idx), self.learner_autocast,
-                               self.share_prefix)  # 2
+        policy = pair_logprobs(self.learner(), pairs.select(idx), self.forward)  # 2
         ref_chosen, ref_rejected = self.reference_logps(pairs, idx, table)  # 3
         chosen, rejected = policy[f"chosen_{kind}"], policy[f"rejected_{kind}"]  # [n], [n]
         loss, metrics = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=cfg.beta,

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
+from posttrain.config import BaseConfig
+from posttrain.config.rl import PromptRLConfig
 from posttrain.ops import entropy_from_logits, head_logprobs, token_logprobs
 from posttrain.ops.fused_head import DEFAULT_BLOCK_ELEMENTS
 from posttrain.ops.masked import trim_padding
@@ -274,25 +277,51 @@ def _unfused_logprobs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: T
     return logprobs, entropy
 
 
-@torch.no_grad()
-def batched_logprobs(
-    model: torch.nn.Module,
-    prompt_ids: Tensor,
-    prompt_mask: Tensor,
-    completion_ids: Tensor,
-    response_mask: Tensor,
-    micro_batch_size: int,
-    temperature: float = 1.0,
-    autocast: bool = False,
-    fused: bool | None = None,
-    share_prefix: bool = False,
-) -> Tensor:
-    """No-grad log-probs over a large batch in micro-batches. Returns [N, T] fp32."""
-    out = []
-    for start in range(0, prompt_ids.shape[0], micro_batch_size):
-        sl = slice(start, start + micro_batch_size)
-        lp, _ = completion_logprobs(model, prompt_ids[sl], prompt_mask[sl], completion_ids[sl],
-                                    response_mask[sl], temperature, autocast, fused=fused,
-                                    share_prefix=share_prefix)
-        out.append(lp)
-    return torch.cat(out)
+@dataclass(frozen=True)
+class PolicyForward:
+    """The policy forward of a run, its choices made once (`policy_forward` builds it from the
+    config): every trainer's log-probs (learner, reference, old log-probs) go through it, so
+    they take one path in one precision. `autocast`: bf16 body, fp32 head and log-softmax;
+    `share_prefix`: each distinct prompt runs once; `temperature`: the sampling temperature of
+    RL trainers (1 for SFT and DPO); `fused`: see `completion_logprobs`."""
+
+    autocast: bool = False
+    share_prefix: bool = False
+    temperature: float = 1.0
+    fused: bool | None = None
+
+    def logprobs(self, model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
+                 completion_ids: Tensor, response_mask: Tensor, with_entropy: bool = False,
+                 entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+        """[n, T] log-probs and entropies (or None): `completion_logprobs` with these choices."""
+        return completion_logprobs(model, prompt_ids, prompt_mask, completion_ids,
+                                   response_mask, self.temperature, self.autocast,
+                                   with_entropy, self.fused, self.share_prefix, entropy_grad)
+
+    @torch.no_grad()
+    def batched(self, model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
+                completion_ids: Tensor, response_mask: Tensor, micro_batch_size: int) -> Tensor:
+        """No-grad log-probs [N, T] fp32 over a large batch, `micro_batch_size` rows a call."""
+        out = []
+        for start in range(0, prompt_ids.shape[0], micro_batch_size):
+            sl = slice(start, start + micro_batch_size)
+            out.append(self.logprobs(model, prompt_ids[sl], prompt_mask[sl], completion_ids[sl],
+                                     response_mask[sl])[0])
+        return torch.cat(out)
+
+
+DEFAULT_FORWARD = PolicyForward()  # fp32, no prompt sharing, temperature 1
+
+
+def policy_forward(cfg: BaseConfig, fsdp: bool = False, shares_prompts: bool = True
+                   ) -> PolicyForward:
+    """The run's `PolicyForward`: bf16 autocast under `autocast_bf16` but not `bf16_compute`
+    (its learner copy is bf16 already); prompt sharing under `share_prompt_prefix` but not
+    with `torch_compile` (the compiled body is traced for the plain forward) nor under FSDP2
+    (its data-dependent number of model calls would give ranks different collectives), and
+    only for trainers whose rows repeat prompts (`shares_prompts`)."""
+    return PolicyForward(
+        autocast=cfg.autocast_bf16 and not cfg.bf16_compute,
+        share_prefix=(cfg.share_prompt_prefix and shares_prompts and not cfg.torch_compile
+                      and not fsdp),
+        temperature=cfg.temperature if isinstance(cfg, PromptRLConfig) else 1.0)

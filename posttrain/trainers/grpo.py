@@ -20,17 +20,13 @@ kept completions are split into steps and scored by `process_reward_model`
 plus `process_weight` times `posttrain.ops.process_advantages`. Every run that trains on a
 learned reward logs `reward/verifier_accuracy` (the first `math`/`code` reward, whatever its
 weight), so a reward model being gamed shows up next to the reward it hands out.
-Randomness and torchrun (docs/distributed.md): prompts are drawn in the same global order on
-every rank, each rank takes every `world`-th prompt with all its G samples, and sample j of
-the step's i-th prompt draws from its own generator seeded by (seed, step, i, j); mini-batch
-shuffles use a generator seeded by (seed, step). So rollouts and updates do not depend on the
-number of ranks or on where a run was resumed. Loss normalisers are all ranks' token /
-sequence counts.
+Randomness and torchrun: sampling as in `posttrain.trainers.prompt_rl`; mini-batch shuffles
+use a generator seeded by (seed, step); loss normalisers are all ranks' token / sequence
+counts. So rollouts and updates do not depend on the number of ranks or the resume point.
 """
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from pathlib import Path
@@ -51,16 +47,12 @@ from posttrain.ops import (
     rollout_metrics,
     rollout_weights,
 )
-from posttrain.rollout import Rollout, SamplingParams, concat_rollouts
-from posttrain.trainers.base import Trainer
+from posttrain.rollout import Rollout, concat_rollouts
 from posttrain.trainers.common import (
-    accuracy_metrics,
     all_rejected_warning,
-    first_verifier,
     sequence_seed,
 )
 from posttrain.trainers.engine import local_plan
-from posttrain.trainers.forward import batched_logprobs, completion_logprobs
 from posttrain.trainers.process_steps import (
     StepScorer,
     annotate_dump,
@@ -68,11 +60,12 @@ from posttrain.trainers.process_steps import (
     check_process_reward_model,
     step_tensors,
 )
+from posttrain.trainers.prompt_rl import PromptRLTrainer
 
 LEARNED_REWARDS = ("reward_model", "process_reward_model")
 
 
-class GRPOTrainer(Trainer):
+class GRPOTrainer(PromptRLTrainer):
     """Group-relative policy optimisation on a prompt dataset with reward functions."""
 
     name = "grpo"
@@ -87,11 +80,8 @@ class GRPOTrainer(Trainer):
                 check_process_reward_model(self.cfg.process_reward_model)
             except ValueError as err:
                 raise ConfigError(str(err)) from err
-        world = self.dist.world
-        if self.cfg.prompts_per_step % world:
-            raise ConfigError(f"config key 'prompts_per_step'={self.cfg.prompts_per_step}: must "
-                              f"be a multiple of the {world} torchrun processes")
-        if world > 1 and self.cfg.scale == "batch":
+        super().validate()
+        if self.dist.world > 1 and self.cfg.scale == "batch":
             raise ConfigError("config key 'scale'='batch': its statistics would cross ranks; "
                               "use 'group' or 'none' under torchrun")
 
@@ -100,14 +90,12 @@ class GRPOTrainer(Trainer):
         if self.cfg.kl_coef > 0:
             self.load_reference()
         cfg = self.cfg
-        self.sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
         self._times = {"gen": 0.0, "score": 0.0}
         self.step_scorer: StepScorer | None = None
         if cfg.advantage == "grpo_process":
             self.step_scorer = build_step_scorer(cfg.process_reward_model, device=cfg.device)
         names = self.s.reward_names
         learned = self.step_scorer is not None or any(n in LEARNED_REWARDS for n in names)
-        self.accuracy_from = first_verifier(names)  # reward/accuracy: this reward's verdicts
         self.verifier = self.accuracy_from if learned else None
         if learned and self.verifier is None:
             print("[grpo] warning: training on a learned reward without a verifier in `rewards`"
@@ -135,27 +123,12 @@ class GRPOTrainer(Trainer):
 
     # ------------------------------------------------------------------------------------------
     def sample_and_score(self, n_prompts: int) -> tuple[Rollout, dict[str, float]]:
-        """Draw `n_prompts` prompts (all ranks alike), sample and score this rank's share."""
-        cfg, G = self.cfg, self.cfg.group_size
-        n_prompts = -(-n_prompts // self.dist.world) * self.dist.world  # equal shares
-        drawn = self.next_rows(n_prompts)
-        mine = self.dist.shard(list(range(n_prompts)))
-        rows = [drawn[i] for i in mine]
-        seeds = [sequence_seed(cfg.seed, self._step, self._drawn + i, j)
-                 for i in mine for j in range(G)]
+        """Draw `n_prompts` prompts (rounded up to equal shares), sample and score them."""
+        n_prompts = -(-n_prompts // self.dist.world) * self.dist.world
+        rollout, result, seconds = self.sample_prompts(n_prompts, self._drawn)
         self._drawn += n_prompts
-        prompts = [self.s.render(r["prompt"]) for r in rows]
-        t0 = time.time()
-        engine = self.rollout_engine()  # hf under autocast_bf16: a synced bf16 copy
-        with self.gathered() if engine.runs_policy else contextlib.nullcontext():
-            rollout = engine.generate(prompts, group_size=G, rows=rows, params=self.sampling,
-                                      seeds=seeds, batch_size=cfg.generation_batch_size)
-        t1 = time.time()
-        result = self.s.scorer.score(rollout.completions, rollout.rows)
-        rollout.scores = torch.tensor(result.scores, dtype=torch.float32)
-        self.s.log_reward_errors(result.errors)
-        self._times["gen"] += t1 - t0
-        self._times["score"] += time.time() - t1
+        for k, v in seconds.items():
+            self._times[k] += v
         metrics = dict(result.metrics)
         if self.accuracy_from is not None:
             self._verdicts += result.per_function[self.accuracy_from]
@@ -185,22 +158,12 @@ class GRPOTrainer(Trainer):
             kept.append(self._filter_groups(extra, metrics))
             n_groups += int(self.dist.sum(kept[-1].num_sequences // G))
         # [all sampled on all ranks], group-contiguous: reward metrics over the whole step
-        scores = torch.tensor(sum(self.dist.all_gather_objects(torch.cat(all_scores).tolist()),
-                                  []))
-        valid = ~scores.isnan()
-        grouped = scores.view(-1, G)
-        metrics.update({
-            "_gen_tokens": gen_tokens,
-            "reward/mean": float(scores[valid].mean()) if bool(valid.any()) else float("nan"),
-            "reward/std": float(scores[valid].std()) if int(valid.sum()) > 1 else 0.0,
-            "reward/frac_zero_std_groups": float((grouped.std(1) == 0).float().mean()),
-            "response/length_mean": float(rollout.response_mask.sum(1).float().mean()),
-            "response/truncated_frac": float(rollout.truncated.float().mean()),
-            "rollout/dynamic_sampling_rounds": float(rounds),
-        })
-        verdicts = (sum(self.dist.all_gather_objects(self._verdicts), [])
-                    if self.accuracy_from is not None else None)
-        metrics.update(accuracy_metrics(scores.tolist(), verdicts))
+        verdicts = self._verdicts if self.accuracy_from is not None else None
+        scores, reward = self.reward_metrics(torch.cat(all_scores), rollout, verdicts)
+        metrics.update({"_gen_tokens": gen_tokens, **reward,
+                        "reward/frac_zero_std_groups":
+                        float((scores.view(-1, G).std(1) == 0).float().mean()),
+                        "rollout/dynamic_sampling_rounds": float(rounds)})
         out = concat_rollouts(kept, self.tokenizer.pad_token_id)
         metrics["rollout/groups_used"] = float(out.num_sequences // G)
         return out, metrics
@@ -324,14 +287,11 @@ class GRPOTrainer(Trainer):
     def policy_logprobs(self, rollout: Rollout, model: torch.nn.Module | None = None) -> Tensor:
         """[N, T] no-grad log-probs of the rollout's tokens under `model` (default the policy);
         under FSDP2 only that model's weights are gathered for the pass."""
-        cfg = self.cfg
         model = model if model is not None else self.learner()
         with self.dist.gathered(model):
-            return batched_logprobs(model, rollout.prompt_ids,
-                                    rollout.prompt_mask, rollout.completion_ids,
-                                    rollout.response_mask, cfg.micro_batch_size,
-                                    cfg.temperature, self.learner_autocast,
-                                    share_prefix=self.share_prefix)
+            return self.forward.batched(model, rollout.prompt_ids, rollout.prompt_mask,
+                                        rollout.completion_ids, rollout.response_mask,
+                                        self.cfg.micro_batch_size)
 
     def loss_mask(self, rollout: Rollout) -> Tensor:
         """[N, T] tokens that count in the loss."""
@@ -388,10 +348,9 @@ class GRPOTrainer(Trainer):
                    total_seqs: float) -> tuple[Tensor, dict[str, float]]:
         """Forward of one micro-batch: its loss, normalised over the whole optimizer step."""
         cfg = self.cfg
-        logprobs, entropy = completion_logprobs(
+        logprobs, entropy = self.forward.logprobs(
             self.learner(), batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-            batch.response_mask, cfg.temperature, self.learner_autocast,
-            with_entropy=True, share_prefix=self.share_prefix)  # [n, T]
+            batch.response_mask, with_entropy=True)  # [n, T]
         old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
         loss, metrics = policy_loss(
             logprobs, old, batch.advantages, mask, ratio_level=cfg.ratio_level,

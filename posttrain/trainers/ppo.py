@@ -36,7 +36,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posttrain.config import ConfigError
 from posttrain.config.ppo import PPOConfig
 from posttrain.models.value_head import (
     CRITIC_ADAPTER,
@@ -60,16 +59,12 @@ from posttrain.ops import (
     value_loss,
 )
 from posttrain.ops.masked import as_bool_mask, keep
-from posttrain.rollout import SamplingParams
-from posttrain.trainers.base import Trainer
 from posttrain.trainers.common import (
-    accuracy_metrics,
     all_rejected_warning,
-    first_verifier,
     sequence_seed,
 )
 from posttrain.trainers.engine import OptimGroup, Plan
-from posttrain.trainers.forward import batched_logprobs, completion_logprobs
+from posttrain.trainers.prompt_rl import PromptRLTrainer
 
 
 # ----------------------------------------------------------------------------------------------
@@ -104,15 +99,25 @@ def token_rewards(scores: Tensor, response_mask: Tensor, kl: Tensor | None = Non
 
 
 def ppo_advantages(rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float,
-                   lam: float, whiten: bool) -> tuple[Tensor, Tensor]:
-    """GAE (``posttrain.ops.gae``, V = 0 past the last token), then optional whitening.
+                   lam: float, whiten: bool, dist: Any = None) -> tuple[Tensor, Tensor]:
+    """GAE (``posttrain.ops.gae``, V = 0 past the last token), then optional whitening with
+    the mean and (unbiased) variance over every rank's real tokens (`dist`; this process's
+    alone without it).
 
     Returns (advantages [N, T], returns [N, T]); returns are never whitened (critic targets).
     """
     advantages, returns = gae(rewards, values, response_mask, gamma, lam)
-    if whiten:
-        advantages = masked_whiten(advantages, response_mask)
-    return advantages, returns
+    if not whiten:
+        return advantages, returns
+    if dist is None or not dist.enabled:
+        return masked_whiten(advantages, response_mask), returns
+    m = as_bool_mask(response_mask)
+    stats = torch.tensor([float(advantages[m].sum()), float((advantages[m].double() ** 2).sum()),
+                          float(m.sum())], dtype=torch.float64)
+    s, sq, n = dist.sum(stats).tolist()
+    mean = s / max(n, 1.0)
+    var = (sq - n * mean * mean) / max(n - 1.0, 1.0)
+    return keep((advantages - mean) * (var + 1e-8) ** -0.5, m), returns
 
 
 @dataclass
@@ -139,7 +144,7 @@ class PPOBatch:
                            for f in dataclasses.fields(self)})
 
 
-class PPOTrainer(Trainer):
+class PPOTrainer(PromptRLTrainer):
     """PPO with a learned critic on a prompt dataset with reward functions / a reward model."""
 
     name = "ppo"
@@ -149,12 +154,6 @@ class PPOTrainer(Trainer):
     supports_fsdp = False  # the critic is not sharded; data parallel works
     cfg: PPOConfig
 
-    def validate(self) -> None:
-        cfg = self.cfg
-        if cfg.prompts_per_step % self.dist.world:
-            raise ConfigError(f"config key 'prompts_per_step'={cfg.prompts_per_step}: must be a "
-                              f"multiple of the {self.dist.world} torchrun processes")
-
     def setup(self) -> None:
         cfg = self.cfg
         if cfg.kl_coef > 0:
@@ -162,9 +161,7 @@ class PPOTrainer(Trainer):
         self.critic = self.build_critic().to(self.device)
         self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
                        if cfg.adaptive_kl else FixedKLController(cfg.kl_coef))
-        self.sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
         self.early_stops = 0
-        self._step = 0
         self.kept: list[int] = []
 
     def build_critic(self) -> ValueModel:
@@ -224,37 +221,16 @@ class PPOTrainer(Trainer):
     def rollout_and_score(self) -> tuple[Any, Tensor, dict[str, float]]:
         """1 + 2: sample `group_size` completions per prompt and score them; drop unscorable.
 
-        Every rank draws the same prompts and samples its strided share, each sample with its
-        own seed (seed, step, prompt, sample), so rollouts do not depend on the rank count.
         Returns the rollout, its scores [n] and the reward metrics (over every rank's samples);
         `self.kept` holds the kept rows' indices in this rank's rollout."""
-        cfg = self.cfg
-        G = cfg.group_size
-        mine = self.dist.shard(list(range(cfg.prompts_per_step)))
-        drawn = self.next_rows(cfg.prompts_per_step)
-        rows = [drawn[i] for i in mine]
-        seeds = [sequence_seed(cfg.seed, self._step, i, j) for i in mine for j in range(G)]
-        prompts = [self.s.render(r["prompt"]) for r in rows]
-        engine = self.rollout_engine()  # hf under autocast_bf16: a synced bf16 copy
-        rollout = engine.generate(prompts, group_size=G, rows=rows, params=self.sampling,
-                                  seeds=seeds, batch_size=cfg.generation_batch_size)
-        result = self.s.scorer.score(rollout.completions, rollout.rows)
-        self.s.log_reward_errors(result.errors)
-        scores = torch.tensor(result.scores, dtype=torch.float32)  # [n]
-        every = torch.tensor(sum(self.dist.all_gather_objects(scores.tolist()), []))  # [N]
-        valid, ok = ~scores.isnan(), ~every.isnan()
-        metrics = dict(result.metrics)
-        metrics.update({
-            "reward/mean": float(every[ok].mean()) if bool(ok.any()) else float("nan"),
-            "reward/std": float(every[ok].std()) if int(ok.sum()) > 1 else 0.0,
-            "reward/unscorable_dropped": float((~ok).sum()),
-            "response/length_mean": float(rollout.response_mask.sum(1).float().mean()),
-            "response/truncated_frac": float(rollout.truncated.float().mean()),
-        })
-        verifier = first_verifier(self.s.reward_names)
-        verdicts = (sum(self.dist.all_gather_objects(result.per_function[verifier]), [])
-                    if verifier is not None else None)
-        metrics.update(accuracy_metrics(every.tolist(), verdicts))
+        rollout, result, _ = self.sample_prompts(self.cfg.prompts_per_step)
+        scores = rollout.scores  # [n]
+        verdicts = (result.per_function[self.accuracy_from]
+                    if self.accuracy_from is not None else None)
+        every, reward = self.reward_metrics(scores, rollout, verdicts)
+        metrics = {**result.metrics, **reward,
+                   "reward/unscorable_dropped": float(every.isnan().sum())}
+        valid = ~scores.isnan()
         self.kept = valid.nonzero().squeeze(-1).tolist()
         if not bool(valid.all()):
             rollout = rollout.select(valid.nonzero().squeeze(-1))
@@ -268,10 +244,8 @@ class PPOTrainer(Trainer):
         dev = self.device
         p_ids, p_mask = rollout.prompt_ids.to(dev), rollout.prompt_mask.to(dev)
         c_ids, mask = rollout.completion_ids.to(dev), rollout.response_mask.to(dev)
-        args = (p_ids, p_mask, c_ids, mask, cfg.micro_batch_size, cfg.temperature,
-                cfg.autocast_bf16)
-        share = {"share_prefix": self.share_prefix}  # group_size > 1: prompts repeat
-        old_logprobs = batched_logprobs(self.model, *args, **share)  # [n, T]
+        args = (p_ids, p_mask, c_ids, mask, cfg.micro_batch_size)
+        old_logprobs = self.forward.batched(self.model, *args)  # [n, T]
         correction = cfg.rollout_correction()
         sampled = rollout.logprobs.to(dev)  # [n, T] the sampler's log-probs
         is_weights, _ = rollout_weights(old_logprobs, sampled, mask, correction,
@@ -282,7 +256,7 @@ class PPOTrainer(Trainer):
         beta, kl = self.kl_ctl.value, None
         if cfg.kl_coef > 0:
             with self.reference() as ref:
-                ref_logprobs = batched_logprobs(ref, *args, **share)  # [n, T]
+                ref_logprobs = self.forward.batched(ref, *args)  # [n, T]
             kl = keep(kl_penalty(old_logprobs, ref_logprobs, kind=cfg.kl_estimator,
                                  clamp=cfg.kl_clamp), mask)
             seq_kl = kl.sum(-1)  # [n]
@@ -294,9 +268,8 @@ class PPOTrainer(Trainer):
                             "reward/kl_penalty": beta * kl_mean})
             self.kl_ctl.update(kl_mean, n_steps=int(n_all))
         rewards = token_rewards(scores.to(dev), mask, kl, beta)  # [n, T]
-        advantages, returns = gae(rewards, values, mask, cfg.gamma, cfg.gae_lambda)
-        if cfg.whiten_advantages:  # statistics over every rank's tokens
-            advantages = global_whiten(advantages, mask, self.dist)
+        advantages, returns = ppo_advantages(rewards, values, mask, cfg.gamma, cfg.gae_lambda,
+                                             cfg.whiten_advantages, self.dist)
         metrics.update({
             "kl/coef": beta,
             "critic/value_mean": float(masked_mean(values, mask)),
@@ -313,7 +286,7 @@ class PPOTrainer(Trainer):
         """Critic values [N, T] in micro-batches, no gradients."""
         n, size = p_ids.shape[0], self.cfg.micro_batch_size
         return torch.cat([self.critic(p_ids[i:i + size], p_mask[i:i + size], c_ids[i:i + size],
-                                      mask[i:i + size], self.cfg.autocast_bf16)
+                                      mask[i:i + size], self.forward.autocast)
                           for i in range(0, n, size)])
 
     # ------------------------------------------------------------------------------------------
@@ -380,10 +353,9 @@ class PPOTrainer(Trainer):
         out: dict[str, Any] = {}
         loss = torch.zeros((), device=self.device)
         if train_policy:
-            logprobs, entropy = completion_logprobs(
+            logprobs, entropy = self.forward.logprobs(
                 self.model, micro.prompt_ids, micro.prompt_mask, micro.completion_ids,
-                micro.response_mask, cfg.temperature, cfg.autocast_bf16, with_entropy=True,
-                share_prefix=self.share_prefix, entropy_grad=cfg.ent_coef > 0)  # [n, T]
+                micro.response_mask, with_entropy=True, entropy_grad=cfg.ent_coef > 0)
             corrected = cfg.rollout_correction() != "none"
             p_mask = micro.response_mask & (micro.is_weights > 0)  # [n, T]
             p_loss, metrics = policy_loss(
@@ -399,7 +371,7 @@ class PPOTrainer(Trainer):
             out.update({"loss/policy": p_loss.detach(), "loss/entropy": ent.detach(),
                         "policy/entropy": masked_mean(entropy.detach(), micro.response_mask)})
         values = self.critic(micro.prompt_ids, micro.prompt_mask, micro.completion_ids,
-                             micro.response_mask, cfg.autocast_bf16)  # [n, T]
+                             micro.response_mask, self.forward.autocast)  # [n, T]
         v_loss, v_metrics = value_loss(values, micro.old_values, micro.returns,
                                        micro.response_mask, cfg.value_clip, "token-mean",
                                        **norms)
@@ -418,15 +390,3 @@ class PPOTrainer(Trainer):
             self.critic.save(f"{self.cfg.out_dir}/critic")
         super().save(path)
 
-
-def global_whiten(x: Tensor, mask: Tensor, dist: Any, eps: float = 1e-8) -> Tensor:
-    """`masked_whiten` with the mean and (unbiased) variance over every rank's real slots."""
-    if not dist.enabled:
-        return masked_whiten(x, mask, eps=eps)
-    m = mask.bool()
-    stats = torch.tensor([float(x[m].sum()), float((x[m].double() ** 2).sum()),
-                          float(m.sum())], dtype=torch.float64)
-    s, sq, n = (dist.sum(stats) if dist.enabled else stats).tolist()
-    mean = s / max(n, 1.0)
-    var = (sq - n * mean * mean) / max(n - 1.0, 1.0)
-    return keep((x - mean) * (var + eps) ** -0.5, m)

@@ -118,7 +118,7 @@ class PRMTrainer(Trainer):
                         "soft": r.get("soft_labels")})
         return out
 
-    def forward(self, data: list[dict[str, Any]], idx: list[int]) -> dict[str, Tensor]:
+    def step_logits(self, data: list[dict[str, Any]], idx: list[int]) -> dict[str, Tensor]:
         """2: logits [n, T, C], labels [n, T], step_mask [n, T] (and soft targets [n, T])."""
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         items = [data[i] for i in idx]
@@ -159,7 +159,7 @@ class PRMTrainer(Trainer):
             return {"steps": float(sum(len(self.train_set[idx[i]]["ends"]) for i in pos))}
 
         def loss_fn(pos: list[int], totals: dict[str, float]) -> tuple[Tensor, dict, float]:
-            out = self.forward(self.train_set, [idx[i] for i in pos])  # 2
+            out = self.step_logits(self.train_set, [idx[i] for i in pos])  # 2
             loss = self.loss(out, totals["steps"])  # 3
             with torch.no_grad():
                 good = step_scores_from_logits(out["logits"]) >= 0.5  # [n, T]
@@ -179,7 +179,7 @@ class PRMTrainer(Trainer):
         scores: list[list[float]] = []
         for start in range(0, len(data), self.cfg.micro_batch_size):
             idx = list(range(start, min(len(data), start + self.cfg.micro_batch_size)))
-            out = self.forward(data, idx)
+            out = self.step_logits(data, idx)
             probs = step_scores_from_logits(out["logits"]).cpu()  # [n, T]
             scores += [probs[k, data[i]["ends"]].tolist() for k, i in enumerate(idx)]
         return scores

@@ -27,7 +27,7 @@ from posttrain.data.prompts import tokenize_completions
 from posttrain.ops.masked import masked_count, masked_sum
 from posttrain.trainers.base import Trainer
 from posttrain.trainers.engine import shard_plan
-from posttrain.trainers.forward import completion_logprobs
+from posttrain.trainers.forward import DEFAULT_FORWARD, PolicyForward
 
 Example = tuple[list[int], int]  # (input_ids, prompt_len)
 
@@ -74,28 +74,14 @@ def collate_sft(examples: list[Example], pad_id: int,
 
 
 def sft_nll_sum(model: torch.nn.Module, batch: dict[str, Tensor],
-                autocast: bool = False) -> tuple[Tensor, Tensor]:
+                forward: PolicyForward = DEFAULT_FORWARD) -> tuple[Tensor, Tensor]:
     """Summed NLL of the completion tokens of ``batch`` and their count, through the one
-    policy forward (`completion_logprobs`: the LM head only on completion positions, fused
-    and fp32 where supported, so no fp32 ``[B, L, V]`` logits)."""
-    logprobs, _ = completion_logprobs(model, batch["prompt_ids"], batch["prompt_mask"],
-                                      batch["completion_ids"], batch["response_mask"],
-                                      1.0, autocast)  # [B, T]
+    policy forward (the LM head only on completion positions, fused and fp32 where
+    supported, so no fp32 ``[B, L, V]`` logits)."""
     mask = batch["response_mask"]  # [B, T]
+    logprobs, _ = forward.logprobs(model, batch["prompt_ids"], batch["prompt_mask"],
+                                   batch["completion_ids"], mask)  # [B, T]
     return -masked_sum(logprobs, mask), masked_count(mask)
-
-
-def backward_batch(model: torch.nn.Module, parts: list[dict[str, Tensor]],
-                   autocast: bool = False) -> Tensor:
-    """Accumulate the gradient of the mean completion-token NLL over micro-batches `parts`
-    (each one's summed NLL divided by the count of all of them); returns the mean NLL."""
-    n_tokens = sum(float(masked_count(p["response_mask"])) for p in parts)
-    total = torch.zeros(())
-    for part in parts:
-        nll, _ = sft_nll_sum(model, part, autocast)
-        (nll / max(n_tokens, 1.0)).backward()
-        total += nll.detach().cpu()
-    return total / max(n_tokens, 1.0)
 
 
 def length_grouped_batches(
@@ -144,6 +130,7 @@ class SFTTrainer(Trainer):
     config_class = SFTConfig
     data_kind = "sft"
     progress_keys = ("loss/sft",)
+    shares_prompts = False
     cfg: SFTConfig
 
     def validate(self) -> None:
@@ -181,7 +168,7 @@ class SFTTrainer(Trainer):
 
         def loss_fn(pos: list[int], totals: dict[str, float]) -> tuple[Tensor, dict, float]:
             part = collate_sft([examples[i] for i in pos], self.pad_id, self.device)
-            nll, n = sft_nll_sum(self.model, part, cfg.autocast_bf16)
+            nll, n = sft_nll_sum(self.model, part, self.forward)
             loss = nll / max(totals["tokens"], 1.0)  # the whole batch's mean token NLL
             return loss, {"loss/sft": loss.detach()}, float(n)
 

@@ -206,7 +206,7 @@ def test_gradient_checkpointing_gives_the_same_update(world, tmp_path):
         trainer = DPOTrainer(_cfg(world, tmp_path / str(ckpt), batch_size=16,
                                   micro_batch_size=16, seed=1, precompute_ref=False,
                                   gradient_checkpointing=ckpt))
-        assert trainer.share_prefix
+        assert trainer.forward.share_prefix
         trainer.model.train()
         trainer.update(trainer.next_indices(16))
         params.append(torch.cat([p.detach().flatten() for p in trainer.model.parameters()]))

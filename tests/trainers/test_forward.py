@@ -11,7 +11,7 @@ from posttrain.models import build_char_tokenizer
 from posttrain.models.tiny import build_tiny_gemma2
 from posttrain.rollout import SamplingParams, generate
 from posttrain.trainers import forward
-from posttrain.trainers.forward import batched_logprobs, completion_logits, completion_logprobs
+from posttrain.trainers.forward import PolicyForward, completion_logits, completion_logprobs
 
 PROMPTS = ["12+7\n", "3*4-1\n", "5\n"]
 
@@ -50,8 +50,8 @@ def test_sampler_logprobs_equal_learner_logprobs(family):
                                 r.response_mask, temperature=params.temperature)
     diff = ((lp - r.logprobs) * r.response_mask).abs().max()
     assert diff < 1e-5, diff
-    lp2 = batched_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.response_mask,
-                           micro_batch_size=4, temperature=params.temperature)
+    lp2 = PolicyForward(temperature=params.temperature).batched(
+        model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.response_mask, micro_batch_size=4)
     assert torch.allclose(lp2, lp, atol=1e-6)
 
 
@@ -172,3 +172,27 @@ def test_tied_embedding_gradient_is_added_in_place_and_equals_autograds():
     assert grads[0].abs().sum() > 0
     assert torch.allclose(grads[0], grads[1], atol=1e-6), (grads[0] - grads[1]).abs().max()
     assert grads[1][tok.pad_token_id].abs().sum() == grads[0][tok.pad_token_id].abs().sum()
+
+
+def test_the_run_decides_its_forward_once():
+    """`policy_forward` is the one place precision, prompt sharing and temperature are chosen:
+    bf16 autocast only without bf16_compute (its copy is bf16 already); prompt sharing off
+    under torch_compile, FSDP2 and for trainers whose rows never repeat a prompt (SFT); the
+    sampling temperature for RL trainers, 1 for DPO and SFT."""
+    from posttrain.config import DPOConfig, GRPOConfig, SFTConfig
+    from posttrain.trainers.dpo import DPOTrainer
+    from posttrain.trainers.forward import policy_forward
+    from posttrain.trainers.grpo import GRPOTrainer
+    from posttrain.trainers.sft import SFTTrainer
+
+    grpo = GRPOConfig(temperature=0.7, autocast_bf16=True)
+    assert policy_forward(grpo) == PolicyForward(autocast=True, share_prefix=True,
+                                                 temperature=0.7)
+    assert not policy_forward(GRPOConfig(autocast_bf16=True, bf16_compute=True)).autocast
+    assert not policy_forward(grpo, fsdp=True).share_prefix
+    assert not policy_forward(GRPOConfig(torch_compile=True)).share_prefix
+    assert policy_forward(DPOConfig(), shares_prompts=DPOTrainer.shares_prompts) == \
+        PolicyForward(share_prefix=True, temperature=1.0)
+    assert policy_forward(SFTConfig(), shares_prompts=SFTTrainer.shares_prompts) == \
+        PolicyForward(share_prefix=False, temperature=1.0)
+    assert GRPOTrainer.shares_prompts

@@ -132,7 +132,7 @@ def test_lora_grpo_uses_adapters_off_as_reference_and_saves_merged(toy_world, tm
     above; this 1-layer toy model barely moves its reward through rank-8 adapters in 16 steps.)"""
     from transformers import AutoModelForCausalLM
 
-    from posttrain.trainers.forward import batched_logprobs
+    from posttrain.trainers.forward import DEFAULT_FORWARD
 
     cfg = _cfg(toy_world, str(tmp_path), lora_r=8, lora_alpha=32, kl_coef=0.04, lr=3e-2,
                max_steps=16, lora_target_modules=["q_proj", "v_proj", "up_proj", "down_proj"])
@@ -141,8 +141,8 @@ def test_lora_grpo_uses_adapters_off_as_reference_and_saves_merged(toy_world, tm
     rollout, metrics = trainer.rollout_step()
     trainer.compute_advantages(rollout, metrics)
     base = AutoModelForCausalLM.from_pretrained(toy_world["model"]).eval()
-    expected = batched_logprobs(base, rollout.prompt_ids, rollout.prompt_mask,
-                                rollout.completion_ids, rollout.response_mask, 64)
+    expected = DEFAULT_FORWARD.batched(base, rollout.prompt_ids, rollout.prompt_mask,
+                                       rollout.completion_ids, rollout.response_mask, 64)
     trainer.update(rollout)  # adapters are non-zero after a step, the reference must not move
     rollout2, metrics2 = trainer.rollout_step()
     trainer.compute_advantages(rollout, metrics2)
@@ -195,7 +195,7 @@ def test_bf16_sampler_weights_follow_the_policy(toy_world, tmp_path):
     trainer = GRPOTrainer(_cfg(toy_world, str(tmp_path), autocast_bf16=True))
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     trainer.train()
-    sampler, autocast = trainer.rollout_model()
+    sampler, autocast = trainer.rollout_engine().sampler()
     assert sampler is not trainer.model and autocast is False
     policy = dict(trainer.model.named_parameters(remove_duplicate=False))
     head = trainer.model.get_output_embeddings().weight
@@ -211,4 +211,4 @@ def test_bf16_sampler_weights_follow_the_policy(toy_world, tmp_path):
     assert changed > 0
     _assert_learns(_reward_curve(str(tmp_path)))
     fp32 = GRPOTrainer(_cfg(toy_world, str(tmp_path / "fp32"), max_steps=1))
-    assert fp32.rollout_model() == (fp32.model, False)
+    assert fp32.rollout_engine().sampler() == (fp32.model, False)

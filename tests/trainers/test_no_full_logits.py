@@ -17,7 +17,7 @@ from posttrain.ops.fused_head import DEFAULT_BLOCK_ELEMENTS
 from posttrain.rollout import SamplingParams
 from posttrain.rollout.hf import sample_tokens
 from posttrain.trainers.base import enable_checkpointing
-from posttrain.trainers.forward import batched_logprobs, completion_logprobs
+from posttrain.trainers.forward import PolicyForward, completion_logprobs
 
 V, N, T = 65_536, 8, 64  # N * T * V = 33.6M floats (134 MB) per logits tensor
 
@@ -62,8 +62,8 @@ def _step(model: torch.nn.Module, fused: bool | None, share: bool = False) -> No
                                     group_size=2)
     mask[:, :] = True  # count every position (EOS is improbable at this vocabulary anyway)
     p_ids, p_mask = prompt_ids.repeat_interleave(2, 0), prompt_mask.repeat_interleave(2, 0)
-    ref = batched_logprobs(model, p_ids, p_mask, ids, mask, micro_batch_size=N, fused=fused,
-                           share_prefix=share)
+    ref = PolicyForward(share_prefix=share, fused=fused).batched(model, p_ids, p_mask, ids, mask,
+                                                                 micro_batch_size=N)
     model.train()
     lp, ent = completion_logprobs(model, p_ids, p_mask, ids, mask, with_entropy=True,
                                   fused=fused, share_prefix=share)

@@ -7,11 +7,11 @@ import torch
 
 from posttrain.config import ConfigError
 from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.ops.masked import masked_count
 from posttrain.tasks.arithmetic import sft_rows
 from posttrain.trainers.common import lr_factor
 from posttrain.trainers.sft import (
     SFTTrainer,
-    backward_batch,
     collate_sft,
     length_grouped_batches,
     sft_nll_sum,
@@ -104,6 +104,18 @@ def test_lr_factor_golden():
     assert lr_factor(50, 110, 10, "constant") == 1.0
     with pytest.raises(ValueError, match="valid"):
         lr_factor(0, 10, 0, "exp")
+
+
+def backward_batch(model, parts):
+    """The mean completion-token NLL over micro-batches `parts`, its gradient accumulated
+    (each part's summed NLL divided by the count of all of them)."""
+    n_tokens = sum(float(masked_count(p["response_mask"])) for p in parts)
+    total = torch.zeros(())
+    for part in parts:
+        nll, _ = sft_nll_sum(model, part)
+        (nll / max(n_tokens, 1.0)).backward()
+        total += nll.detach().cpu()
+    return total / max(n_tokens, 1.0)
 
 
 def test_micro_batches_give_the_same_gradient(tokenizer):

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from posttrain.trainers import shared_prefix
 from posttrain.trainers.base import enable_checkpointing
-from posttrain.trainers.forward import batched_logprobs, completion_logprobs
+from posttrain.trainers.forward import PolicyForward, completion_logprobs
 from posttrain.trainers.shared_prefix import (
     length_buckets,
     prefix_groups,
@@ -234,9 +234,9 @@ def test_checkpointed_shared_forward_holds_less_than_the_plain_one():
 def test_batched_no_grad_logprobs_match():
     model = _model("qwen2").eval()
     p_ids, p_mask, c_ids, c_mask = _batch()
-    plain = batched_logprobs(model, p_ids, p_mask, c_ids, c_mask, micro_batch_size=4)
-    shared = batched_logprobs(model, p_ids, p_mask, c_ids, c_mask, micro_batch_size=4,
-                              share_prefix=True)
+    plain = PolicyForward().batched(model, p_ids, p_mask, c_ids, c_mask, micro_batch_size=4)
+    shared = PolicyForward(share_prefix=True).batched(model, p_ids, p_mask, c_ids, c_mask,
+                                                      micro_batch_size=4)
     assert (plain - shared)[c_mask].abs().max() < 1e-5
 
 

@@ -1,0 +1,89 @@
+"""What the prompt-sampling RL trainers (GRPO, PPO) share: the prompt draw, seeded sampling
+through the rollout engine, scoring, and the reward metrics over every rank.
+
+Randomness and torchrun (docs/distributed.md): prompts are drawn in the same global order on
+every rank, each rank takes every `world`-th prompt with all its G samples, and sample j of the
+step's i-th prompt draws from its own generator seeded by (seed, step, i, j), so rollouts do not
+depend on the number of ranks or on where a run was resumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posttrain.config import ConfigError
+from posttrain.rollout import Rollout, SamplingParams
+from posttrain.trainers.base import Trainer
+from posttrain.trainers.common import accuracy_metrics, first_verifier, sequence_seed
+
+
+class PromptRLTrainer(Trainer):
+    """Base of the trainers that sample `group_size` completions per prompt and score them."""
+
+    _step: int = 0
+    """The step being run (set by `step`): part of every sampling seed."""
+
+    def validate(self) -> None:
+        world = self.dist.world
+        if self.cfg.prompts_per_step % world:
+            raise ConfigError(f"config key 'prompts_per_step'={self.cfg.prompts_per_step}: must "
+                              f"be a multiple of the {world} torchrun processes")
+
+    @functools.cached_property
+    def sampling(self) -> SamplingParams:
+        cfg = self.cfg
+        return SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
+
+    @functools.cached_property
+    def accuracy_from(self) -> str | None:
+        """The reward whose verdicts are `reward/accuracy` (the first `math`/`code` one)."""
+        return first_verifier(self.s.reward_names)
+
+    def sample_prompts(self, n_prompts: int,
+                       first: int = 0) -> tuple[Rollout, Any, dict[str, float]]:
+        """Draw `n_prompts` prompts (every rank alike; `first`: how many this step drew
+        before), sample this rank's share and score it.
+
+        Returns the rollout (`scores` [n] set, NaN where unscorable), the scorer's result
+        (`per_function`, `metrics`) and the seconds spent ({"gen", "score"})."""
+        cfg, G = self.cfg, self.cfg.group_size
+        drawn = self.next_rows(n_prompts)
+        mine = self.dist.shard(list(range(n_prompts)))
+        rows = [drawn[i] for i in mine]
+        seeds = [sequence_seed(cfg.seed, self._step, first + i, j)
+                 for i in mine for j in range(G)]
+        prompts = [self.s.render(r["prompt"]) for r in rows]
+        t0 = time.time()
+        engine = self.rollout_engine()  # hf under autocast_bf16: a synced bf16 copy
+        with self.gathered() if engine.runs_policy else contextlib.nullcontext():
+            rollout = engine.generate(prompts, group_size=G, rows=rows, params=self.sampling,
+                                      seeds=seeds, batch_size=cfg.generation_batch_size)
+        t1 = time.time()
+        result = self.s.scorer.score(rollout.completions, rollout.rows)
+        rollout.scores = torch.tensor(result.scores, dtype=torch.float32)  # [n]
+        self.s.log_reward_errors(result.errors)
+        return rollout, result, {"gen": t1 - t0, "score": time.time() - t1}
+
+    def reward_metrics(self, scores: Tensor, rollout: Rollout,
+                       verdicts: list[float] | None) -> tuple[Tensor, dict[str, float]]:
+        """Every rank's `scores` gathered ([N], rank-major) and the step's reward metrics over
+        them: mean and std of the scorable ones, `reward/accuracy` from this rank's `verdicts`
+        (of `accuracy_from`) gathered too, and the response lengths of this rank's `rollout`."""
+        every = torch.tensor(sum(self.dist.all_gather_objects(scores.tolist()), []))  # [N]
+        ok = ~every.isnan()
+        metrics = {
+            "reward/mean": float(every[ok].mean()) if bool(ok.any()) else float("nan"),
+            "reward/std": float(every[ok].std()) if int(ok.sum()) > 1 else 0.0,
+            "response/length_mean": float(rollout.response_mask.sum(1).float().mean()),
+            "response/truncated_frac": float(rollout.truncated.float().mean()),
+        }
+        if verdicts is not None:
+            verdicts = sum(self.dist.all_gather_objects(verdicts), [])
+        metrics.update(accuracy_metrics(every.tolist(), verdicts))
+        return every, metrics
