@@ -44,8 +44,10 @@ def run_one(model_name: str, kl_coef: float, bf16: bool, threads: int, steps: in
     import torch
 
     from posttrain.config import GRPOConfig, build_config
-    from posttrain.models import build_char_tokenizer, build_tiny_llama
-    from posttrain.trainers.common import peak_rss_mb, save_checkpoint
+    from posttrain.core.io import peak_rss_mb
+    from posttrain.models.loading import save_checkpoint
+    from posttrain.tasks.tiny import build_tiny_llama
+    from posttrain.tasks.tokenizer import build_char_tokenizer
     from posttrain.trainers.grpo import GRPOTrainer
 
     torch.set_num_threads(threads)

@@ -51,8 +51,9 @@ def current_rss_mb() -> float:
 
 
 def build_world(root: Path, hidden: int, layers: int) -> None:
-    from posttrain.models import build_char_tokenizer, build_tiny_llama
-    from posttrain.trainers.common import save_checkpoint
+    from posttrain.models.loading import save_checkpoint
+    from posttrain.tasks.tiny import build_tiny_llama
+    from posttrain.tasks.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
     model = build_tiny_llama(tok, hidden_size=hidden, num_layers=layers,
@@ -91,7 +92,7 @@ def run_arm(name: str, root: Path, args: argparse.Namespace) -> dict:
     import torch
 
     from posttrain.config import build_config
-    from posttrain.trainers.common import peak_rss_mb
+    from posttrain.core.io import peak_rss_mb
 
     torch.set_num_threads(args.threads)
     command, extra = ARMS[name]

@@ -71,7 +71,7 @@ class PhaseClock:
 
 def instrument(trainer, clock: PhaseClock) -> None:
     """Wrap the trainer's collaborators so that each phase is timed."""
-    import posttrain.trainers.engine as engine_mod
+    import posttrain.engine.update as engine_mod
 
     engine = trainer.rollout_engine()
     engine.generate = clock.wrap("sampling", engine.generate)

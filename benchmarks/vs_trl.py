@@ -55,7 +55,7 @@ def _big_vocab_tokenizer():
     from tokenizers import AddedToken, Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
-    from posttrain.models.tokenizer import CHARS
+    from posttrain.tasks.tokenizer import CHARS
 
     specials = ["<pad>", "<s>", "</s>", "<unk>"]
     base = specials + list(CHARS)
@@ -72,8 +72,9 @@ def build(root: Path) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from posttrain.models import build_char_tokenizer, build_tiny_llama
-    from posttrain.trainers.common import save_checkpoint
+    from posttrain.models.loading import save_checkpoint
+    from posttrain.tasks.tiny import build_tiny_llama
+    from posttrain.tasks.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
     for name, shape in LLAMAS.items():

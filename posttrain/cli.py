@@ -14,8 +14,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from posttrain.config import CONFIGS, ConfigError, SearchConfig, build_config, config_help
-from posttrain.trainers import TRAINERS, train
+from posttrain.config import ConfigError, build_config, config_help
+from posttrain.trainers import TRAINERS, config_class, train
 
 COMMANDS: dict[str, str] = {
     **{name: text for name, (_, text) in TRAINERS.items()},
@@ -26,18 +26,19 @@ COMMANDS: dict[str, str] = {
 
 def _runner(command: str) -> Callable[[Any], dict[str, Any]]:
     if command == "search":
+        from posttrain.engine.preflight import preflight
         from posttrain.search.run import run_search
 
-        return run_search
+        return lambda cfg: (preflight(cfg), run_search(cfg))[1]  # device checks, then search
     if command == "eval":
-        from posttrain.trainers.run import run_eval
+        from posttrain.engine.evaluate import run_eval
 
         return run_eval
     return lambda cfg: train(command, cfg)
 
 
 def _config_command(command: str, argv: list[str]) -> int:
-    cfg_cls = _config_class(command)
+    cfg_cls = config_class(command)
     parser = argparse.ArgumentParser(
         prog=f"posttrain {command}", description=COMMANDS[command],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -81,12 +82,6 @@ def _config_command(command: str, argv: list[str]) -> int:
     print(json.dumps(short))
     print(f"wrote {cfg.out_dir}/summary.json")
     return 0
-
-
-def _config_class(command: str) -> Any:
-    if command == "search":
-        return SearchConfig
-    return CONFIGS["grpo" if command == "eval" else command]
 
 
 def _close_process_group(finished: bool) -> None:

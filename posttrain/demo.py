@@ -23,7 +23,7 @@ from typing import Any
 
 from posttrain.config import GRPOConfig, SFTConfig, build_config
 from posttrain.core.io import peak_rss_mb, write_summary
-from posttrain.trainers.common import save_checkpoint
+from posttrain.models.loading import save_checkpoint
 
 # The demo's settings, tuned on a 2-core CPU. Two torch threads: side by side on an otherwise
 # idle 2-core AMD EPYC (AVX-512), 300 SFT steps took 40.2/40.1 s against 59.0/61.9 s with one
@@ -55,8 +55,9 @@ def _settings(quick: bool) -> dict[str, Any]:
 
 def build_world(out: Path, seed: int, s: dict[str, Any]) -> dict[str, str]:
     """Tokenizer + tiny model + data files under `out`; returns their paths."""
-    from posttrain.models import build_char_tokenizer, build_tiny_llama
     from posttrain.tasks.arithmetic import heldout_rows, prompt_rows, sft_rows, write_jsonl
+    from posttrain.tasks.tiny import build_tiny_llama
+    from posttrain.tasks.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
     model = build_tiny_llama(tok, **s["model"], seed=seed)

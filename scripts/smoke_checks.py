@@ -209,7 +209,7 @@ def build_world(out: Path, size: str) -> None:
     to `out/init`, with its tokenizer rows calibrated (`calibrate_vocab_rows`) so its samples'
     `text_chars` rewards differ and the RL updates are not zero; arithmetic SFT rows, prompts,
     held-out prompts, preference pairs and step-labelled rows."""
-    from posttrain.models import build_char_tokenizer, build_tiny_qwen2
+    from posttrain.models.loading import save_checkpoint
     from posttrain.tasks.arithmetic import (
         heldout_rows,
         prompt_rows,
@@ -218,7 +218,8 @@ def build_world(out: Path, size: str) -> None:
         write_jsonl,
     )
     from posttrain.tasks.preferences import offline_pairs
-    from posttrain.trainers.common import save_checkpoint
+    from posttrain.tasks.tiny import build_tiny_qwen2
+    from posttrain.tasks.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
     shape = WORLD_SIZES[size]
@@ -313,8 +314,9 @@ def probe(out: Path, shape: str, argv: list[str]) -> None:
     import torch
 
     from posttrain.cli import main as cli_main
-    from posttrain.models import build_char_tokenizer, build_tiny_qwen2
-    from posttrain.trainers.common import save_checkpoint
+    from posttrain.models.loading import save_checkpoint
+    from posttrain.tasks.tiny import build_tiny_qwen2
+    from posttrain.tasks.tokenizer import build_char_tokenizer
 
     cuda = torch.cuda.is_available() and not any(a in ("device=cpu",) for a in argv)
     tok = build_char_tokenizer()

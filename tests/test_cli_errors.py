@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from posttrain.cli import main
-from posttrain.models import build_char_tokenizer, build_tiny_llama
-from posttrain.trainers.common import save_checkpoint
+from posttrain.models.loading import save_checkpoint
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["group_size=2", "prompts_per_step=2", "max_new_tokens=4", "max_steps=1",

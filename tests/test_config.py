@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from posttrain.config import (
-    CONFIGS,
     ConfigError,
     GRPOConfig,
     SFTConfig,
@@ -15,6 +14,7 @@ from posttrain.config import (
     config_help,
     field_docs,
 )
+from posttrain.trainers import TRAINERS, config_class
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
@@ -85,7 +85,7 @@ def test_shipped_grpo_recipes_load_as_their_paper_presets(name):
 
 
 def test_every_field_is_documented():
-    for cls in CONFIGS.values():
+    for cls in [config_class(c) for c in TRAINERS]:
         docs = field_docs(cls)
         missing = [f for f in cls.__dataclass_fields__ if not docs.get(f)]
         assert not missing, f"{cls.__name__} fields without a docstring: {missing}"

@@ -20,8 +20,8 @@ Graph = dict[str, dict[str, int]]  # module -> {imported module: line of the fir
 FILES: dict[str, str] = {}  # module -> its file, relative to the root, for the messages
 
 # each layer may import only from itself and the layers before it
-LAYERS = ("core", "config", "ops", "data", "models", "rollout", "rewards", "search", "trainers",
-          "cli", "tasks")
+LAYERS = ("core", "config", "ops", "data", "models", "sandbox", "rollout", "rewards", "search",
+          "engine", "trainers", "cli", "tasks")
 # modules outside a sub-package of the same name
 MODULE_LAYERS = {"posttrain": "core", "posttrain.cli": "cli", "posttrain.__main__": "cli",
                  "posttrain.demo": "tasks"}

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.engine.forward import completion_logprobs
 from posttrain.rollout import SamplingParams, generate
-from posttrain.trainers.forward import completion_logprobs
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +93,7 @@ def test_sampler_logprobs_are_full_distribution_at_temperature(model_tok, params
 
 def test_top_k_keeps_only_the_k_best(model_tok):
     """With top_k=5 every sampled token is among the 5 most likely (checked by the learner)."""
-    from posttrain.trainers.forward import completion_logits
+    from posttrain.engine.forward import completion_logits
 
     model, tok = model_tok
     r = generate(model, tok, PROMPTS, group_size=4, generator=torch.Generator().manual_seed(1),
@@ -154,7 +155,7 @@ def test_stops_on_every_generation_config_eos_id():
 def test_lm_head_stays_fp32_under_bf16_autocast(model_tok):
     """Under autocast the sampler's and learner's logits come from an fp32 head, so they agree
     with the fp32 head applied to the same bf16 body output."""
-    from posttrain.rollout import head_outside_autocast
+    from posttrain.models.logits import head_outside_autocast
 
     model, tok = model_tok
     ids = torch.tensor([[5, 6, 7, 8]])

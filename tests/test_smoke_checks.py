@@ -79,8 +79,9 @@ def test_text_chars():
 
 
 def test_reload_of_a_tiny_qwen2(tmp_path):
-    from posttrain.models import build_char_tokenizer, build_tiny_qwen2
-    from posttrain.trainers.common import save_checkpoint
+    from posttrain.models.loading import save_checkpoint
+    from posttrain.tasks.tiny import build_tiny_qwen2
+    from posttrain.tasks.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
     save_checkpoint(build_tiny_qwen2(tok, hidden_size=16, num_layers=1, num_heads=2,

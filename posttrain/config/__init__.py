@@ -9,7 +9,6 @@ from posttrain.config.base import (
     TRACKERS,
     BaseConfig,
     ConfigError,
-    bf16_device_error,
     build_config,
     config_help,
     field_docs,
@@ -25,18 +24,8 @@ from posttrain.config.rm import PRMConfig, RMConfig
 from posttrain.config.search import SearchConfig
 from posttrain.config.sft import SFTConfig
 
-# command -> config class; a new trainer adds one line here
-CONFIGS: dict[str, type[BaseConfig]] = {
-    "sft": SFTConfig,
-    "grpo": GRPOConfig,
-    "dpo": DPOConfig,
-    "rm": RMConfig,
-    "prm": PRMConfig,
-    "ppo": PPOConfig,
-}
-
-__all__ = ["CONFIGS", "TRACKERS", "BaseConfig", "ConfigError", "DPOConfig", "GRPOConfig",
-           "PPOConfig", "PRMConfig", "RMConfig", "SFTConfig", "SearchConfig", "bf16_device_error",
+__all__ = ["TRACKERS", "BaseConfig", "ConfigError", "DPOConfig", "GRPOConfig",
+           "PPOConfig", "PRMConfig", "RMConfig", "SFTConfig", "SearchConfig",
            "build_config",
            "config_help", "field_docs", "math_and_format", "parse_overrides", "to_dict",
            "validate_config"]

@@ -285,12 +285,6 @@ def _check_value(key: str, value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}{key}: unsupported field type {tp}")
 
 
-def _unknown_key(key: str, valid: list[str], where: str) -> ConfigError:
-    close = difflib.get_close_matches(key, valid, n=3)
-    hint = f" Did you mean {', '.join(close)}?" if close else ""
-    return ConfigError(f"{where}unknown config key '{key}'.{hint} Valid keys: {', '.join(valid)}")
-
-
 # TRL's (and transformers.TrainingArguments') names -> ours, for "did you mean"
 TRL_NAMES: dict[str, str] = {
     "num_generations": "group_size", "learning_rate": "lr", "beta": "kl_coef",
@@ -433,8 +427,6 @@ def validate_config(cfg: BaseConfig, require: bool = True) -> None:
     if cfg.lr <= 0:
         raise ConfigError(f"config key 'lr'={cfg.lr}: expected > 0")
     _check_dtype(cfg)
-    _check_device(cfg.device)
-    _check_bf16_device(cfg)
     if cfg.chat_template not in ("auto", "none") and not any(
             mark in cfg.chat_template for mark in ("{{", "{%")):
         raise ConfigError(f"config key 'chat_template'={cfg.chat_template[:60]!r}: expected auto, "
@@ -469,64 +461,6 @@ def _check_dtype(cfg: BaseConfig) -> None:
             "updates to rounding (the model silently does not learn); keep dtype: float32 and "
             "set bf16_compute: true (bf16 passes, fp32 master weights) or autocast_bf16: true, "
             "or train LoRA adapters (lora_r > 0; they stay fp32)")
-
-
-def _check_device(device: str) -> None:
-    """A device this torch build can use (under torchrun: the rank's own GPU), before any
-    model loads (not an AssertionError)."""
-    if device == "auto" and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return  # one process: nothing to check (and no torch import)
-    import torch
-
-    from posttrain.core.device import process_device
-
-    if device != "auto":
-        try:
-            dev = torch.device(device)
-        except RuntimeError as err:
-            raise ConfigError(f"config key 'device'={device!r}: expected auto, cpu, cuda or "
-                              f"cuda:N ({err})") from err
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"config key 'device'={device!r}: no CUDA device is available to "
-                              f"this torch build ({torch.__version__}); use device: cpu or auto")
-        if dev.type == "cuda" and dev.index is not None \
-                and dev.index >= torch.cuda.device_count():
-            raise ConfigError(f"config key 'device'={device!r}: only "
-                              f"{torch.cuda.device_count()} CUDA device(s) are visible")
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    try:
-        process_device(device, os.environ, count)
-    except ValueError as err:
-        raise ConfigError(f"config key 'device'={device!r}: {err}") from err
-
-
-def bf16_device_error(cfg: BaseConfig, device_type: str, native_bf16: bool) -> str | None:
-    """The one line refusing the first bf16 option of `cfg` on a CUDA device without native
-    bf16 (`native_bf16` False: compute capability < 8.0), else None (pure function)."""
-    if device_type != "cuda" or native_bf16:
-        return None
-    keys = [("dtype", cfg.dtype == "bfloat16"), ("autocast_bf16", cfg.autocast_bf16),
-            ("bf16_compute", cfg.bf16_compute),
-            ("head_precision", cfg.head_precision == "bf16")]
-    key = next((k for k, on in keys if on), None)
-    if key is None:
-        return None
-    return (f"config key '{key}': this GPU has no native bf16 (compute capability below 8.0, "
-            "e.g. V100 or T4; torch.cuda.is_bf16_supported(including_emulation=False) is "
-            "False), so bf16 would be emulated or fail; use fp32 (and tf32 where offered)")
-
-
-def _check_bf16_device(cfg: BaseConfig) -> None:
-    """`bf16_device_error` on the device this process will use."""
-    from posttrain.core.device import cuda_bf16_native, resolve_device
-
-    if not (cfg.dtype == "bfloat16" or cfg.autocast_bf16 or cfg.bf16_compute
-            or cfg.head_precision == "bf16"):
-        return
-    device = resolve_device(cfg.device)
-    native = device.type != "cuda" or cuda_bf16_native(device)
-    if (err := bf16_device_error(cfg, device.type, native)) is not None:
-        raise ConfigError(err)
 
 
 def config_help(cls: type[BaseConfig]) -> str:

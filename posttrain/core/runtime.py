@@ -29,3 +29,12 @@ def set_seed(seed: int) -> torch.Generator:
 def setup_threads(threads: int) -> None:
     if threads > 0:
         torch.set_num_threads(threads)
+
+
+def sequence_seed(*keys: int | str) -> int:
+    """A 63-bit seed from keys such as (seed, step, prompt index, sample index): draws made with
+    it depend on those keys only, not on batch composition, rank count or resume point."""
+    import hashlib
+
+    digest = hashlib.blake2b(":".join(map(str, keys)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)

@@ -143,7 +143,7 @@ def _test_problem(item: Any, index: int) -> str | None:
 def check_tests(value: Any) -> str | None:
     """An assert string, or a non-empty list of assert strings and/or stdin/stdout objects
     ``{"input": str, "output": str}``; each snippet must compile, a dict of any other shape is
-    an error (the formats ``posttrain.rewards.code_tests`` judges, docs/sandbox.md)."""
+    an error (the formats ``posttrain.sandbox.tests`` judges, docs/sandbox.md)."""
     if isinstance(value, str):
         if not value.strip():
             return "expected a non-empty test string"

@@ -8,6 +8,8 @@ gated repository) the error says so plainly and tells how to fix it.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +152,30 @@ def model_context(model_or_path: Any) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
+
+
+def save_checkpoint(model: Any, tokenizer: Any, path: str | Path,
+                    state_dict: dict[str, Any] | None = None) -> Path:
+    """Write a `from_pretrained`-loadable safetensors checkpoint atomically.
+
+    The files go to a temporary sibling directory that is renamed into place only when complete,
+    so a crash never leaves a half-written checkpoint under `path`. `state_dict`: the weights to
+    write instead of the model's own (the gathered full weights of an FSDP2-sharded model).
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    extra = {} if state_dict is None else {"state_dict": state_dict}
+    model.save_pretrained(tmp, safe_serialization=True, **extra)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    old = path.with_name(path.name + ".old")
+    if path.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    if old.exists():
+        shutil.rmtree(old)
+    return path

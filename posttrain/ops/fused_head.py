@@ -13,7 +13,7 @@ as Liger-Kernel's fused linear cross-entropy and verl's fused kernels, in plain 
 
 Numerics equal the unfused path (``model`` logits -> ``token_logprobs``) up to the summation
 order of the matmul: the head runs in the weight's dtype with autocast off (fp32 weights: fp32
-logits, as in ``posttrain.rollout.logits.head_outside_autocast``). `head_precision` trades that
+logits, as in ``posttrain.models.logits.head_outside_autocast``). `head_precision` trades that
 for speed on a GPU: ``tf32`` (TF32 tensor-core matmuls, 10-bit mantissa inputs) or ``bf16``
 (inputs rounded to bf16, products accumulated and logits kept in fp32); the log-softmax is fp32
 in every mode. The block size is chosen by device (`device_block_elements`): 32 MB on the CPU,

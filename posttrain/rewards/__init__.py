@@ -1,7 +1,7 @@
 """Verifiable rewards (formulas §10): math, format and code, their registry and scorer.
 
 Pure Python: this package never imports torch. ``math_reward`` needs ``math-verify``;
-``code_reward`` runs programs in the sandbox of :mod:`posttrain.rewards.sandbox`.
+``code_reward`` runs programs in the sandbox of :mod:`posttrain.sandbox.run`.
 """
 
 from posttrain.rewards.code import (
@@ -11,10 +11,8 @@ from posttrain.rewards.code import (
     extract_program,
     split_tests,
 )
-from posttrain.rewards.code_tests import CompareOptions
 from posttrain.rewards.errors import (
     RewardFunctionError,
-    SandboxUnavailableError,
     UnscorableError,
 )
 from posttrain.rewards.format import format_reward
@@ -27,7 +25,13 @@ from posttrain.rewards.registry import (
     resolve_reward,
     validate_specs,
 )
-from posttrain.rewards.sandbox import SandboxLimits, SandboxResult, run_sandboxed
+from posttrain.sandbox.run import (
+    SandboxLimits,
+    SandboxResult,
+    SandboxUnavailableError,
+    run_sandboxed,
+)
+from posttrain.sandbox.tests import CompareOptions
 
 __all__ = [
     "BUILTIN_REWARDS",

@@ -14,7 +14,7 @@ top-level asserts (e.g. HumanEval's ``def check(candidate): ...`` followed by ``
 one test. A test of any other type or shape is a ``ValueError``, never a pass.
 
 Each test runs in fresh processes of its own. How a test is judged depends on its shape
-(:mod:`posttrain.rewards.code_tests`, docs/sandbox.md): ``assert name(<literals>) ==
+(:mod:`posttrain.sandbox.tests`, docs/sandbox.md): ``assert name(<literals>) ==
 <literal>`` and stdin/stdout tests are compared here, type-strictly, with the expected value
 the sandbox never sees (``compare`` options); any other assert runs in a judge process where
 the program's names are proxies returning plain data, so the comparison never runs in the
@@ -35,9 +35,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from posttrain.rewards.code_tests import AST_LOCK, CompareOptions, parse_test
-from posttrain.rewards.errors import SandboxUnavailableError
-from posttrain.rewards.sandbox import SandboxLimits, SandboxResult, run_sandboxed
+from posttrain.sandbox.run import (
+    SandboxLimits,
+    SandboxResult,
+    SandboxUnavailableError,
+    run_sandboxed,
+)
+from posttrain.sandbox.tests import AST_LOCK, CompareOptions, parse_test
 
 Compare = CompareOptions | Mapping[str, Any] | None
 
@@ -149,7 +153,7 @@ def code_reward(completion: str, tests: str | list[str | dict], timeout_s: float
 
     ``mode``: sandbox mode (``auto`` | ``bwrap`` | ``strict`` | ``limits``, docs/sandbox.md);
     ``limits``: resource limits (their ``timeout_s`` is replaced by this ``timeout_s``);
-    ``compare``: :class:`~posttrain.rewards.code_tests.CompareOptions` or a dict of them
+    ``compare``: :class:`~posttrain.sandbox.tests.CompareOptions` or a dict of them
     (float tolerance, ``int_float``, ``bool_int``, stdout matching).
     """
     return code_reward_detailed(completion, tests, timeout_s, partial, mode=mode,

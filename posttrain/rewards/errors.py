@@ -11,10 +11,6 @@ class UnscorableError(ValueError):
     """
 
 
-class SandboxUnavailableError(RuntimeError):
-    """The requested sandbox mode cannot run here (e.g. ``strict`` without bubblewrap)."""
-
-
 class RewardFunctionError(RuntimeError):
     """A reward function raised; carries the function name, the sample index and its completion.
 

@@ -45,15 +45,11 @@ from posttrain.rewards.contract import (
     check_entry_keys,
     needed_fields,
 )
-from posttrain.rewards.errors import (
-    RewardFunctionError,
-    SandboxUnavailableError,
-    UnscorableError,
-)
+from posttrain.rewards.errors import RewardFunctionError, UnscorableError
 from posttrain.rewards.format import format_reward
 from posttrain.rewards.learned import process_reward_model_reward, reward_model_reward
 from posttrain.rewards.math import math_reward
-from posttrain.rewards.sandbox import STATUSES
+from posttrain.sandbox.run import STATUSES, SandboxUnavailableError
 
 RewardFn = Callable[..., float]
 

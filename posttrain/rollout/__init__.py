@@ -7,18 +7,14 @@ from posttrain.rollout.hf import (
     stop_token_ids,
     tokenize_prompts,
 )
-from posttrain.rollout.logits import autocast_ctx, head_outside_autocast, logits_context
 from posttrain.rollout.record import Rollout, concat_rollouts
 
 __all__ = [
     "Rollout",
     "SamplingParams",
-    "autocast_ctx",
     "concat_rollouts",
     "device_generator",
     "generate",
-    "head_outside_autocast",
-    "logits_context",
     "stop_token_ids",
     "tokenize_prompts",
 ]

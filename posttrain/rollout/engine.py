@@ -20,7 +20,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
-from posttrain.rollout.bf16_copy import BF16Sampler, bf16_copy_supported
+from posttrain.models.bf16_copy import BF16Sampler, bf16_copy_supported
 from posttrain.rollout.hf import SamplingParams, generate
 from posttrain.rollout.record import Rollout
 
@@ -72,7 +72,7 @@ class HFEngine:
     """Today's sampler (`posttrain.rollout.hf.generate`) behind the engine protocol.
 
     `sampler_copy`: sample from a bf16 copy of the model with its fp32 LM head
-    (`posttrain.rollout.bf16_copy.BF16Sampler`), re-synced whenever the weights' version
+    (`posttrain.models.bf16_copy.BF16Sampler`), re-synced whenever the weights' version
     changes and run without autocast; a model that cannot be copied (LoRA, FSDP2) samples
     itself under autocast instead. Otherwise the model samples itself, under bf16 autocast
     when `autocast` is set.

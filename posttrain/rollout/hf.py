@@ -19,11 +19,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posttrain.models.logits import logits_context
 from posttrain.rollout.kv_cache import decode_cache
-from posttrain.rollout.logits import autocast_ctx, logits_context
 from posttrain.rollout.record import Rollout
 
-__all__ = ["SamplingParams", "autocast_ctx", "device_generator", "generate", "sample_tokens",
+__all__ = ["SamplingParams", "device_generator", "generate", "sample_tokens",
            "stop_token_ids", "tokenize_prompts"]
 
 

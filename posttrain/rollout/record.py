@@ -6,7 +6,7 @@ T completion tokens (right padded).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -17,18 +17,21 @@ from torch import Tensor
 class Rollout:
     """A batch of sampled completions and everything the learner needs about them.
 
-    Sequences are group-contiguous: rows ``g*G .. g*G+G-1`` share prompt ``g``.
+    Sequences are group-contiguous: rows ``g*G .. g*G+G-1`` share prompt ``g``. A per-token
+    field declares how it is padded when rollouts are joined (``metadata["pad"]``: the axis,
+    P prompt / T completion / S steps, and the value); `select` and `concat_rollouts` go over
+    every field, so a new field needs no other change.
     """
 
-    prompt_ids: Tensor
+    prompt_ids: Tensor = field(metadata={"pad": ("P", "pad_token")})
     """[N, P] prompt tokens, left padded."""
-    prompt_mask: Tensor
+    prompt_mask: Tensor = field(metadata={"pad": ("P", False)})
     """[N, P] bool, True on real prompt tokens."""
-    completion_ids: Tensor
+    completion_ids: Tensor = field(metadata={"pad": ("T", "pad_token")})
     """[N, T] sampled tokens, right padded (the EOS token, when sampled, is included)."""
-    response_mask: Tensor
+    response_mask: Tensor = field(metadata={"pad": ("T", False)})
     """[N, T] bool, True where the completion token counts (up to and including EOS)."""
-    logprobs: Tensor
+    logprobs: Tensor = field(metadata={"pad": ("T", 0.0)})
     """[N, T] fp32 log-probs of the sampled tokens under the sampler at `temperature`
     (full distribution, before top-k/top-p truncation); 0 on masked positions."""
     truncated: Tensor
@@ -40,18 +43,18 @@ class Rollout:
     """N dataset rows (the prompt's row, repeated for each of its G samples)."""
     scores: Tensor | None = None
     """[N] fp32 sequence scores (weighted reward sum); NaN marks an unscorable sample."""
-    advantages: Tensor | None = None
+    advantages: Tensor | None = field(default=None, metadata={"pad": ("T", 0.0)})
     """[N] or [N, T] advantages."""
-    old_logprobs: Tensor | None = None
+    old_logprobs: Tensor | None = field(default=None, metadata={"pad": ("T", 0.0)})
     """[N, T] log-probs of the policy that generated the batch, for off-policy updates."""
-    ref_logprobs: Tensor | None = None
+    ref_logprobs: Tensor | None = field(default=None, metadata={"pad": ("T", 0.0)})
     """[N, T] reference-model log-probs (only when a KL term is used)."""
-    step_ends: Tensor | None = None
+    step_ends: Tensor | None = field(default=None, metadata={"pad": ("S", -1)})
     """[N, S] long: token index in [0, T) where step j of completion i ends, -1 on padding
     steps (process supervision, `advantage: grpo_process`; None otherwise)."""
-    step_scores: Tensor | None = None
+    step_scores: Tensor | None = field(default=None, metadata={"pad": ("S", 0.0)})
     """[N, S] fp32: the process reward model's score of each step, 0 on padding steps."""
-    is_weights: Tensor | None = None
+    is_weights: Tensor | None = field(default=None, metadata={"pad": ("T", 0.0)})
     """[N, T] fp32 rollout-correction weights (`rollout_is`; None when off): exactly 0 on
     masked tokens and on tokens the correction rejects, > 0 on the tokens that count."""
 
@@ -69,68 +72,44 @@ class Rollout:
         idx = torch.as_tensor(index, dtype=torch.long)
         ids = idx.tolist()
 
-        def take(x: Tensor | None) -> Tensor | None:
-            return None if x is None else x[idx.to(x.device)]
+        def take(x: Any) -> Any:
+            if isinstance(x, Tensor):
+                return x[idx.to(x.device)]
+            if isinstance(x, list):
+                return [x[i] for i in ids] if x else []
+            return x  # per-batch values (group_size)
 
-        return Rollout(
-            prompt_ids=take(self.prompt_ids),
-            prompt_mask=take(self.prompt_mask),
-            completion_ids=take(self.completion_ids),
-            response_mask=take(self.response_mask),
-            logprobs=take(self.logprobs),
-            truncated=take(self.truncated),
-            group_size=self.group_size,
-            completions=[self.completions[i] for i in ids] if self.completions else [],
-            rows=[self.rows[i] for i in ids] if self.rows else [],
-            scores=take(self.scores),
-            advantages=take(self.advantages),
-            old_logprobs=take(self.old_logprobs),
-            ref_logprobs=take(self.ref_logprobs),
-            step_ends=take(self.step_ends),
-            step_scores=take(self.step_scores),
-            is_weights=take(self.is_weights),
-        )
+        return Rollout(**{f.name: take(getattr(self, f.name)) for f in fields(self)})
 
 
 def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
-    """Concatenate rollouts (e.g. DAPO refills), padding prompts left and completions right."""
+    """Concatenate rollouts (e.g. DAPO refills): every field, per-token ones padded to the
+    widest part (prompts on the left, completions and steps on the right, with the value their
+    field declares)."""
     if len(parts) == 1:
         return parts[0]
-    P = max(r.prompt_ids.shape[1] for r in parts)
-    T = max(r.completion_ids.shape[1] for r in parts)
+    widths = {"P": max(r.prompt_ids.shape[1] for r in parts),
+              "T": max(r.completion_ids.shape[1] for r in parts),
+              "S": max((r.step_ends.shape[1] for r in parts if r.step_ends is not None),
+                       default=0)}
 
-    def pad(x: Tensor, width: int, left: bool, value: float | int | bool) -> Tensor:
-        extra = width - x.shape[1]
-        if extra == 0:
+    def pad(x: Tensor, axis: str, value: float | int | bool) -> Tensor:
+        if x.dim() == 1 or x.shape[1] == widths[axis]:
             return x
+        extra = widths[axis] - x.shape[1]
         filler = torch.full((x.shape[0], extra), value, dtype=x.dtype, device=x.device)
-        return torch.cat([filler, x] if left else [x, filler], dim=1)
+        return torch.cat([filler, x] if axis == "P" else [x, filler], dim=1)
 
-    def cat_opt(name: str, width: int | None, value: float | int = 0) -> Tensor | None:
-        vals = [getattr(r, name) for r in parts]
+    def join(f: Any) -> Any:
+        vals = [getattr(r, f.name) for r in parts]
+        if isinstance(vals[0], list):
+            return [v for part in vals for v in part]
+        if not isinstance(vals[0], Tensor) and vals[0] is not None:
+            return vals[0]  # per-batch values (group_size)
         if any(v is None for v in vals):
             return None
-        if width is None or vals[0].dim() == 1:
-            return torch.cat(vals)
-        return torch.cat([pad(v, width, False, value) for v in vals])
+        axis, value = f.metadata.get("pad", ("N", 0))
+        value = pad_token_id if value == "pad_token" else value
+        return torch.cat([pad(v, axis, value) for v in vals])
 
-    S = max((r.step_ends.shape[1] for r in parts if r.step_ends is not None), default=0)
-
-    return Rollout(
-        prompt_ids=torch.cat([pad(r.prompt_ids, P, True, pad_token_id) for r in parts]),
-        prompt_mask=torch.cat([pad(r.prompt_mask, P, True, False) for r in parts]),
-        completion_ids=torch.cat([pad(r.completion_ids, T, False, pad_token_id) for r in parts]),
-        response_mask=torch.cat([pad(r.response_mask, T, False, False) for r in parts]),
-        logprobs=torch.cat([pad(r.logprobs, T, False, 0.0) for r in parts]),
-        truncated=torch.cat([r.truncated for r in parts]),
-        group_size=parts[0].group_size,
-        completions=[c for r in parts for c in r.completions],
-        rows=[row for r in parts for row in r.rows],
-        scores=cat_opt("scores", None),
-        advantages=cat_opt("advantages", T),
-        old_logprobs=cat_opt("old_logprobs", T),
-        ref_logprobs=cat_opt("ref_logprobs", T),
-        step_ends=cat_opt("step_ends", S, -1),
-        step_scores=cat_opt("step_scores", S, 0.0),
-        is_weights=cat_opt("is_weights", T, 0.0),
-    )
+    return Rollout(**{f.name: join(f) for f in fields(Rollout)})

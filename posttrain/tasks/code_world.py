@@ -23,7 +23,7 @@ from typing import Any
 
 from posttrain.config import SFTConfig, build_config
 from posttrain.core.io import peak_rss_mb, write_summary
-from posttrain.trainers.common import save_checkpoint
+from posttrain.models.loading import save_checkpoint
 
 CODE_REWARD = [{"name": "code", "weight": 1.0, "kwargs": {"timeout_s": 2.0}}]
 
@@ -55,8 +55,9 @@ def world_settings(quick: bool = False) -> dict[str, Any]:
 
 def write_world_data(out: Path, seed: int, s: dict[str, Any]) -> dict[str, str]:
     """Tokenizer + tiny model under ``out/init`` and the three data files; returns the paths."""
-    from posttrain.models import build_char_tokenizer, build_tiny_llama
     from posttrain.tasks.functions import code_rows, heldout_rows, sft_rows, write_jsonl
+    from posttrain.tasks.tiny import build_tiny_llama
+    from posttrain.tasks.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
     save_checkpoint(build_tiny_llama(tok, **s["model"], seed=seed), tok, out / "init")

@@ -1,8 +1,8 @@
-"""Trainers: one shared loop (:mod:`posttrain.trainers.base`), one thin subclass per algorithm.
+"""The algorithms: one thin subclass of :class:`posttrain.engine.Trainer` each.
 
-``TRAINERS`` maps each CLI command to its trainer class (imported lazily, so ``posttrain --help``
-stays fast) and a one-line description; a new trainer adds one line here and its config one line
-in ``posttrain.config.CONFIGS``.
+``TRAINERS`` is the one registry: each CLI command -> its trainer class (imported lazily, so
+``posttrain --help`` stays fast) and a one-line description. The trainer class names its config
+(``config_class``), so a new algorithm adds one line here and nothing elsewhere.
 """
 
 from __future__ import annotations
@@ -32,6 +32,15 @@ def trainer_class(command: str) -> Any:
         raise ValueError(f"unknown trainer {command!r}; valid: {sorted(TRAINERS)}")
     module, name = TRAINERS[command][0].split(":")
     return getattr(importlib.import_module(module), name)
+
+
+def config_class(command: str) -> Any:
+    """The config dataclass of a command (``"eval"``: GRPO's, ``"search"``: SearchConfig)."""
+    if command == "search":
+        from posttrain.config import SearchConfig
+
+        return SearchConfig
+    return trainer_class("grpo" if command == "eval" else command).config_class
 
 
 def train(command: str, cfg: Any) -> dict[str, Any]:

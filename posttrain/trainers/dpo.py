@@ -10,7 +10,7 @@ Where the reference comes from:
   the table for the whole dataset is computed with it once and no reference model is loaded.
 - Full fine-tune without ``precompute_ref``: a frozen copy loaded from ``cfg.model``.
 
-Reference cache (``posttrain.trainers.ref_cache``): per-pair summed AND token-averaged log-probs
+Reference cache (``posttrain.engine.reference``): per-pair summed AND token-averaged log-probs
 of chosen and rejected, under ``ref_cache_dir`` (default ``out_dir/refcache``). Deliberate
 difference from keying on the loss type: both sums (DPO) and averages (IPO) are stored, so one
 cache serves every ``loss_type``.
@@ -26,23 +26,19 @@ baseline.
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterator
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from posttrain.config import ConfigError, DPOConfig
 from posttrain.data import load_rows
 from posttrain.data.pairs import PairTensors, tokenize_pairs
+from posttrain.engine.forward import DEFAULT_FORWARD, PolicyForward
+from posttrain.engine.reference import ref_cache_path
+from posttrain.engine.trainer import Trainer
+from posttrain.engine.update import shard_plan
 from posttrain.ops import dpo_loss, sequence_logprobs
-from posttrain.trainers.base import Trainer
-from posttrain.trainers.engine import shard_plan
-from posttrain.trainers.forward import DEFAULT_FORWARD, PolicyForward
-from posttrain.trainers.ref_cache import ref_cache_path
 
 REF_KEYS = ("chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean")
 
@@ -97,10 +93,10 @@ class DPOTrainer(Trainer):
                            if self.eval_rows else None)
         if cfg.lora_r == 0 and not cfg.precompute_ref:
             self.load_reference()
+        self.ref.policy_before_update = True  # precompute_ref: the policy before any update
         self.micro_pairs = max(1, cfg.micro_batch_size // 2)  # a pair is two sequences
         self.ref_tables: dict[str, dict[str, Tensor]] = {}
         self.ref_cache: dict[str, str] = {}
-        self._updated = False
         self._implicit_acc: dict[str, float | None] = {}
         # 0. reference log-probs for the whole dataset, once, before any update
         if cfg.precompute_ref:
@@ -124,12 +120,12 @@ class DPOTrainer(Trainer):
     def state_dict(self) -> dict[str, Any]:
         # the reference tables are not saved: setup() recomputes them (or reads their cache)
         # from the initial model before the checkpoint's weights are loaded
-        return {**super().state_dict(), "updated": self._updated,
+        return {**super().state_dict(), "updated": self.ref.updated,
                 "implicit_acc": dict(self._implicit_acc)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self._updated = bool(state["updated"])
+        self.ref.updated = bool(state["updated"])
         self._implicit_acc = dict(state["implicit_acc"])
 
     def summary_fields(self) -> dict[str, Any]:
@@ -137,58 +133,17 @@ class DPOTrainer(Trainer):
                 "implicit_acc_after": self._implicit_acc.get("after"),
                 "ref_cache": self.ref_cache}
 
-    def next_indices(self, n: int) -> list[int]:
-        """The next `n` pair indices (pairs, not rows: one per preference pair)."""
-        out: list[int] = []
-        while len(out) < n:
-            if not self._order:
-                self._order = torch.randperm(len(self.pairs), generator=self.gen).tolist()
-            out.append(self._order.pop())
-        return out
+    def num_train_items(self) -> int:
+        return len(self.pairs)  # an epoch is over the tokenized pairs
 
     # ------------------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def reference(self) -> Iterator[torch.nn.Module]:
-        """The frozen reference: loaded copy, adapters-off policy, or (before any update, for the
-        precomputed table) the policy itself."""
-        if self._ref is not None or self.cfg.lora_r > 0:
-            with super().reference() as ref:
-                yield ref
-            return
-        if self._updated:
-            raise RuntimeError("the policy is no longer the reference after an update; set "
-                               "precompute_ref: true or keep a reference model")
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            yield self.learner()  # the policy (its bf16 copy under bf16_compute), in eval mode
-        finally:
-            self.model.train(was_training)
-
-    @torch.no_grad()
     def reference_table(self, pairs: PairTensors, source: str, name: str) -> dict[str, Tensor]:
         """Reference log-probs of every pair (each of REF_KEYS -> [M]), cached on disk."""
-        path = ref_cache_path(self.cfg, source, pairs, self.model)
-        if path.is_file():
-            table = load_file(str(path))
-            if set(table) == set(REF_KEYS) and all(v.shape[0] == len(pairs)
-                                                   for v in table.values()):
-                self.ref_cache[name] = f"hit {path}"
-                return table
-        table = {k: [] for k in REF_KEYS}
-        with self.reference() as ref:
-            for micro in torch.arange(len(pairs)).split(self.micro_pairs):
-                out = pair_logprobs(ref, pairs.select(micro), self.forward)
-                for k in REF_KEYS:
-                    table[k].append(out[k])
-        result = {k: torch.cat(v).float().cpu().contiguous() for k, v in table.items()}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # torchrun ranks write it concurrently
-        save_file(result, str(tmp), metadata={"model": self.cfg.model, "data": source,
-                                              "pairs": str(len(pairs))})
-        os.replace(tmp, path)
-        self.ref_cache[name] = f"miss {path}"
-        return result
+        table, self.ref_cache[name] = self.ref.table(
+            ref_cache_path(self.cfg, source, pairs, self.model), len(pairs), self.micro_pairs,
+            lambda ref, idx: pair_logprobs(ref, pairs.select(idx), self.forward), REF_KEYS,
+            {"model": self.cfg.model, "data": source, "pairs": str(len(pairs))})
+        return table
 
     def reference_logps(self, pairs: PairTensors, idx: Tensor, table: str) -> tuple[Tensor, Tensor]:
         """3: reference log-probs [n] of chosen and rejected (table lookup or a forward pass)."""
@@ -235,7 +190,7 @@ class DPOTrainer(Trainer):
             return loss.sum() / totals["pairs"], metrics, float(len(pos))
 
         out = self.optimize(plan, lambda pos: {"pairs": float(len(pos))}, loss_fn)
-        self._updated = True
+        self.ref.updated = True
         return out
 
     @torch.no_grad()

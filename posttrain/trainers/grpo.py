@@ -36,6 +36,8 @@ import torch
 from torch import Tensor
 
 from posttrain.config import ConfigError, GRPOConfig
+from posttrain.core.runtime import sequence_seed
+from posttrain.engine.update import local_plan
 from posttrain.ops import (
     aggregate_loss,
     group_advantages,
@@ -48,11 +50,6 @@ from posttrain.ops import (
     rollout_weights,
 )
 from posttrain.rollout import Rollout, concat_rollouts
-from posttrain.trainers.common import (
-    all_rejected_warning,
-    sequence_seed,
-)
-from posttrain.trainers.engine import local_plan
 from posttrain.trainers.process_steps import (
     StepScorer,
     annotate_dump,
@@ -60,7 +57,7 @@ from posttrain.trainers.process_steps import (
     check_process_reward_model,
     step_tensors,
 )
-from posttrain.trainers.prompt_rl import PromptRLTrainer
+from posttrain.trainers.prompt_rl import PromptRLTrainer, all_rejected_warning
 
 LEARNED_REWARDS = ("reward_model", "process_reward_model")
 

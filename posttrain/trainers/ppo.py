@@ -37,6 +37,8 @@ import torch
 from torch import Tensor
 
 from posttrain.config.ppo import PPOConfig
+from posttrain.core.runtime import sequence_seed
+from posttrain.engine.update import OptimGroup, Plan
 from posttrain.models.value_head import (
     CRITIC_ADAPTER,
     ValueModel,
@@ -59,12 +61,7 @@ from posttrain.ops import (
     value_loss,
 )
 from posttrain.ops.masked import as_bool_mask, keep
-from posttrain.trainers.common import (
-    all_rejected_warning,
-    sequence_seed,
-)
-from posttrain.trainers.engine import OptimGroup, Plan
-from posttrain.trainers.prompt_rl import PromptRLTrainer
+from posttrain.trainers.prompt_rl import PromptRLTrainer, all_rejected_warning
 
 
 # ----------------------------------------------------------------------------------------------

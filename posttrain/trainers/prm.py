@@ -32,6 +32,8 @@ from torch import Tensor
 
 from posttrain.config import PRMConfig
 from posttrain.data import DataError, load_rows, render_prompt, validate_rows
+from posttrain.engine.trainer import Trainer
+from posttrain.engine.update import shard_plan
 from posttrain.models.loading import load_tokenizer
 from posttrain.models.reward import (
     PRM_META_KEY,
@@ -43,8 +45,6 @@ from posttrain.models.reward import (
 from posttrain.models.scorer_metrics import step_metrics
 from posttrain.models.scorers import aggregate_scores
 from posttrain.ops import prm_step_loss, step_scores_from_logits
-from posttrain.trainers.base import Trainer
-from posttrain.trainers.engine import shard_plan
 
 
 def soft_step_loss(logits: Tensor, targets: Tensor, step_mask: Tensor,

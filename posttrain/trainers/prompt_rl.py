@@ -18,9 +18,9 @@ import torch
 from torch import Tensor
 
 from posttrain.config import ConfigError
+from posttrain.core.runtime import sequence_seed
+from posttrain.engine.trainer import Trainer
 from posttrain.rollout import Rollout, SamplingParams
-from posttrain.trainers.base import Trainer
-from posttrain.trainers.common import accuracy_metrics, first_verifier, sequence_seed
 
 
 class PromptRLTrainer(Trainer):
@@ -87,3 +87,32 @@ class PromptRLTrainer(Trainer):
             verdicts = sum(self.dist.all_gather_objects(verdicts), [])
         metrics.update(accuracy_metrics(every.tolist(), verdicts))
         return every, metrics
+
+
+VERIFIERS = ("math", "code")
+"""Reward functions whose score >= 1.0 means "correct" (the verifiable rewards)."""
+
+
+def first_verifier(names: list[str]) -> str | None:
+    """The first verifiable reward (`math` / `code`) of `rewards:`, at any weight, or None."""
+    return next((n for n in names if n in VERIFIERS), None)
+
+
+def accuracy_metrics(scores: list[float], verdicts: list[float] | None) -> dict[str, float]:
+    """`reward/frac_score_ge_1`: the fraction of scorable samples whose weighted score is
+    >= 1.0 (whatever the rewards are); `reward/accuracy`: the fraction of the verifier's
+    scorable verdicts that are >= 1.0, only when `verdicts` (the verifier's scores) is given."""
+    valid = [s for s in scores if s == s]  # NaN: unscorable
+    out = {"reward/frac_score_ge_1":
+           sum(s >= 1.0 for s in valid) / len(valid) if valid else float("nan")}
+    if verdicts is not None:
+        ok = [v for v in verdicts if v == v]
+        out["reward/accuracy"] = sum(v >= 1.0 for v in ok) / len(ok) if ok else float("nan")
+    return out
+
+
+def all_rejected_warning(name: str, step: int, cfg: Any, consequence: str) -> str:
+    """The one line a trainer prints when its rollout correction rejected every sample."""
+    return (f"[{name}] warning: step {step}: rollout_is={cfg.rollout_correction()} rejected "
+            f"every sample (importance ratio above rollout_is_cap={cfg.rollout_is_cap}, see "
+            f"rollout/*): {consequence}")

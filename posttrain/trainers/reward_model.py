@@ -33,6 +33,8 @@ from torch import Tensor
 from posttrain.config import RMConfig
 from posttrain.data import DataError, load_rows, render_prompt, validate_rows
 from posttrain.data.prompts import TemplateError, render_completion
+from posttrain.engine.trainer import Trainer
+from posttrain.engine.update import shard_plan
 from posttrain.models.loading import load_tokenizer
 from posttrain.models.reward import (
     build_scorer,
@@ -43,8 +45,6 @@ from posttrain.models.reward import (
 )
 from posttrain.models.scorer_metrics import roc_auc
 from posttrain.ops import bradley_terry_loss, token_outcome_loss
-from posttrain.trainers.base import Trainer
-from posttrain.trainers.engine import shard_plan
 
 KIND = {"bradley_terry": "preferences", "binary": "outcomes"}
 

@@ -6,7 +6,7 @@ becomes ``render_prompt(prompt) + completion + EOS``; the
 loss is the mean negative log-likelihood of the completion tokens only (prompt and padding are
 masked out by ``response_mask``), averaged over all completion tokens of the optimizer batch, so
 splitting a batch into micro-batches gives the same gradient. Optimizer, schedule, logging,
-evaluation and checkpoints come from the shared :class:`~posttrain.trainers.base.Trainer`.
+evaluation and checkpoints come from the shared :class:`~posttrain.engine.trainer.Trainer`.
 
 Padding: rows are right padded only to the longest row of their batch, and batches are formed
 from windows of similar-length rows (shuffle, sort within a window, shuffle the batches), so
@@ -24,10 +24,10 @@ from torch import Tensor
 
 from posttrain.config import ConfigError, SFTConfig
 from posttrain.data.prompts import tokenize_completions
+from posttrain.engine.forward import DEFAULT_FORWARD, PolicyForward
+from posttrain.engine.trainer import Trainer
+from posttrain.engine.update import shard_plan
 from posttrain.ops.masked import masked_count, masked_sum
-from posttrain.trainers.base import Trainer
-from posttrain.trainers.engine import shard_plan
-from posttrain.trainers.forward import DEFAULT_FORWARD, PolicyForward
 
 Example = tuple[list[int], int]  # (input_ids, prompt_len)
 
@@ -52,7 +52,7 @@ def tokenize_sft_rows(tokenizer: Any, rows: list[dict], max_len: int,
 def collate_sft(examples: list[Example], pad_id: int,
                 device: torch.device | str = "cpu") -> dict[str, Tensor]:
     """Split each example at its prompt length: prompts left padded, completions right padded
-    (the layout of every trainer's forward, `posttrain.trainers.forward`), on `device`.
+    (the layout of every trainer's forward, `posttrain.engine.forward`), on `device`.
 
     Returns prompt_ids, prompt_mask [B, P] and completion_ids, response_mask [B, T] (True on
     completion tokens: the positions the loss is taken on).

@@ -19,11 +19,12 @@ import pytest
 import torch
 
 from posttrain.config import build_config
-from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.models.loading import save_checkpoint
 from posttrain.tasks.arithmetic import sft_rows, step_rows, write_jsonl
 from posttrain.tasks.preferences import offline_pairs
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers import TRAINERS, trainer_class
-from posttrain.trainers.common import save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {

@@ -16,7 +16,8 @@ import os
 import signal
 
 from posttrain.config import build_config
-from posttrain.trainers import engine, trainer_class
+from posttrain.engine import update as engine
+from posttrain.trainers import trainer_class
 
 
 def main() -> None:

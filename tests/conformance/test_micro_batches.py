@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posttrain.trainers import engine
+from posttrain.engine import update as engine
 from tests.conformance.conftest import CASES, build, case_keys, command_of
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posttrain.models import build_char_tokenizer
+from posttrain.engine import forward
+from posttrain.models.loading import save_checkpoint
 from posttrain.ops.fused_head import DEFAULT_BLOCK_ELEMENTS
-from posttrain.trainers import forward
-from posttrain.trainers.common import save_checkpoint
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from tests.conformance.conftest import CASES, build, case_keys
 from tests.trainers.test_no_full_logits import _LargestVocabTensor
 

@@ -19,7 +19,7 @@ import sys
 import pytest
 import torch
 
-from posttrain.trainers.checkpoint import list_checkpoints
+from posttrain.engine.checkpoint import list_checkpoints
 from tests.conformance.conftest import (
     CASES,
     ROOT,

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from posttrain.trainers.checkpoint import list_checkpoints
+from posttrain.engine.checkpoint import list_checkpoints
 from tests.conformance.conftest import CASES, build, case_keys, command_of
 from tests.conformance.test_resume import run
 

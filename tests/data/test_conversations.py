@@ -13,7 +13,7 @@ from posttrain.data.prompts import (
     render_prompt,
     tokenize_completions,
 )
-from posttrain.models import build_char_tokenizer
+from posttrain.tasks.tokenizer import build_char_tokenizer
 
 U = {"role": "user", "content": "1+2"}
 S = {"role": "system", "content": "s"}

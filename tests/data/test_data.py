@@ -3,7 +3,7 @@ import json
 import pytest
 
 from posttrain.data import DataError, load_rows, read_jsonl, render_prompt
-from posttrain.models import build_char_tokenizer
+from posttrain.tasks.tokenizer import build_char_tokenizer
 
 
 def write(tmp_path, lines, name="d.jsonl"):

@@ -7,14 +7,12 @@ from posttrain.models import (
     ModelLoadError,
     adapters_disabled,
     apply_lora,
-    build_char_tokenizer,
-    build_tiny_llama,
-    build_tiny_qwen2,
-    count_parameters,
     has_adapters,
     load_model_and_tokenizer,
 )
 from posttrain.models.loading import resolve_dtype
+from posttrain.tasks.tiny import build_tiny_llama, build_tiny_qwen2, count_parameters
+from posttrain.tasks.tokenizer import build_char_tokenizer
 
 TRACE = "<think>12+7=19; 19*3=57; 57-5=-2</think><answer>-2</answer>"
 

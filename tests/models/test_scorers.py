@@ -9,14 +9,15 @@ import pytest
 import torch
 
 from posttrain.config import ConfigError, SearchConfig
-from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.models.loading import save_checkpoint
 from posttrain.models.reward import PRM_META_KEY, build_scorer
 from posttrain.models.scorers import EMPTY_SCORE, aggregate_scores
 from posttrain.rewards.registry import RewardScorer, RewardSpec
 from posttrain.search import Candidate, prm_beam_search, prm_outcome
 from posttrain.search.run import check_verifiers
 from posttrain.search.verifiers import load_orm_scorer, load_prm_scorer
-from posttrain.trainers.common import save_checkpoint
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.process_steps import build_step_scorer
 
 PROMPTS = ["12+7*3", "12+7*3", "5-9", "5-9", "2+2"]

@@ -6,15 +6,16 @@ import pytest
 import torch
 from transformers import LlamaForSequenceClassification
 
-from posttrain.models import apply_lora, build_char_tokenizer, build_tiny_llama
-from posttrain.models.loading import ModelLoadError
+from posttrain.models import apply_lora
+from posttrain.models.loading import ModelLoadError, save_checkpoint
 from posttrain.models.value_head import (
     ValueModel,
     critic_from_policy,
     load_critic,
     shared_lora_critic,
 )
-from posttrain.trainers.common import save_checkpoint
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Test formats and the type-strict comparison outside the sandbox (posttrain.rewards.code_tests),
+"""Test formats and the type-strict comparison outside the sandbox (posttrain.sandbox.tests),
 their validation at data load, and honest scores for value and stdin/stdout tests."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from posttrain.data.loading import DataError, load_rows
 from posttrain.rewards import code_reward, code_reward_detailed, split_tests
-from posttrain.rewards._wire import wire_encode
-from posttrain.rewards.code_tests import (
+from posttrain.sandbox.io import ProtocolError
+from posttrain.sandbox.tests import (
     CodeTest,
     CompareOptions,
     decode_value,
@@ -20,7 +20,7 @@ from posttrain.rewards.code_tests import (
     stdout_equal,
     values_equal,
 )
-from posttrain.rewards.sandbox_io import ProtocolError
+from posttrain.sandbox.wire import wire_encode
 from posttrain.tasks.functions import code_rows
 from tests.rewards.test_sandbox_adversarial import mode
 

@@ -6,11 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.models.loading import save_checkpoint
 from posttrain.models.reward import PRM_META_KEY, build_scorer
 from posttrain.models.scorers import ProcessScorer, aggregate_scores, get_scorer
 from posttrain.rewards.registry import RewardScorer, RewardSpec, validate_specs
-from posttrain.trainers.common import save_checkpoint
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 
 PROMPT = "12+7*3"
 GOOD = "<think>12+7=19; 19*3=57</think><answer>57</answer>"

@@ -1,12 +1,12 @@
 """Forged reports (issue 9): a supervisor entirely under the program's control. The parent reads
-only answers of the exact protocol (posttrain.rewards.sandbox_io) and judges value tests itself,
+only answers of the exact protocol (posttrain.sandbox.io) and judges value tests itself,
 so a report that is malformed, oversized, short, extra or claims a pass scores 0."""
 
 from __future__ import annotations
 
 import pytest
 
-from posttrain.rewards import sandbox as sandbox_module
+from posttrain.sandbox import run as sandbox_module
 from tests.rewards.test_sandbox_adversarial import VALUE_TESTS, mode, run_case
 
 __all__ = ["mode"]  # the fixture: bwrap and limits mode

@@ -15,7 +15,7 @@ import torch
 from posttrain.cli import main
 from posttrain.config import ConfigError, GRPOConfig, SearchConfig, SFTConfig, build_config
 from posttrain.config import engine as engine_checks
-from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.models.loading import save_checkpoint
 from posttrain.rollout import SamplingParams, generate
 from posttrain.rollout.engine import (
     ENGINES,
@@ -24,7 +24,8 @@ from posttrain.rollout.engine import (
     build_engine,
     register_engine,
 )
-from posttrain.trainers.common import save_checkpoint
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from tests.rollout.doubles import shifted_hf
 
 PROMPTS = ["ab", "cde", "f"]

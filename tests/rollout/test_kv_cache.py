@@ -8,9 +8,10 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 import posttrain.rollout.hf as hf
-from posttrain.models import build_char_tokenizer, build_tiny_llama
 from posttrain.rollout import SamplingParams, generate
 from posttrain.rollout.kv_cache import PreallocatedLayer, decode_cache
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 
 
 def test_layer_matches_dynamic_layer_through_repeat_select_and_updates():

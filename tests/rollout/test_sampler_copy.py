@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.engine.forward import completion_logprobs
+from posttrain.models.bf16_copy import BF16Sampler, bf16_copy_supported
 from posttrain.rollout import SamplingParams, generate
-from posttrain.rollout.bf16_copy import BF16Sampler, bf16_copy_supported
-from posttrain.trainers.forward import completion_logprobs
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 
 
 def _tiny():
@@ -83,7 +84,7 @@ def test_not_supported_for_peft_models():
 def test_packed_linears_sample_exactly_what_plain_linears_do():
     """Where oneDNN's packed bf16 linear is used (CPU), the copy's samples and log-probs equal
     those of the same copy with plain ``nn.Linear`` calls, also after a sync (re-packed)."""
-    from posttrain.rollout.bf16_copy import packed_linear_supported
+    from posttrain.models.bf16_copy import packed_linear_supported
 
     policy, tok = _tiny()
     sampler = BF16Sampler(policy)

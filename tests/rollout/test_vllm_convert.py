@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from posttrain.models import build_char_tokenizer
 from posttrain.rollout import tokenize_prompts
 from posttrain.rollout.vllm_convert import Completion, completion_of, to_rollout
 from posttrain.rollout.vllm_engine import request_seeds, server_choice
+from posttrain.tasks.tokenizer import build_char_tokenizer
 
 EOS, END, PAD = 2, 3, 0
 

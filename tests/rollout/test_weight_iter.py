@@ -14,8 +14,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from posttrain.models import apply_lora, build_char_tokenizer, build_tiny_llama
+from posttrain.models import apply_lora
 from posttrain.rollout.weights import hf_name, iter_weights
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -115,9 +117,10 @@ def test_lora_is_merged_for_reading_and_restored_bit_for_bit():
 
 FSDP_SCRIPT = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
-    from posttrain.models import build_char_tokenizer, build_tiny_llama
+    from posttrain.tasks.tiny import build_tiny_llama
+    from posttrain.tasks.tokenizer import build_char_tokenizer
     from posttrain.rollout.weights import iter_weights
-    from posttrain.trainers.distributed import Dist
+    from posttrain.engine.distributed import Dist
 
     def make(tied):
         return build_tiny_llama(build_char_tokenizer(), hidden_size=16, num_layers=2,

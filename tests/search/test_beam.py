@@ -106,7 +106,8 @@ def _by_prompt(scripted, loop):
 
 
 def test_policy_proposer_stops_at_step_boundaries():
-    from posttrain.models import build_char_tokenizer, build_tiny_llama
+    from posttrain.tasks.tiny import build_tiny_llama
+    from posttrain.tasks.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
     model = build_tiny_llama(tok, hidden_size=32, num_layers=2, num_heads=2,
@@ -127,7 +128,8 @@ def test_policy_proposer_stops_at_step_boundaries():
 
 def test_policy_proposer_follows_chat_template():
     from posttrain.data.prompts import TemplateError
-    from posttrain.models import build_char_tokenizer, build_tiny_llama
+    from posttrain.tasks.tiny import build_tiny_llama
+    from posttrain.tasks.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
     model = build_tiny_llama(tok, hidden_size=32, num_layers=1, num_heads=2,

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from posttrain.cli import main
-from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.models.loading import save_checkpoint
 from posttrain.models.reward import build_scorer
 from posttrain.tasks.arithmetic import heldout_rows, write_jsonl
-from posttrain.trainers.common import save_checkpoint
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 
 
 @pytest.fixture(scope="module")

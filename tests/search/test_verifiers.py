@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from posttrain.data.prompts import render_prompt
-from posttrain.models import build_char_tokenizer, build_tiny_llama
 from posttrain.models.reward import build_scorer, encode_steps, token_logits
 from posttrain.ops.prm import step_scores_from_logits
 from posttrain.search import prm_outcome
 from posttrain.search.verifiers import orm_scorer, prm_scorer
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 
 COMPLETIONS = ["<think>1+2=3; 3*4=12</think><answer>12</answer>", "<answer>5</answer>",
                "<think>7-9=-2</think><answer>-2</answer>"]

@@ -5,10 +5,10 @@ import random
 import pytest
 
 from posttrain.data import load_rows
-from posttrain.models import build_char_tokenizer
 from posttrain.rewards import code_reward
 from posttrain.tasks import functions as F
 from posttrain.tasks.arithmetic import write_jsonl
+from posttrain.tasks.tokenizer import build_char_tokenizer
 
 
 def _run(program: str, x: int) -> int:

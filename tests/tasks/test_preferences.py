@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import posttrain.rollout.engine
-from posttrain.models import build_char_tokenizer
 from posttrain.tasks import arithmetic as A
 from posttrain.tasks import preferences as P
+from posttrain.tasks.tokenizer import build_char_tokenizer
 
 
 def _answer(text: str) -> str:

@@ -2,13 +2,14 @@ import pytest
 import torch
 
 from posttrain.data.steps import first_error, split_steps
-from posttrain.models import build_char_tokenizer, build_tiny_llama
 from posttrain.tasks.step_labels import (
     exact_labels,
     label_agreement,
     math_shepherd_labels,
     pair_rows,
 )
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 
 # 12+7*3-5 = ((12+7)*3)-5: true values 19, 57, 52
 PROBLEM = "12+7*3-5"

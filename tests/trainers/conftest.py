@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from posttrain.models import build_char_tokenizer, build_tiny_llama
-from posttrain.trainers.common import save_checkpoint
+from posttrain.models.loading import save_checkpoint
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 
 
 @pytest.fixture(scope="session")

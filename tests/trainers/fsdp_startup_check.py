@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
 from posttrain.config import GRPOConfig, build_config
-from posttrain.trainers.fsdp import full_weights
+from posttrain.engine.fsdp import full_weights
 from posttrain.trainers.grpo import GRPOTrainer
 
 READS = [0]
@@ -44,7 +44,7 @@ def main(model_dir: str, prompts: str, out: str) -> None:
     assert READS[0] == (1 if rank == 0 else 0), (rank, READS[0])  # rank 1: meta, no read
     plain = _orig(AutoModelForCausalLM, model_dir).eval()
     saved = load_file(f"{model_dir}/model.safetensors")
-    ref = trainer._ref
+    ref = trainer.ref.model
     for name, model in (("policy", trainer.model), ("reference", ref)):
         params = list(model.parameters())
         assert params and all(isinstance(p, DTensor) for p in params), name

@@ -10,9 +10,10 @@ import sys
 import pytest
 import torch
 
-from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.engine import update as engine
 from posttrain.tasks.arithmetic import prompt_rows, sft_rows
-from posttrain.trainers import engine
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.dpo import DPOTrainer
 from posttrain.trainers.grpo import GRPOTrainer
 from posttrain.trainers.sft import SFTTrainer
@@ -149,7 +150,8 @@ def test_trackio_receives_the_metrics(tmp_path):
     pytest.importorskip("trackio")
     script = f"""
 import json
-from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.tasks.arithmetic import sft_rows
 from posttrain.trainers.sft import SFTTrainer
 tok = build_char_tokenizer()
@@ -174,7 +176,7 @@ def test_optimizer_is_fused_adamw_and_steps_like_the_unfused_one():
     equals the reference implementation's."""
     from types import SimpleNamespace
 
-    from posttrain.trainers.common import build_optimizer
+    from posttrain.engine.optim import build_optimizer
 
     tok = build_char_tokenizer()
     cfg = SimpleNamespace(lr=1e-2, adam_betas=[0.9, 0.99], weight_decay=0.1, warmup_steps=0,
@@ -221,8 +223,9 @@ def test_freed_memory_is_released_before_the_first_optimizer_step_only(monkeypat
     """The engine's step trims the heap once, before AdamW allocates its moments."""
     from types import SimpleNamespace
 
-    from posttrain.trainers import common, engine
-    from posttrain.trainers.distributed import Dist
+    from posttrain.engine import optim
+    from posttrain.engine import update as engine
+    from posttrain.engine.distributed import Dist
 
     calls = []
     monkeypatch.setattr(engine, "release_freed_memory", lambda: calls.append(1))
@@ -230,7 +233,7 @@ def test_freed_memory_is_released_before_the_first_optimizer_step_only(monkeypat
     model = tiny(tok)
     cfg = SimpleNamespace(lr=1e-3, adam_betas=[0.9, 0.99], weight_decay=0.0, warmup_steps=0,
                           lr_schedule="constant", min_lr_ratio=0.0)
-    opt, sched = common.build_optimizer(model, cfg, 3)
+    opt, sched = optim.build_optimizer(model, cfg, 3)
     for _ in range(3):
         model(input_ids=torch.tensor([[5, 6, 7]])).logits.square().mean().backward()
         group = engine.OptimGroup("policy", list(model.parameters()), opt, sched, 1.0)
@@ -242,7 +245,7 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_warned_about(monkeypatch):
     """bf16 matmuls are emulated without AVX512-BF16/AMX (1-2 GFLOP/s on an AVX2-only EPYC):
     the warning names the key; no warning for fp32, on CUDA, or where the CPU has them."""
     from posttrain.config import GRPOConfig
-    from posttrain.trainers.common import slow_bf16_warning
+    from posttrain.engine.preflight import slow_bf16_warning
 
     cpu = torch.device("cpu")
     for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from posttrain.config import ConfigError
-from posttrain.models import build_char_tokenizer, build_tiny_llama
-from posttrain.rollout.bf16_copy import BF16Copy
+from posttrain.engine.forward import completion_logprobs
+from posttrain.models.bf16_copy import BF16Copy
 from posttrain.tasks.arithmetic import prompt_rows
-from posttrain.trainers.forward import completion_logprobs
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.grpo import GRPOTrainer
 from posttrain.trainers.ppo import PPOTrainer
 
@@ -210,7 +211,7 @@ def test_compile_body_compiles_each_layer_and_keeps_the_reference_frozen(tok):
     """torch_compile: every decoder layer is compiled in place (lazily: nothing is traced
     here), the body's own forward is left alone, and the frozen reference copy's parameters
     do not require grad (its no-grad passes build no graph)."""
-    from posttrain.rollout.bf16_copy import decoder_layers
+    from posttrain.models.bf16_copy import decoder_layers
 
     ref = BF16Copy(tiny(tok), compile_body=True)
     layers = decoder_layers(ref.model)

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from posttrain.models import build_char_tokenizer, build_tiny_llama, build_tiny_qwen2
+from posttrain.models.loading import save_checkpoint
 from posttrain.tasks.arithmetic import prompt_rows
-from posttrain.trainers.common import save_checkpoint
+from posttrain.tasks.tiny import build_tiny_llama, build_tiny_qwen2
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.grpo import GRPOTrainer
 
 

@@ -6,8 +6,8 @@ import io
 
 import pytest
 
+from posttrain.engine.tracking import MetricsLogger, console_line
 from posttrain.trainers.grpo import GRPOTrainer
-from posttrain.trainers.tracking import MetricsLogger, console_line
 
 
 class _Stream(io.StringIO):

@@ -22,10 +22,11 @@ import pytest
 import torch
 
 from posttrain.config import DPOConfig, GRPOConfig, SFTConfig, build_config
-from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.models.loading import save_checkpoint
 from posttrain.tasks.arithmetic import sft_rows, write_jsonl
 from posttrain.tasks.preferences import offline_pairs
-from posttrain.trainers.common import save_checkpoint
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.dpo import DPOTrainer
 from posttrain.trainers.grpo import GRPOTrainer
 from posttrain.trainers.sft import SFTTrainer

@@ -6,10 +6,12 @@ import torch
 
 from posttrain.config import ConfigError, DPOConfig, build_config
 from posttrain.data import DataError
-from posttrain.models import build_char_tokenizer, build_tiny_llama, load_model_and_tokenizer
+from posttrain.models import load_model_and_tokenizer
+from posttrain.models.loading import save_checkpoint
 from posttrain.tasks.arithmetic import write_jsonl
 from posttrain.tasks.preferences import offline_pairs
-from posttrain.trainers.common import save_checkpoint
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.dpo import DPOTrainer, pair_logprobs, tokenize_pairs
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posttrain.models import build_char_tokenizer
-from posttrain.models.tiny import build_tiny_gemma2
+from posttrain.engine import forward
+from posttrain.engine.forward import PolicyForward, completion_logits, completion_logprobs
 from posttrain.rollout import SamplingParams, generate
-from posttrain.trainers import forward
-from posttrain.trainers.forward import PolicyForward, completion_logits, completion_logprobs
+from posttrain.tasks.tiny import build_tiny_gemma2
+from posttrain.tasks.tokenizer import build_char_tokenizer
 
 PROMPTS = ["12+7\n", "3*4-1\n", "5\n"]
 
@@ -100,7 +100,7 @@ def test_cpu_autocast_backward_uses_eager_attention_and_restores_sdpa():
     from transformers.integrations import sdpa_attention
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from posttrain.models import build_tiny_llama
+    from posttrain.tasks.tiny import build_tiny_llama
 
     tok = build_char_tokenizer()
     model = build_tiny_llama(tok, hidden_size=32, num_layers=2, num_heads=2,
@@ -180,8 +180,8 @@ def test_the_run_decides_its_forward_once():
     under torch_compile, FSDP2 and for trainers whose rows never repeat a prompt (SFT); the
     sampling temperature for RL trainers, 1 for DPO and SFT."""
     from posttrain.config import DPOConfig, GRPOConfig, SFTConfig
+    from posttrain.engine.forward import policy_forward
     from posttrain.trainers.dpo import DPOTrainer
-    from posttrain.trainers.forward import policy_forward
     from posttrain.trainers.grpo import GRPOTrainer
     from posttrain.trainers.sft import SFTTrainer
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posttrain.config import ConfigError, GRPOConfig, bf16_device_error
+from posttrain.config import ConfigError, GRPOConfig
 from posttrain.core.device import gpu_memory_metrics, reset_gpu_peak
-from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.engine.preflight import bf16_device_error
 from posttrain.ops.head_blocks import current_head_precision
 from posttrain.tasks.arithmetic import sft_rows
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.sft import SFTTrainer
 
 COMMON = {"progress": False, "threads": 1, "report_to": [], "seed": 0}

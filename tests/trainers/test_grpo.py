@@ -61,13 +61,13 @@ PRESETS = {
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_presets_learn_toy_reward(toy_world, tmp_path, preset):
     trainer = GRPOTrainer(_cfg(toy_world, str(tmp_path), **{"max_steps": 16, **PRESETS[preset]}))
-    assert (trainer._ref is not None) == (PRESETS[preset].get("kl_coef", 0) > 0)
+    assert (trainer.ref.model is not None) == (PRESETS[preset].get("kl_coef", 0) > 0)
     trainer.train()
     _assert_learns(_reward_curve(str(tmp_path)))
 
 
 def test_beta_zero_loads_no_reference(toy_world, tmp_path):
-    assert GRPOTrainer(_cfg(toy_world, str(tmp_path), kl_coef=0.0))._ref is None
+    assert GRPOTrainer(_cfg(toy_world, str(tmp_path), kl_coef=0.0)).ref.model is None
 
 
 def test_gradient_accumulation_equals_one_batch(toy_world, tmp_path):
@@ -132,12 +132,12 @@ def test_lora_grpo_uses_adapters_off_as_reference_and_saves_merged(toy_world, tm
     above; this 1-layer toy model barely moves its reward through rank-8 adapters in 16 steps.)"""
     from transformers import AutoModelForCausalLM
 
-    from posttrain.trainers.forward import DEFAULT_FORWARD
+    from posttrain.engine.forward import DEFAULT_FORWARD
 
     cfg = _cfg(toy_world, str(tmp_path), lora_r=8, lora_alpha=32, kl_coef=0.04, lr=3e-2,
                max_steps=16, lora_target_modules=["q_proj", "v_proj", "up_proj", "down_proj"])
     trainer = GRPOTrainer(cfg)
-    assert trainer._ref is None
+    assert trainer.ref.model is None
     rollout, metrics = trainer.rollout_step()
     trainer.compute_advantages(rollout, metrics)
     base = AutoModelForCausalLM.from_pretrained(toy_world["model"]).eval()

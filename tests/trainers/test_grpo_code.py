@@ -9,10 +9,11 @@ import pytest
 import yaml
 
 from posttrain.config import GRPOConfig, build_config
-from posttrain.models import build_char_tokenizer, build_tiny_llama
-from posttrain.rewards.sandbox import STATUSES
+from posttrain.models.loading import save_checkpoint
+from posttrain.sandbox.run import STATUSES
 from posttrain.tasks import functions as F
-from posttrain.trainers.common import save_checkpoint
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.grpo import GRPOTrainer
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "grpo_code.yaml"

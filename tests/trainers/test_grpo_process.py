@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from posttrain.config import ConfigError, GRPOConfig, build_config
-from posttrain.models import build_char_tokenizer
+from posttrain.models.loading import save_checkpoint
 from posttrain.rollout import Rollout, concat_rollouts
-from posttrain.trainers.common import save_checkpoint
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.grpo import GRPOTrainer
 from posttrain.trainers.process_steps import step_tensors, token_ends
 from tests.trainers.toy_rewards import sevens

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from posttrain.config import GRPOConfig, build_config
-from posttrain.models import build_char_tokenizer
-from posttrain.trainers.common import save_checkpoint
+from posttrain.models.loading import save_checkpoint
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.grpo import GRPOTrainer
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "grpo_gsm8k_qwen.yaml"

@@ -13,11 +13,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from posttrain.engine.forward import PolicyForward, completion_logprobs
+from posttrain.engine.trainer import enable_checkpointing
 from posttrain.ops.fused_head import DEFAULT_BLOCK_ELEMENTS
 from posttrain.rollout import SamplingParams
 from posttrain.rollout.hf import sample_tokens
-from posttrain.trainers.base import enable_checkpointing
-from posttrain.trainers.forward import PolicyForward, completion_logprobs
 
 V, N, T = 65_536, 8, 64  # N * T * V = 33.6M floats (134 MB) per logits tensor
 

@@ -11,9 +11,10 @@ from transformers import AutoModelForCausalLM, LlamaForSequenceClassification
 
 from posttrain.config import ConfigError, build_config
 from posttrain.config.ppo import PPOConfig
-from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.models.loading import save_checkpoint
 from posttrain.ops import value_loss
-from posttrain.trainers.common import save_checkpoint
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.ppo import (
     PPOTrainer,
     last_token_index,
@@ -173,7 +174,7 @@ def test_lora_shares_one_base_and_learns(toy_world, tmp_path):
     cfg = _cfg(toy_world, str(tmp_path), lora_r=8, lora_alpha=32, lr=3e-2, critic_lr=3e-2,
                lora_target_modules=["q_proj", "v_proj", "up_proj", "down_proj"], max_steps=3)
     trainer = PPOTrainer(cfg)
-    assert trainer._ref is None and trainer.critic.peft_model is trainer.model
+    assert trainer.ref.model is None and trainer.critic.peft_model is trainer.model
     assert all("lora_" in n and "critic" not in n for n, p in trainer.model.named_parameters()
                if any(p is q for q in trainer.groups[0].params))
     n_opt = sum(len(g["params"]) for g in trainer.opt.param_groups)
@@ -205,7 +206,7 @@ def test_critic_from_a_model_dir(toy_world, tmp_path, kind):
     save_checkpoint(other, tok, tmp_path / "critic_src")
     trainer = PPOTrainer(_cfg(toy_world, str(tmp_path / "out"), kl_coef=0.0,
                               critic_model=str(tmp_path / "critic_src")))
-    assert trainer._ref is None  # beta 0: no reference model at all
+    assert trainer.ref.model is None  # beta 0: no reference model at all
     assert trainer.critic.head.in_features == other.config.hidden_size
     rollout, scores, metrics = trainer.rollout_and_score()
     trainer.prepare(rollout, scores, metrics)

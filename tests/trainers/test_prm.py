@@ -6,10 +6,11 @@ import torch
 
 from posttrain.config import ConfigError, PRMConfig, build_config
 from posttrain.data import DataError
-from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.models.loading import save_checkpoint
 from posttrain.models.reward import check_scorer_dir, load_scorer, prm_meta
 from posttrain.tasks.arithmetic import step_rows, write_jsonl
-from posttrain.trainers.common import save_checkpoint
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.prm import PRMTrainer, soft_step_loss
 
 

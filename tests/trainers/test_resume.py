@@ -1,4 +1,4 @@
-"""Exact resume and graceful stop (posttrain.trainers.checkpoint, the base Trainer loop).
+"""Exact resume and graceful stop (posttrain.engine.checkpoint, the base Trainer loop).
 
 Tolerance: resumed runs must match uninterrupted ones EXACTLY (==) on every metric except
 wall-clock ones (`perf/*`, `time`): the same deterministic CPU kernels, one thread, run on the
@@ -20,16 +20,17 @@ import pytest
 import torch
 
 from posttrain.config import ConfigError, DPOConfig, GRPOConfig, SFTConfig, build_config
-from posttrain.models import build_char_tokenizer, build_tiny_llama
-from posttrain.tasks.arithmetic import sft_rows, write_jsonl
-from posttrain.tasks.preferences import offline_pairs
-from posttrain.trainers.checkpoint import (
+from posttrain.engine.checkpoint import (
     find_resume,
     list_checkpoints,
     read_checkpoint,
     write_checkpoint,
 )
-from posttrain.trainers.common import save_checkpoint
+from posttrain.models.loading import save_checkpoint
+from posttrain.tasks.arithmetic import sft_rows, write_jsonl
+from posttrain.tasks.preferences import offline_pairs
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.dpo import DPOTrainer
 from posttrain.trainers.grpo import GRPOTrainer
 from posttrain.trainers.sft import SFTTrainer

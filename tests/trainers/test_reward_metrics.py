@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 from posttrain.config import GRPOConfig, PPOConfig, build_config
-from posttrain.trainers.common import accuracy_metrics
 from posttrain.trainers.grpo import GRPOTrainer
 from posttrain.trainers.ppo import PPOTrainer
+from posttrain.trainers.prompt_rl import accuracy_metrics
 
 ONE = {"name": "tests.trainers.toy_rewards:always_one", "weight": 1.0}
 MATH0 = {"name": "math", "weight": 0.0}  # the verifier, measured but not trained on

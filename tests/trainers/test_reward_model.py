@@ -6,7 +6,7 @@ import torch
 
 from posttrain.config import ConfigError, RMConfig, build_config
 from posttrain.data import DataError
-from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.models.loading import save_checkpoint
 from posttrain.models.reward import (
     ScorerError,
     check_scorer_dir,
@@ -16,7 +16,8 @@ from posttrain.models.reward import (
 )
 from posttrain.tasks.arithmetic import write_jsonl
 from posttrain.tasks.preferences import offline_pairs
-from posttrain.trainers.common import save_checkpoint
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.reward_model import RewardModelTrainer, completion_starts, encode
 
 

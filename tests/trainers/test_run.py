@@ -7,10 +7,11 @@ import json
 import pytest
 
 from posttrain.config import ConfigError, GRPOConfig, SFTConfig, build_config
-from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.engine.evaluate import run_eval
+from posttrain.models.loading import save_checkpoint
 from posttrain.tasks.arithmetic import heldout_rows, sft_rows, write_jsonl
-from posttrain.trainers.common import save_checkpoint
-from posttrain.trainers.run import run_eval
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.sft import SFTTrainer
 
 

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from posttrain.config import ConfigError
-from posttrain.models import build_char_tokenizer, build_tiny_llama
+from posttrain.engine.optim import lr_factor
 from posttrain.ops.masked import masked_count
 from posttrain.tasks.arithmetic import sft_rows
-from posttrain.trainers.common import lr_factor
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.sft import (
     SFTTrainer,
     collate_sft,

@@ -10,15 +10,15 @@ import torch
 import transformers as tf
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from posttrain.trainers import shared_prefix
-from posttrain.trainers.base import enable_checkpointing
-from posttrain.trainers.forward import PolicyForward, completion_logprobs
-from posttrain.trainers.shared_prefix import (
+from posttrain.engine import shared_prefix
+from posttrain.engine.forward import PolicyForward, completion_logprobs
+from posttrain.engine.shared_prefix import (
     length_buckets,
     prefix_groups,
     shared_prefix_outputs,
     shared_prefix_supported,
 )
+from posttrain.engine.trainer import enable_checkpointing
 
 V = 48
 SHAPE = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -20,9 +20,9 @@ Hooks a subclass overrides: `step` (required), `validate`, `load_model`, `setup`
 `optimize` (the one engine), `reference`, `learner`, `rollout_engine`, `gathered`, `self.dist`.
 
 Resume and stop (docs/distributed.md): `save_every` writes `checkpoints/step-N/` atomically
-(posttrain.trainers.checkpoint); `resume_from: latest | PATH` restores everything and continues
+(posttrain.engine.checkpoint); `resume_from: latest | PATH` restores everything and continues
 at step N + 1 with metrics.jsonl cut back to that step; SIGTERM / SIGINT finish the current
-step, write a checkpoint and return. Under torchrun (posttrain.trainers.distributed) every rank
+step, write a checkpoint and return. Under torchrun (posttrain.engine.distributed) every rank
 runs this loop; only rank 0 writes files.
 
 Python API: every trainer can be built from objects instead of paths, e.g.
@@ -39,25 +39,23 @@ import dataclasses
 import functools
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
 
 from posttrain.config import BaseConfig, ConfigError, to_dict
-from posttrain.core.device import gpu_memory_metrics, reset_gpu_peak
-from posttrain.models import adapters_disabled
-from posttrain.ops.head_blocks import head_precision
-from posttrain.rollout.bf16_copy import BF16Copy
-from posttrain.rollout.engine import RolloutEngine, build_engine
-from posttrain.rollout.hf import autocast_ctx
-from posttrain.trainers.checkpoint import (
+from posttrain.core.device import autocast_ctx, gpu_memory_metrics, reset_gpu_peak
+from posttrain.core.io import peak_rss_mb, write_summary
+from posttrain.core.runtime import set_seed, setup_threads
+from posttrain.engine.checkpoint import (
     find_resume,
     is_peft,
     load_trainable,
     read_checkpoint,
     read_model_weights,
     rng_state,
+    save_config,
     set_rng_state,
     start_checkpoint,
     tmp_path,
@@ -65,32 +63,28 @@ from posttrain.trainers.checkpoint import (
     truncate_metrics,
     write_checkpoint,
 )
-from posttrain.trainers.common import (
-    build_optimizer,
-    merged,
-    peak_rss_mb,
-    save_checkpoint,
-    save_config,
-    set_seed,
-    setup_threads,
-    slow_bf16_warning,
-    write_summary,
-)
-from posttrain.trainers.distributed import Dist
-from posttrain.trainers.engine import CountFn, LossFn, OptimGroup, Plan, run_update
-from posttrain.trainers.forward import PolicyForward, policy_forward
-from posttrain.trainers.fsdp import SHARDED, full_weights, load_sharded, save_sharded
-from posttrain.trainers.launch import (
+from posttrain.engine.distributed import Dist
+from posttrain.engine.forward import PolicyForward, policy_forward
+from posttrain.engine.fsdp import SHARDED, full_weights, load_sharded, save_sharded
+from posttrain.engine.launch import (
     StopRequest,
-    check_bf16_compute,
     config_changes,
     enable_checkpointing,
     prepare_out_dir,
     report_resume,
     resolve_config,
 )
-from posttrain.trainers.session import Session, load_session, resolve_device
-from posttrain.trainers.tracking import MetricsLogger, NullLogger
+from posttrain.engine.optim import build_optimizer
+from posttrain.engine.preflight import preflight
+from posttrain.engine.reference import ReferencePolicy
+from posttrain.engine.session import Session, load_session, resolve_device
+from posttrain.engine.tracking import MetricsLogger, NullLogger
+from posttrain.engine.update import CountFn, LossFn, OptimGroup, Plan, run_update
+from posttrain.models.bf16_copy import BF16Copy
+from posttrain.models.loading import save_checkpoint
+from posttrain.models.lora import merged
+from posttrain.ops.head_blocks import head_precision
+from posttrain.rollout.engine import RolloutEngine, build_engine
 
 
 class Trainer:
@@ -103,6 +97,9 @@ class Trainer:
     """Schema kind that `train_data` rows are validated against (posttrain.data.schemas)."""
     progress_keys: ClassVar[tuple[str, ...]] = ("reward/mean",)
     """Metrics shown next to the progress bar."""
+    count_metrics: ClassVar[frozenset[str]] = frozenset()
+    """Step metrics that are this rank's counts (summed over ranks; every other key is a mean
+    or, ending in ``_max`` / ``_min``, an extreme: `posttrain.engine.distributed.metric_kind`)."""
     supports_bf16_compute: ClassVar[bool] = False
     """Whether the trainer runs its passes through `learner()` / `reference()` (bf16_compute)."""
     shares_prompts: ClassVar[bool] = True
@@ -112,7 +109,7 @@ class Trainer:
     fsdp_meta_start: ClassVar[bool] = True
     """Under FSDP2: whether the model is first used after `Dist.wrap` (not in `setup`), so
     ranks other than 0 build it on ``meta``, nothing is moved to the device before sharding,
-    and a loaded reference is sharded like the policy (`posttrain.trainers.fsdp`)."""
+    and a loaded reference is sharded like the policy (`posttrain.engine.fsdp`)."""
 
     def __init__(self, cfg: BaseConfig | None = None, session: Session | None = None, *,
                  model: Any = None, tokenizer: Any = None, train_data: Any = None,
@@ -122,13 +119,7 @@ class Trainer:
                                        eval_data, rewards, config_keys)
         self.cfg = cfg
         setup_threads(cfg.threads)
-        check_bf16_compute(cfg, self.supports_bf16_compute, self.name)
-        if cfg.fsdp and cfg.lora_r > 0:
-            raise ConfigError("config keys 'fsdp' and 'lora_r': FSDP2 with LoRA is not "
-                              "supported; use data parallel (fsdp: false) for LoRA runs")
-        if cfg.fsdp and not self.supports_fsdp:
-            raise ConfigError(f"config key 'fsdp': `posttrain {self.name}` does not support "
-                              "FSDP2 yet; use data parallel (fsdp: false)")
+        slow_bf16 = preflight(cfg, type(self))  # device, precision, FSDP2: before any load
         self.dist = Dist(cfg.device)  # torchrun's process group (a no-op without torchrun)
         self.gen = set_seed(cfg.seed)  # CPU generator: data order and sampling seeds
         self.validate()
@@ -139,22 +130,21 @@ class Trainer:
         self.s.maybe_lora()
         self.s.dist = self.dist  # held-out evaluation: sharded by rank, gathered
         self.device = resolve_device(cfg.device)
-        if (warning := slow_bf16_warning(cfg, self.device)) and self.dist.is_main:
-            print(f"[{self.name}] warning: {warning}", file=sys.stderr)
+        if slow_bf16 and self.dist.is_main:
+            print(f"[{self.name}] warning: {slow_bf16}", file=sys.stderr)
         self._order: list[int] = []
-        self._ref: Any = None
+        self.ref = ReferencePolicy(cfg, lambda: self.model, self.learner, self.sharded_start)
         self._engine: RolloutEngine | None = None  # built at the first generation
         self._weights_version = 0  # +1 whenever the policy's weights change
         self._learner: BF16Copy | None = None  # bf16_compute: the bf16 learner copy
         self._learner_stale = True  # its weights lag the master's (after a step or a resume)
-        self._ref_bf16: BF16Copy | None = None  # bf16_compute: the reference, as a bf16 copy
         self.setup()
         if cfg.gradient_checkpointing:
             enable_checkpointing(self.model)
         bf16 = cfg.fsdp and cfg.bf16_compute  # FSDP2 mixed precision (CUDA, validated)
         self.model = self.dist.wrap(self.model, cfg.fsdp, self.device, bf16)
-        if self._ref is not None and self.sharded_start:  # the reference: sharded the same way
-            self._ref = self.dist.wrap(self._ref, True, self.device, bf16)
+        if self.ref.model is not None and self.sharded_start:  # the reference: sharded alike
+            self.ref.model = self.dist.wrap(self.ref.model, True, self.device, bf16)
         # everything that trains is built before a checkpoint is restored into it
         self.groups = self.optimizer_groups()
         self.start_step = 0
@@ -269,12 +259,16 @@ class Trainer:
         """Restore what `state_dict` returned (called after setup, model and optimizer load)."""
 
     # ---- helpers for subclasses -------------------------------------------------------------
+    def num_train_items(self) -> int:
+        """How many items an epoch draws from (the training rows; DPO: its tokenized pairs)."""
+        return len(self.s.train_rows)
+
     def next_indices(self, n: int) -> list[int]:
-        """The next `n` training-row indices; the order is reshuffled at each epoch boundary."""
+        """The next `n` training-item indices; the order is reshuffled at each epoch boundary."""
         out: list[int] = []
         while len(out) < n:
             if not self._order:
-                perm = torch.randperm(len(self.s.train_rows), generator=self.gen)
+                perm = torch.randperm(self.num_train_items(), generator=self.gen)
                 self._order = perm.tolist()
             out.append(self._order.pop())
         return out
@@ -303,7 +297,7 @@ class Trainer:
                before_step: Callable[[dict[str, float]], bool] | None = None
                ) -> dict[str, float]:
         """Every optimizer step of this trainer step through the one engine
-        (`posttrain.trainers.engine.run_update`); the rollout engine sleeps meanwhile."""
+        (`posttrain.engine.update.run_update`); the rollout engine sleeps meanwhile."""
         if self._engine is not None:
             self._engine.sleep()
         out = run_update(plan, self.dist, counts, loss_fn,
@@ -342,7 +336,7 @@ class Trainer:
 
     def learner(self) -> Any:
         """The model the policy's log-probs are computed (and differentiated) with: the policy,
-        or under `bf16_compute` its bf16 copy (`posttrain.rollout.bf16_copy`), re-synced after
+        or under `bf16_compute` its bf16 copy (`posttrain.models.bf16_copy`), re-synced after
         every optimizer step; its gradients land in the policy's fp32 ``.grad``."""
         if not self.cfg.bf16_compute or self.dist.fsdp:  # FSDP2: its own mixed precision
             return self.model
@@ -358,7 +352,7 @@ class Trainer:
 
     @functools.cached_property
     def forward(self) -> PolicyForward:
-        """The run's one policy forward (`posttrain.trainers.forward.policy_forward`): its
+        """The run's one policy forward (`posttrain.engine.forward.policy_forward`): its
         precision, prompt sharing and temperature are decided there, once."""
         return policy_forward(self.cfg, self.dist.fsdp, self.shares_prompts)
 
@@ -367,31 +361,12 @@ class Trainer:
         return autocast_ctx(self.cfg.autocast_bf16, self.device)
 
     def load_reference(self) -> None:
-        """Load the frozen reference copy (none with LoRA: the adapters-off policy is it)."""
-        if self.cfg.lora_r == 0:
-            self._ref = self.s.load_reference()
+        """Copy the frozen reference now (none with LoRA: the adapters-off policy is it)."""
+        self.ref.load_copy()
 
-    @contextlib.contextmanager
-    def reference(self) -> Iterator[torch.nn.Module]:
-        """The frozen reference policy in eval mode: the loaded copy or the adapters-off policy."""
-        if (self._ref is not None and self.cfg.bf16_compute and self._ref_bf16 is None
-                and not self.sharded_start):
-            # built like the learner, so the KL is exactly 0 before an update; the fp32 body is
-            # freed (the copy shares only the fp32 head)
-            self._ref_bf16 = BF16Copy(self._ref, compile_body=self.cfg.torch_compile)
-            self._ref = self._ref_bf16.model
-        if self._ref is not None:
-            yield self._ref
-            return
-        if self.cfg.lora_r == 0:
-            raise RuntimeError("no reference model loaded: call load_reference() in setup()")
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with adapters_disabled(self.model) as base:
-                yield base
-        finally:
-            self.model.train(was_training)
+    def reference(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
+        """The frozen reference policy in eval mode (`posttrain.engine.reference`)."""
+        return self.ref.use()
 
     # ---- the loop -----------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
@@ -447,7 +422,7 @@ class Trainer:
                  eval_before: dict[str, Any], clock: float) -> dict[str, Any]:
         """After a signal: a checkpoint at `last` (unless the step loop just wrote it) and the
         summary with `stopped_at_step`."""
-        from posttrain.trainers.checkpoint import list_checkpoints
+        from posttrain.engine.checkpoint import list_checkpoints
 
         written = [s for s, _ in list_checkpoints(self.cfg.out_dir)]
         if not (self._saved_at == last and last in written):
@@ -474,7 +449,7 @@ class Trainer:
                 with head_precision(cfg.head_precision):  # the fused LM head's arithmetic
                     metrics = self.step(step)
                 metrics["perf/step_seconds"] = time.time() - t0
-                metrics = self.dist.mean_metrics(metrics)
+                metrics = self.dist.reduce_metrics(metrics, self.count_metrics)
                 metrics["perf/peak_rss_mb"] = self.dist.max(peak_rss_mb())
                 for key, mb in gpu_memory_metrics(self.device).items():  # CUDA only
                     metrics[key] = self.dist.max(mb)

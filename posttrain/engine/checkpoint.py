@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from posttrain.config import ConfigError
+from posttrain.config import BaseConfig, ConfigError, to_dict
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.pt"
@@ -235,3 +235,10 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def save_config(out_dir: str | Path, cfg: BaseConfig) -> None:
+    import yaml
+
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    (Path(out_dir) / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -1,10 +1,10 @@
 """The two sides of an assert test (standard library only; runs inside the sandbox).
 
-An assert test runs in two processes forked by the supervisor (:mod:`._harness`):
+An assert test runs in two processes forked by the supervisor (:mod:`.harness`):
 
 * the **program process** runs the program, then :func:`serve_program`: it sends a hello frame
   naming its top-level names and answers requests (call, attribute get/set, iterate) on a
-  socket, one answer frame per request, with plain data (:mod:`._wire`) or an opaque handle;
+  socket, one answer frame per request, with plain data (:mod:`.wire`) or an opaque handle;
 * the **judge process** (:func:`judge_test`) runs the test's source with the program's
   top-level names bound to :class:`Handle` proxies. Every comparison, ``abs``, ``math.isclose``,
   helper and prelude runs here, on plain data of exact types rebuilt by the judge's own decoder;
@@ -22,8 +22,8 @@ import builtins
 import select
 import sys
 
-# <parent-only> (removed from the sandbox's source, which starts with _wire's)
-from posttrain.rewards._wire import (
+# <parent-only> (removed from the sandbox's source, which starts with wire's)
+from posttrain.sandbox.wire import (
     FrameTooLarge,
     WireError,
     read_frame,

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from posttrain.rollout.logits import embeddings, patched_forward
+from posttrain.models.logits import embeddings, patched_forward
 
 __all__ = ["BF16Copy", "BF16Sampler", "bf16_copy_supported"]
 

@@ -4,14 +4,14 @@ Three kinds of test, told apart by their shape:
 
 * ``value``: ``assert name(<literals>) == <literal>`` (either order, after import lines
   only; ``name`` not imported). The program's process is asked for that one call and sends the
-  value back in wire form (:mod:`._wire`); it is compared here, outside the sandbox, with the
+  value back in wire form (:mod:`.wire`); it is compared here, outside the sandbox, with the
   literal, type-strictly: the expected value never exists where the program runs, and an
   object that lies about equality is not plain data.
 * ``stdio``: ``{"input": str, "output": str}``: the program runs as a script with ``input`` on
   stdin; its stdout is compared here with ``output`` (never sent to the sandbox).
 * ``assert``: any other snippet (``assert f(1) != 5``, ``assert (f(1) == 5) == True``,
   HumanEval's ``check(candidate)``...). It runs in a judge process of its own
-  (:mod:`._judge`) where the program's names are proxies returning plain data; the verdict is
+  (:mod:`.judge`) where the program's names are proxies returning plain data; the verdict is
   the judge's. A test that needs what a proxy cannot carry (a callback, an object the test
   defines) falls back to the program's interpreter and is counted
   (``code/in_process_verdicts``).
@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from posttrain.data.schemas import stdio_problem
-from posttrain.rewards._wire import WireError, loads_strict, wire_decode, wire_encode
+from posttrain.sandbox.wire import WireError, loads_strict, wire_decode, wire_encode
 
 KINDS = ("value", "stdio", "assert")
 STDOUT_MATCH = ("exact", "rstrip", "tokens")
@@ -61,12 +61,12 @@ class CodeTest:
     expr: str = ""
     expected: Any = None
     args: tuple[Any, ...] = ()
-    """``value``: the call's ``(positional, keyword)`` arguments in wire form (:mod:`._wire`)."""
+    """``value``: the call's ``(positional, keyword)`` arguments in wire form (:mod:`.wire`)."""
 
     def sandbox_message(self, index: int) -> dict[str, Any]:
         """What the supervisor receives for this test: never ``expected``, and for an assert
         test not even its source (that goes to the judge process alone, see
-        :func:`posttrain.rewards.sandbox.run_sandboxed`)."""
+        :func:`posttrain.sandbox.run.run_sandboxed`)."""
         if self.kind == "value":
             return {"kind": "value", "prelude": self.source, "name": self.expr,
                     "args": self.args[0], "kwargs": self.args[1]}
@@ -151,10 +151,10 @@ def _opaque(number: int) -> object:
 
 
 def decode_value(text: str) -> tuple[bool, Any]:
-    """Parse a value sent by the sandbox (the wire form of plain data, :mod:`._wire`);
+    """Parse a value sent by the sandbox (the wire form of plain data, :mod:`.wire`);
     ``(False, None)`` if it is not plain data with finite floats. Raises
-    :class:`~posttrain.rewards.sandbox_io.ProtocolError` if it is not the wire form at all."""
-    from posttrain.rewards.sandbox_io import ProtocolError
+    :class:`~posttrain.sandbox.io.ProtocolError` if it is not the wire form at all."""
+    from posttrain.sandbox.io import ProtocolError
 
     try:
         value = wire_decode(loads_strict(text.encode(), top_object=False), _opaque)
@@ -327,13 +327,13 @@ _SUCCESS = {"assert": "passed", "value": "returned", "stdio": "exited"}
 def judge(test: CodeTest, response: Mapping[str, Any], options: CompareOptions) -> str:
     """Status of one test from the sandbox's answer, decided here (outside the sandbox).
 
-    ``response`` is an answer of the supervisor (``_harness``): a failure status is taken as
+    ``response`` is an answer of the supervisor (``harness``): a failure status is taken as
     it is (a program can only lose by lying about failing); for ``value`` and ``stdio`` tests
     success only means "finished", and the comparison with the expected value or output,
     which the sandbox never had, decides. A status that the test's kind cannot produce raises
-    :class:`~posttrain.rewards.sandbox_io.ProtocolError` (the run becomes ``sandbox_error``).
+    :class:`~posttrain.sandbox.io.ProtocolError` (the run becomes ``sandbox_error``).
     """
-    from posttrain.rewards.sandbox_io import ProtocolError
+    from posttrain.sandbox.io import ProtocolError
 
     status = response["status"]
     if status in FAILURES:

@@ -1,4 +1,4 @@
-"""What building and running a trainer needs besides the loop (`posttrain.trainers.base`).
+"""What building and running a trainer needs besides the loop (`posttrain.engine.trainer`).
 
 The Python API's keyword arguments turned into a config plus in-memory objects, the feature
 checks made before any model loads, activation checkpointing, and the SIGTERM / SIGINT
@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.config import BaseConfig, ConfigError, build_config, to_dict
-from posttrain.core.device import resolve_device
 
 
 class StopRequest:
@@ -45,29 +44,6 @@ class StopRequest:
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-
-
-def check_bf16_compute(cfg: BaseConfig, supported: bool, name: str) -> None:
-    """`bf16_compute` only where the trainer supports it, not with LoRA; with FSDP2 (its bf16
-    mixed precision, `posttrain.trainers.fsdp`) only on CUDA and without torch_compile."""
-    if cfg.torch_compile and not cfg.bf16_compute:
-        raise ConfigError("config key 'torch_compile': needs bf16_compute: true (it compiles "
-                          "the bf16 learner and reference copies)")
-    if not cfg.bf16_compute:
-        return
-    if not supported:
-        raise ConfigError(f"config key 'bf16_compute': not supported by `posttrain {name}` yet "
-                          "(grpo and dpo support it); use autocast_bf16")
-    if cfg.lora_r > 0:
-        raise ConfigError("config key 'bf16_compute': needs a full fine-tune (lora_r: 0); use "
-                          "autocast_bf16")
-    if cfg.fsdp and resolve_device(cfg.device).type != "cuda":
-        raise ConfigError(f"config keys 'bf16_compute' and 'fsdp': FSDP2's bf16 mixed "
-                          f"precision runs on CUDA only (device: {cfg.device} is the CPU); use "
-                          "autocast_bf16 or fsdp: false")
-    if cfg.fsdp and cfg.torch_compile:
-        raise ConfigError("config keys 'torch_compile' and 'fsdp': torch_compile compiles the "
-                          "bf16 copies, which FSDP2's mixed precision replaces; set one")
 
 
 _IN_MEMORY = "<in-memory>"

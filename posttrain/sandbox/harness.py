@@ -1,7 +1,7 @@
 """Sandbox supervisor (standard library only, never imports posttrain; runs inside the sandbox).
 
-Started by :mod:`posttrain.rewards.sandbox` as ``python -I -S -B -u -c <_wire + _judge +
-_procs + this source> RESULT_FD TESTS_FD`` (or a bootstrap that loads the same code compiled by
+Started by :mod:`posttrain.sandbox.run` as ``python -I -S -B -u -c <wire + judge +
+procs + this source> RESULT_FD TESTS_FD`` (or a bootstrap that loads the same code compiled by
 the parent, when the interpreters share a bytecode format). It makes itself non-dumpable
 (``PR_SET_DUMPABLE 0``: processes of its uid cannot open its ``/proc/<pid>/mem`` or
 ``/proc/<pid>/fd``, ``ptrace`` it or use ``process_vm_writev`` / ``pidfd_getfd`` on it; every
@@ -18,7 +18,7 @@ to itself and talks to the parent:
 Per test: a ``value`` test forks a program process that answers one call with the value in
 wire form (compared by the parent); a ``stdio`` test forks a child that runs the program as a
 script (stdout compared by the parent); an ``assert`` test forks a program process and then a
-judge process (:mod:`._judge`), which alone reads the test's source from TESTS_FD, so no
+judge process (:mod:`.judge`), which alone reads the test's source from TESTS_FD, so no
 process of the program, forked before it, ever held an expected value. After every test the
 supervisor kills everything the program started (``_sweep``; it is a child subreaper) before
 it answers.
@@ -34,10 +34,10 @@ import signal
 import sys
 import time
 
-# <parent-only> (removed from the sandbox's source, which starts with _wire's and _judge's)
-from posttrain.rewards._judge import Link, judge_test, serve_program
-from posttrain.rewards._procs import _apply_limits, _clear_keyrings, _prctl, _sweep
-from posttrain.rewards._wire import (
+# <parent-only> (removed from the sandbox's source, which starts with wire's and judge's)
+from posttrain.sandbox.judge import Link, judge_test, serve_program
+from posttrain.sandbox.procs import _apply_limits, _clear_keyrings, _prctl, _sweep
+from posttrain.sandbox.wire import (
     WireError,
     dumps_frame,
     read_frame,

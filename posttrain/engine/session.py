@@ -9,7 +9,6 @@ prompt lengths against `max_prompt_len` and the context (`check_rows`); then the
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -55,12 +54,6 @@ class Session:
         if self.cfg.lora_r > 0:
             self.model = apply_lora(self.model, r=self.cfg.lora_r, alpha=self.cfg.lora_alpha,
                                     target_modules=self.cfg.lora_target_modules)
-
-    def load_reference(self) -> Any:
-        """A frozen copy of the policy as it is now (call before the first update), in eval mode
-        with gradients off. Copied in memory: no second load, and right for a model object."""
-        ref = copy.deepcopy(self.model)
-        return ref.eval().requires_grad_(False)
 
     @torch.no_grad()
     def evaluate(self, model: Any, prefix: str = "", dump: str | None = None) -> dict[str, Any]:

@@ -15,7 +15,7 @@ The completions then run in a few groups of similar length (`length_buckets`), e
 to its own longest completion instead of the micro-batch's: on the benchmark's GRPO work
 (completions of 1-32 tokens, mean 26) that drops ~10% of the completion positions.
 
-Used by `posttrain.trainers.forward.completion_logprobs` when asked to (``share_prefix``) and the
+Used by `posttrain.engine.forward.completion_logprobs` when asked to (``share_prefix``) and the
 model qualifies (`shared_prefix_supported`); otherwise the plain forward runs.
 
 Notation: n rows, u distinct prompts, P prompt tokens (left padded), T completion tokens (right

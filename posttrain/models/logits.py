@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from posttrain.core.device import autocast_ctx  # noqa: F401 (re-exported)
+from posttrain.core.device import autocast_ctx
 
 
 def embeddings(model: torch.nn.Module) -> tuple[Any, Any]:

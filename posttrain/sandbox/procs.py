@@ -1,5 +1,5 @@
 """Process control of the sandbox supervisor (standard library only; runs inside the sandbox,
-its source joined to the supervisor's, see :mod:`posttrain.rewards._harness`): prctl, resource
+its source joined to the supervisor's, see :mod:`posttrain.sandbox.harness`): prctl, resource
 limits, the sweep that kills what a test left, and the keyring reset."""
 
 import contextlib

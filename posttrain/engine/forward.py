@@ -1,7 +1,7 @@
 """Forward passes that turn (prompt, completion) token batches into per-token log-probs.
 
 Shared by every trainer. Logits come from the model's own forward inside
-`posttrain.rollout.logits.logits_context`, exactly as in the sampler, so family-specific logit
+`posttrain.models.logits.logits_context`, exactly as in the sampler, so family-specific logit
 transforms (Gemma-2 softcapping, Granite/Cohere logit scaling) apply to both. Three things make it
 cheap: columns that are padding in every row of the micro-batch are cut before the forward pass,
 ``logits_to_keep`` runs the LM head only on the positions that predict completion tokens, and for
@@ -28,12 +28,12 @@ from torch.distributed.tensor import DTensor
 
 from posttrain.config import BaseConfig
 from posttrain.config.rl import PromptRLConfig
+from posttrain.engine.shared_prefix import shared_prefix_outputs, shared_prefix_supported
+from posttrain.models.bf16_copy import sdpa_switchable
+from posttrain.models.logits import autocast_ctx, embeddings, logits_context, patched_forward
 from posttrain.ops import entropy_from_logits, head_logprobs, token_logprobs
 from posttrain.ops.fused_head import DEFAULT_BLOCK_ELEMENTS
 from posttrain.ops.masked import trim_padding
-from posttrain.rollout.bf16_copy import sdpa_switchable
-from posttrain.rollout.logits import autocast_ctx, embeddings, logits_context, patched_forward
-from posttrain.trainers.shared_prefix import shared_prefix_outputs, shared_prefix_supported
 
 # model types whose causal-LM forward is exactly ``lm_head(last_hidden_state)`` (no softcapping,
 # logit scaling or other transform after the head), checked against transformers' modeling code
@@ -70,7 +70,7 @@ def _completion_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask:
     logits, or H when the head is the identity) and the trimmed completion ids [n, T'].
 
     With `share_prefix` (and a model that `shared_prefix_supported`), each distinct prompt runs
-    once and its completions run on its KV cache (`posttrain.trainers.shared_prefix`).
+    once and its completions run on its KV cache (`posttrain.engine.shared_prefix`).
     """
     p_ids, p_mask, c_ids, c_mask = trim_padding(prompt_ids, prompt_mask, completion_ids,
                                                 response_mask)
@@ -232,7 +232,7 @@ def completion_logprobs(
     and the fp32 logits would hold more than `FUSE_MIN_ELEMENTS` (no [n, T, V] logits, same
     values up to float summation order); False always goes through `completion_logits`; True
     fuses whenever supported (an error otherwise). `share_prefix`: rows with the same prompt
-    share one forward pass over it (`posttrain.trainers.shared_prefix`; same values up to float
+    share one forward pass over it (`posttrain.engine.shared_prefix`; same values up to float
     summation order), where `shared_prefix_supported`.
 
     Returns:

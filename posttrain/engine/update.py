@@ -21,11 +21,12 @@ every trainer:
    group (the policy; PPO's critic too), the schedules advanced, gradients zeroed.
 
 Metric rule: keys under ``loss/`` are each micro-batch's share of the step's loss and are
-SUMMED over micro-batches and ranks; every other key is a mean weighted by the micro-batch's
-``weight`` (its token or row count) over micro-batches and ranks; over the optimizer steps of
-one call, the mean. Grad norms and the learning rate each step used are reported per group as
-``<group>/grad_norm`` and ``<group>/lr`` (the policy group's as ``train/grad_norm`` and
-``train/lr``).
+SUMMED over micro-batches and ranks; keys ending in ``_max`` / ``_min`` are the MAX / MIN over
+micro-batches, ranks and optimizer steps; every other key is a mean weighted by the
+micro-batch's ``weight`` (its token or row count) over micro-batches and ranks; over the
+optimizer steps of one call, the mean. Grad norms and the learning rate each step used are
+reported per group as ``<group>/grad_norm`` and ``<group>/lr`` (the policy group's as
+``train/grad_norm`` and ``train/lr``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posttrain.trainers.common import release_freed_memory
+from posttrain.engine.distributed import metric_kind, reduce_values
+from posttrain.engine.optim import release_freed_memory
 
 Totals = dict[str, float]
 LossFn = Callable[[list[int], Totals], tuple[Tensor, dict[str, Any], float]]
@@ -98,11 +100,16 @@ class MetricSums:
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
         self.weights: dict[str, float] = {}
+        self.extremes: dict[str, float] = {}  # `*_max` / `*_min` keys: MAX / MIN, not means
 
     def add(self, metrics: dict[str, Any], weight: float) -> None:
         for k, v in metrics.items():
             v = float(v)
-            if k.startswith("loss/"):
+            kind = metric_kind(k)
+            if kind in ("max", "min"):
+                old = self.extremes.get(k)
+                self.extremes[k] = v if old is None else reduce_values([old, v], kind)
+            elif k.startswith("loss/"):
                 self.sums[k] = self.sums.get(k, 0.0) + v
                 self.weights[k] = 1.0
             else:
@@ -111,15 +118,17 @@ class MetricSums:
 
     def reduce(self, dist: Any) -> dict[str, float]:
         """The merged metrics over every rank (the same dict on each)."""
+        extremes = dist.reduce_metrics(self.extremes)  # MAX / MIN over ranks
         keys = sorted(set().union(*dist.all_gather_objects(sorted(self.sums))))
         if not keys:
-            return {}
+            return extremes
         vals = torch.tensor([[self.sums.get(k, 0.0) for k in keys],
                              [self.weights.get(k, 0.0) for k in keys]], dtype=torch.float64)
         vals = dist.sum(vals) if dist.enabled else vals
-        return {k: float(vals[0, i]) if k.startswith("loss/")
-                else float(vals[0, i] / vals[1, i]) if float(vals[1, i]) > 0 else float("nan")
-                for i, k in enumerate(keys)}
+        return {**extremes, **{
+            k: float(vals[0, i]) if k.startswith("loss/")
+            else float(vals[0, i] / vals[1, i]) if float(vals[1, i]) > 0 else float("nan")
+            for i, k in enumerate(keys)}}
 
 
 def _mini_batches(plan: Plan) -> list[list[int]]:
@@ -215,5 +224,6 @@ def _global_counts(local: dict[str, float], dist: Any) -> Totals:
 
 
 def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Over the optimizer steps of one call: the mean of each key, the MAX / MIN of extremes."""
     keys = sorted(set().union(*rows)) if rows else []
-    return {k: sum(r[k] for r in rows if k in r) / sum(k in r for r in rows) for k in keys}
+    return {k: reduce_values([r[k] for r in rows if k in r], metric_kind(k)) for k in keys}

@@ -1,9 +1,9 @@
 """Run untrusted Python with tests in a sandbox: bubblewrap + resource limits + process sweep.
 
 ``run_sandboxed(code, tests, limits=..., mode=...)`` starts the supervisor
-(:mod:`posttrain.rewards._harness`) in a fresh interpreter, sends it the program and the tests
-(:mod:`posttrain.rewards.sandbox_io`), judges each answer here, outside the sandbox
-(:mod:`posttrain.rewards.code_tests`), and returns a :class:`SandboxResult`. The guarantees of
+(:mod:`posttrain.sandbox.harness`) in a fresh interpreter, sends it the program and the tests
+(:mod:`posttrain.sandbox.io`), judges each answer here, outside the sandbox
+(:mod:`posttrain.sandbox.tests`), and returns a :class:`SandboxResult`. The guarantees of
 each mode are tabulated in ``docs/sandbox.md``. In short:
 
 * ``bwrap`` (bubblewrap): only ``/usr``, ``/bin``, ``/sbin``, ``/lib*``, the loader cache and the
@@ -48,10 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posttrain.rewards._wire import dumps_frame
-from posttrain.rewards.code_tests import CodeTest, CompareOptions, judge, parse_test
-from posttrain.rewards.errors import SandboxUnavailableError
-from posttrain.rewards.sandbox_host import (
+from posttrain.sandbox.host import (
     bwrap_binds,
     cleanup_world_writable,
     count_user_tasks,
@@ -60,7 +57,9 @@ from posttrain.rewards.sandbox_host import (
     same_bytecode,
     uid_is_idle,
 )
-from posttrain.rewards.sandbox_io import Exchange, ProtocolError, exchange
+from posttrain.sandbox.io import Exchange, ProtocolError, exchange
+from posttrain.sandbox.tests import CodeTest, CompareOptions, judge, parse_test
+from posttrain.sandbox.wire import dumps_frame
 
 logger = logging.getLogger(__name__)
 
@@ -70,10 +69,10 @@ _PARENT_ONLY = re.compile(r"^# <parent-only>.*?^# </parent-only>\n", re.DOTALL |
 
 
 def _sandbox_source() -> str:
-    """The supervisor's source: _wire, _judge, _procs, _harness, without their parent-only
+    """The supervisor's source: wire, judge, procs, harness, without their parent-only
     imports."""
     parts = [Path(__file__).with_name(name).read_text()
-             for name in ("_wire.py", "_judge.py", "_procs.py", "_harness.py")]
+             for name in ("wire.py", "judge.py", "procs.py", "harness.py")]
     return "\n".join(_PARENT_ONLY.sub("", part) for part in parts)
 
 
@@ -95,6 +94,10 @@ def _compiled(source: str) -> bytes:
         _COMPILED[source] = marshal.dumps(compile(source, "<supervisor>", "exec"))
     return _COMPILED[source]
 _STARTUP_S = 10.0  # interpreter + bubblewrap start-up allowance for the whole-run deadline
+
+
+class SandboxUnavailableError(RuntimeError):
+    """The requested sandbox mode cannot run here (e.g. ``strict`` without bubblewrap)."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,7 @@ class SandboxResult:
     duration_s: float = 0.0
     mode: str = ""
     test_kinds: list[str] = field(default_factory=list)
-    """``value`` / ``stdio`` / ``assert`` per test (:mod:`posttrain.rewards.code_tests`)."""
+    """``value`` / ``stdio`` / ``assert`` per test (:mod:`posttrain.sandbox.tests`)."""
     in_process_verdicts: int = 0
     """Assert tests judged inside the program's interpreter after all (the judge could not
     carry what they need; forgeable)."""
@@ -398,7 +401,7 @@ def run_sandboxed(code: str, tests: Sequence[str | dict | CodeTest] | None = Non
     """Run ``code`` then each test in its own fresh process; judge the tests outside it.
 
     A test is an assert snippet or a ``{"input": str, "output": str}`` dict
-    (:mod:`posttrain.rewards.code_tests`: ``assert <expr> == <literal>`` is compared here with
+    (:mod:`posttrain.sandbox.tests`: ``assert <expr> == <literal>`` is compared here with
     ``compare`` options, stdin/stdout tests too; other snippets are judged in-process).
     Without ``tests`` the program alone runs once and passes if it finishes without raising.
     ``stop_on_failure`` skips the remaining tests after the first one that does not pass.

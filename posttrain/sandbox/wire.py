@@ -1,7 +1,7 @@
 """Wire format of the sandbox: frames and plain-data values (standard library only).
 
 Used on both sides: inside the sandbox (its source is prepended to the supervisor's,
-:mod:`posttrain.rewards._harness`) and in the parent (:mod:`posttrain.rewards.code_tests`), so it
+:mod:`posttrain.sandbox.harness`) and in the parent (:mod:`posttrain.sandbox.tests`), so it
 never imports posttrain and uses no ``from __future__`` import.
 
 * A **frame** is a 4-byte big-endian length and that many bytes of one UTF-8 JSON object.

@@ -6,8 +6,10 @@ import time
 from typing import Any
 
 from posttrain.config import ConfigError, GRPOConfig
-from posttrain.trainers.common import setup_threads, write_summary
-from posttrain.trainers.session import load_session
+from posttrain.core.io import write_summary
+from posttrain.core.runtime import setup_threads
+from posttrain.engine.preflight import preflight
+from posttrain.engine.session import load_session
 
 
 def run_eval(cfg: GRPOConfig) -> dict[str, Any]:
@@ -16,6 +18,7 @@ def run_eval(cfg: GRPOConfig) -> dict[str, Any]:
     setup_threads(cfg.threads)
     if not cfg.eval_data:
         raise ConfigError("config key 'eval_data': required by `posttrain eval`")
+    preflight(cfg)
     s = load_session(cfg, kind="prompts", with_train=False)
     result = s.evaluate(s.model)
     write_summary(cfg.out_dir, cfg, eval_before=result.get("accuracy"),

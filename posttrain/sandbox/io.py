@@ -1,4 +1,4 @@
-"""The parent's side of the conversation with the sandbox supervisor (:mod:`._harness`).
+"""The parent's side of the conversation with the sandbox supervisor (:mod:`.harness`).
 
 :func:`exchange` sends the run and every test at once, then judges the answers here as they
 arrive (one per test, in order); when the caller stops early it stops reading and the run is
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from posttrain.rewards._wire import WireError, loads_strict
+from posttrain.sandbox.wire import WireError, loads_strict
 
 RESPONSE_KEYS = {"id": int, "status": str, "top": bool, "value": (str, type(None)),
                  "stdout": (str, type(None)), "truncated": bool, "in_process": bool}

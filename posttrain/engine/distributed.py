@@ -18,7 +18,7 @@ counts (:meth:`Dist.sum`), so the summed gradient is exactly the full-batch grad
 reduce-scatter sums (divide factor 1) for the same reason. Generation under FSDP2 gathers the
 weights once for the whole decode loop (ranks may decode different numbers of tokens).
 Start-up from rank 0's weights, bf16 mixed precision and sharded checkpoints:
-`posttrain.trainers.fsdp`.
+`posttrain.engine.fsdp`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,33 @@ import torch
 import torch.distributed as dist
 
 from posttrain.core.device import process_group_backend, resolve_device
+from posttrain.models.bf16_copy import decoder_layers
+
+
+def metric_kind(key: str, counts: frozenset[str] = frozenset()) -> str:
+    """How a logged metric combines over micro-batches and ranks: ``"sum"`` (a key in
+    `counts`: a per-rank count, e.g. groups used), ``"max"`` / ``"min"`` (keys ending in
+    ``_max`` / ``_min``) or ``"mean"`` (every other key)."""
+    if key in counts:
+        return "sum"
+    if key.endswith("_max"):
+        return "max"
+    if key.endswith("_min"):
+        return "min"
+    return "mean"
+
+
+def reduce_values(vals: list[float], kind: str) -> float:
+    """`vals` (one per rank or per optimizer step) combined by `kind`; NaN when empty."""
+    if not vals:
+        return float("nan")
+    if kind == "sum":
+        return sum(vals)
+    if kind == "max":
+        return max(vals)
+    if kind == "min":
+        return min(vals)
+    return sum(vals) / len(vals)
 
 
 class Dist:
@@ -86,15 +113,20 @@ class Dist:
             return flag
         return bool(self._all_reduce(torch.tensor(float(flag)), dist.ReduceOp.MAX) > 0)
 
-    def mean_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Every metric averaged over ranks (keys missing on a rank count as absent there)."""
+    def reduce_metrics(self, metrics: dict[str, float],
+                       counts: frozenset[str] = frozenset()) -> dict[str, float]:
+        """This rank's step metrics -> the global ones, by kind (`metric_kind`): `counts`
+        summed, `*_max` / `*_min` the MAX / MIN, every other key the mean over the ranks that
+        have it (a value every rank computed from gathered data stays as it is)."""
         if not self.enabled:
             return metrics
         keys = sorted(set().union(*self._gather_objects(sorted(metrics))))
-        vals = torch.tensor([float(metrics.get(k, 0.0)) for k in keys], dtype=torch.float64)
-        cnt = torch.tensor([float(k in metrics) for k in keys], dtype=torch.float64)
-        both = self._all_reduce(torch.stack([vals, cnt]), dist.ReduceOp.SUM)
-        return {k: float(both[0, i] / both[1, i]) for i, k in enumerate(keys)}
+        rows = self._gather_objects([metrics.get(k) for k in keys])
+        out = {}
+        for i, k in enumerate(keys):
+            vals = [float(r[i]) for r in rows if r[i] is not None]
+            out[k] = reduce_values(vals, metric_kind(k, counts))
+        return out
 
     def all_gather_objects(self, obj: Any) -> list[Any]:
         """Every rank's `obj`, in rank order."""
@@ -113,7 +145,7 @@ class Dist:
              bf16: bool = False) -> torch.nn.Module:
         """Shard `model` with FSDP2 when `fsdp`, else leave it replicated (see module doc).
 
-        FSDP2 (`posttrain.trainers.fsdp.shard`): shards on `device` (default: CUDA when
+        FSDP2 (`posttrain.engine.fsdp.shard`): shards on `device` (default: CUDA when
         available, else the CPU); ranks that built the model on ``meta`` get rank 0's weights;
         `bf16`: the decoder layers' bf16 mixed precision (fp32 reductions and root group).
         """
@@ -122,12 +154,12 @@ class Dist:
         if not fsdp:
             self.broadcast_params(model)
             return model
-        from posttrain.trainers.fsdp import on_meta, shard
+        from posttrain.engine.fsdp import on_meta, shard
 
         self.fsdp = True
         if device is None:
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        shard(model, _decoder_layers(model), device, bf16, self.any(on_meta(model)))
+        shard(model, decoder_layers(model), device, bf16, self.any(on_meta(model)))
         return model
 
     def slow_barrier(self) -> None:
@@ -141,7 +173,7 @@ class Dist:
         if not self.enabled:
             return None
         if getattr(self, "_slow_group", None) is None:
-            from posttrain.trainers.fsdp import CHECKPOINT_TIMEOUT
+            from posttrain.engine.fsdp import CHECKPOINT_TIMEOUT
 
             self._slow_group = dist.new_group(backend="gloo", timeout=CHECKPOINT_TIMEOUT)
         return self._slow_group
@@ -193,11 +225,3 @@ class Dist:
         dist.all_gather_object(out, obj)
         return out
 
-
-def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks of a Hugging Face causal LM (`model.model.layers` and the like)."""
-    for mod in model.modules():
-        layers = getattr(mod, "layers", None)
-        if isinstance(layers, torch.nn.ModuleList) and len(layers) > 0:
-            return list(layers)
-    return []
