@@ -34,12 +34,22 @@ import torch.distributed as dist
 from posttrain.core.device import process_group_backend, resolve_device
 from posttrain.models.bf16_copy import decoder_layers
 
+WEIGHT = "_weight/"
+"""A step metric ``k`` may come with ``metrics[WEIGHT + k]``: this rank's weight of it (its
+token or sample count), making the mean over ranks a weighted one (`weighted`)."""
+
+
+def weighted(metrics: dict[str, float], weight: float) -> dict[str, float]:
+    """`metrics` (this rank's means over `weight` tokens or samples) with their weights."""
+    return {**metrics, **{WEIGHT + k: float(weight) for k in metrics}}
+
 
 def metric_kind(key: str, counts: frozenset[str] = frozenset()) -> str:
-    """How a logged metric combines over micro-batches and ranks: ``"sum"`` (a key in
-    `counts`: a per-rank count, e.g. groups used), ``"max"`` / ``"min"`` (keys ending in
-    ``_max`` / ``_min``) or ``"mean"`` (every other key)."""
-    if key in counts:
+    """How a logged metric combines over micro-batches and ranks: ``"sum"`` (a per-rank count:
+    a key in `counts`, or under a prefix in it that ends with ``/``), ``"max"`` / ``"min"``
+    (keys ending in ``_max`` / ``_min``) or ``"mean"`` (every other key; weighted when it
+    comes with a weight, `weighted`)."""
+    if key in counts or any(p.endswith("/") and key.startswith(p) for p in counts):
         return "sum"
     if key.endswith("_max"):
         return "max"
@@ -117,15 +127,24 @@ class Dist:
                        counts: frozenset[str] = frozenset()) -> dict[str, float]:
         """This rank's step metrics -> the global ones, by kind (`metric_kind`): `counts`
         summed, `*_max` / `*_min` the MAX / MIN, every other key the mean over the ranks that
-        have it (a value every rank computed from gathered data stays as it is)."""
+        have it, weighted where it comes with a weight (a value every rank computed from
+        gathered data stays as it is)."""
+        weights = {k[len(WEIGHT):]: metrics[k] for k in metrics if k.startswith(WEIGHT)}
+        metrics = {k: v for k, v in metrics.items() if not k.startswith(WEIGHT)}
         if not self.enabled:
             return metrics
         keys = sorted(set().union(*self._gather_objects(sorted(metrics))))
-        rows = self._gather_objects([metrics.get(k) for k in keys])
+        rows = self._gather_objects([(metrics.get(k), weights.get(k, 1.0)) for k in keys])
         out = {}
         for i, k in enumerate(keys):
-            vals = [float(r[i]) for r in rows if r[i] is not None]
-            out[k] = reduce_values(vals, metric_kind(k, counts))
+            pairs = [(float(r[i][0]), float(r[i][1])) for r in rows if r[i][0] is not None]
+            kind = metric_kind(k, counts)
+            if kind == "mean" and k in weights:
+                total = sum(w for _, w in pairs)
+                out[k] = (sum(v * w for v, w in pairs if w) / total if total > 0
+                          else float("nan"))
+            else:
+                out[k] = reduce_values([v for v, _ in pairs], kind)
         return out
 
     def all_gather_objects(self, obj: Any) -> list[Any]:

@@ -81,7 +81,10 @@ def dpo_loss(
     Returns:
         (loss [B] per pair -- take ``.mean()``, metrics) with detached means
         "rewards/chosen" = beta*(logp - logp_ref)(y_w), "rewards/rejected", "rewards/margin"
-        and "rewards/accuracy" (fraction of pairs with chosen reward > rejected reward).
+        and "rewards/accuracy" (fraction of pairs with chosen reward > rejected reward; a
+        margin within float32 rounding of the four log-probs, ``beta * 1e-6 * sum |logp|``, is
+        a tie and counts as wrong: before the first update the margin is 0 up to the summation
+        order of the forward, which differs with the batch's composition).
     """
     if loss_type not in DPO_LOSSES:
         raise ValueError(f"dpo_loss: unknown loss_type {loss_type!r}; valid: {sorted(DPO_LOSSES)}")
@@ -90,11 +93,13 @@ def dpo_loss(
     h = chosen_rewards - rejected_rewards  # [B]
     loss = DPO_LOSSES[loss_type](h, beta, label_smoothing)  # [B]
     with torch.no_grad():
+        tie = beta * 1e-6 * (chosen_logps.abs() + rejected_logps.abs() + ref_chosen_logps.abs()
+                             + ref_rejected_logps.abs())  # [B]
         metrics = {
             "rewards/chosen": chosen_rewards.mean(),
             "rewards/rejected": rejected_rewards.mean(),
             "rewards/margin": h.mean(),
-            "rewards/accuracy": (chosen_rewards > rejected_rewards).float().mean(),
+            "rewards/accuracy": (h > tie).float().mean(),
         }
     return loss, metrics
 

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from posttrain.config import ConfigError, GRPOConfig
 from posttrain.core.runtime import sequence_seed
+from posttrain.engine.distributed import weighted
 from posttrain.engine.update import local_plan
 from posttrain.ops import (
     aggregate_loss,
@@ -69,6 +70,8 @@ class GRPOTrainer(PromptRLTrainer):
     supports_bf16_compute = True
     config_class = GRPOConfig
     progress_keys = ("reward/mean", "reward/accuracy")
+    count_metrics = PromptRLTrainer.count_metrics | {"rollout/groups_used",
+                                                     "reward/dropped_groups"}
     cfg: GRPOConfig
 
     def validate(self) -> None:
@@ -201,7 +204,8 @@ class GRPOTrainer(PromptRLTrainer):
             gap = (rollout.old_logprobs, rollout.logprobs, rollout.response_mask, correction,
                    cfg.rollout_is_cap)
             rollout.is_weights, _ = rollout_weights(*gap)
-            metrics.update({k: float(v) for k, v in rollout_metrics(*gap).items()})
+            metrics.update(weighted({k: float(v) for k, v in rollout_metrics(*gap).items()},
+                                    float(rollout.response_mask.sum())))  # this rank's tokens
         if cfg.kl_coef > 0:
             with self.reference() as ref:
                 rollout.ref_logprobs = self.policy_logprobs(rollout, ref)

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from posttrain.config.ppo import PPOConfig
 from posttrain.core.runtime import sequence_seed
+from posttrain.engine.distributed import weighted
 from posttrain.engine.update import OptimGroup, Plan
 from posttrain.models.value_head import (
     CRITIC_ADAPTER,
@@ -115,6 +116,22 @@ def ppo_advantages(rewards: Tensor, values: Tensor, response_mask: Tensor, gamma
     mean = s / max(n, 1.0)
     var = (sq - n * mean * mean) / max(n - 1.0, 1.0)
     return keep((advantages - mean) * (var + 1e-8) ** -0.5, m), returns
+
+
+def global_explained_variance(values: Tensor, returns: Tensor, response_mask: Tensor,
+                               dist: Any) -> float:
+    """``1 - Var(R - V) / Var(R)`` over every rank's real tokens (`explained_variance` on one
+    process; under torchrun from the summed moments)."""
+    if not dist.enabled:
+        return float(explained_variance(values, returns, response_mask))
+    m = as_bool_mask(response_mask)
+    r, e = returns[m].double(), (returns - values)[m].double()
+    s = dist.sum(torch.stack([r.sum(), (r * r).sum(), e.sum(), (e * e).sum(),
+                              torch.tensor(float(m.sum()), dtype=torch.float64)]).cpu())
+    n = max(float(s[4]), 1.0)
+    var_r = float(s[1]) / n - (float(s[0]) / n) ** 2
+    var_e = float(s[3]) / n - (float(s[2]) / n) ** 2
+    return 1.0 - var_e / var_r if var_r > 0 else float("nan")
 
 
 @dataclass
@@ -247,8 +264,9 @@ class PPOTrainer(PromptRLTrainer):
         sampled = rollout.logprobs.to(dev)  # [n, T] the sampler's log-probs
         is_weights, _ = rollout_weights(old_logprobs, sampled, mask, correction,
                                         cfg.rollout_is_cap)  # [n, T]
-        metrics.update({k: float(v) for k, v in rollout_metrics(
-            old_logprobs, sampled, mask, correction, cfg.rollout_is_cap).items()})
+        n_tok = float(mask.sum())  # this rank's tokens: the weight of its token means
+        metrics.update(weighted({k: float(v) for k, v in rollout_metrics(
+            old_logprobs, sampled, mask, correction, cfg.rollout_is_cap).items()}, n_tok))
         values = self.batched_values(p_ids, p_mask, c_ids, mask)  # [n, T]
         beta, kl = self.kl_ctl.value, None
         if cfg.kl_coef > 0:
@@ -267,13 +285,12 @@ class PPOTrainer(PromptRLTrainer):
         rewards = token_rewards(scores.to(dev), mask, kl, beta)  # [n, T]
         advantages, returns = ppo_advantages(rewards, values, mask, cfg.gamma, cfg.gae_lambda,
                                              cfg.whiten_advantages, self.dist)
-        metrics.update({
-            "kl/coef": beta,
+        metrics.update({"kl/coef": beta, **weighted({
             "critic/value_mean": float(masked_mean(values, mask)),
-            "critic/explained_variance": float(explained_variance(values, returns, mask)),
-            "critic/return_mean": float(masked_mean(returns, mask)),
-            "reward/shaped_mean": float(rewards.sum(-1).mean()),
-        })
+            "critic/return_mean": float(masked_mean(returns, mask))}, n_tok), **weighted({
+            "reward/shaped_mean": float(rewards.sum(-1).mean())}, rewards.shape[0]),
+            "critic/explained_variance": global_explained_variance(values, returns, mask,
+                                                                   self.dist)})
         return PPOBatch(p_ids, p_mask, c_ids, mask, old_logprobs, values, advantages, returns,
                         is_weights)
 

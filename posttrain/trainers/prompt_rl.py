@@ -28,6 +28,7 @@ class PromptRLTrainer(Trainer):
 
     _step: int = 0
     """The step being run (set by `step`): part of every sampling seed."""
+    count_metrics = frozenset({"reward/unscorable", "reward/errors/", "code/"})
 
     def validate(self) -> None:
         world = self.dist.world

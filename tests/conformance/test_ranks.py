@@ -37,7 +37,9 @@ from tests.conformance.conftest import (
 )
 
 pytestmark = pytest.mark.slow
-# time and memory are measured per process, not computed from the data: not compared
+# time and memory are measured per process, not computed from the data: not compared. A clip
+# fraction counts tokens past a threshold: one whose value sits within float error of it can
+# flip with the summation order (1 of ~250 tokens seen), so those compare within 0.02.
 PER_RUN = ("perf/", "gpu/")
 MODES = [(c, "dp") for c in CASES] + [
     (c, "fsdp") for c in CASES if trainer_class(command_of(c)).supports_fsdp
@@ -87,7 +89,8 @@ def test_two_ranks_equal_one_process(world, tmp_path, case, mode):
             elif k.endswith("grad_norm"):
                 assert rb[k] == pytest.approx(ra[k], rel=5e-5, abs=1e-7), (ra["step"], k)
             elif (not k.startswith(PER_RUN) and isinstance(ra[k], float | int)
-                  and rb[k] != pytest.approx(ra[k], rel=1e-4, abs=1e-5, nan_ok=True)):
+                  and rb[k] != pytest.approx(ra[k], rel=1e-4, nan_ok=True,
+                                             abs=0.02 if k.endswith("clipfrac") else 1e-5)):
                 others.append((ra["step"], k, ra[k], rb[k]))
     assert not others, others
     if "response/length_mean" in a[0]:  # uneven completion lengths in the world

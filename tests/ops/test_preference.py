@@ -110,3 +110,17 @@ def test_token_outcome_loss_one_token_is_plain_bce():
     mask = torch.tensor([[False, True], [False, True]])
     want = torch.nn.functional.binary_cross_entropy_with_logits(scores[:, -1], labels)
     torch.testing.assert_close(token_outcome_loss(scores, labels, mask), want)
+
+
+def test_dpo_accuracy_counts_margins_within_rounding_as_ties():
+    """Before the first update policy == reference: the margin is 0 up to the forward's
+    summation order. A margin within beta * 1e-6 * sum|logp| is a tie (wrong); a real one counts.
+    Pair 0: logps ~ -50 each, tie band 0.1 * 1e-6 * 200 = 2e-5, margin 0.1 * 1e-5 = 1e-6: a tie.
+    Pair 1: margin 0.1 * (1 - 0) = 0.1 >> 2e-5: right."""
+    chosen = torch.tensor([-50.0 + 1e-5, -49.0])
+    rejected = torch.tensor([-50.0, -50.0])
+    ref = torch.tensor([-50.0, -50.0])
+    _, m = dpo_loss(chosen, rejected, ref, ref, beta=0.1)
+    assert m["rewards/accuracy"].item() == pytest.approx(0.5)
+    _, m = dpo_loss(ref, ref, ref, ref, beta=0.1)  # exact ties
+    assert m["rewards/accuracy"].item() == 0.0
