@@ -19,6 +19,7 @@ from torch import Tensor
 
 from posttrain.config import ConfigError
 from posttrain.rollout import Rollout, SamplingParams
+from posttrain.rollout.engine import on_device
 from posttrain.trainers.base import Trainer
 from posttrain.trainers.common import accuracy_metrics, first_verifier, sequence_seed
 
@@ -64,6 +65,7 @@ class PromptRLTrainer(Trainer):
         with self.gathered() if engine.runs_policy else contextlib.nullcontext():
             rollout = engine.generate(prompts, group_size=G, rows=rows, params=self.sampling,
                                       seeds=seeds, batch_size=cfg.generation_batch_size)
+        rollout = on_device(rollout, self.device, cfg.rollout_engine)  # vLLM's: on the CPU
         t1 = time.time()
         result = self.s.scorer.score(rollout.completions, rollout.rows)
         rollout.scores = torch.tensor(result.scores, dtype=torch.float32)  # [n]

@@ -128,6 +128,8 @@ def test_vllm_colocate_without_vllm_is_a_clear_error(model_tok, monkeypatch):
     ({"top_p": 0.9}, "top_p=0.9"),
     ({"vllm_gpu_memory_utilization": 1.0}, "'vllm_gpu_memory_utilization'=1.0"),
     ({"vllm_server_port": 0}, "'vllm_server_port'=0: expected a TCP port"),
+    ({"temperature": 2.5}, "'temperature'=2.5: config key 'rollout_engine'=vllm_server samples "
+                           "at a temperature in [0, 2.0] (vLLM refuses more)"),
 ])
 def test_vllm_combinations_that_cannot_work(monkeypatch, keys, needle):
     monkeypatch.setattr(engine_checks, "vllm_available", lambda: True)
