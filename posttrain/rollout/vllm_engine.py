@@ -16,8 +16,9 @@ FSDP2 gathered per parameter).
   `--worker-extension-cls posttrain.rollout.vllm_worker.WeightReceiver`; requests over its
   OpenAI-compatible HTTP API, weights over an NCCL group (docs/rollout.md).
 
-Nothing here has run on this project's CPU machines (no vLLM, no GPU): the conversion and the
-weight iterator are tested on their own; the engines themselves are read against vLLM's API.
+Pinned to the vLLM releases whose source scripts/check_vllm_api.py checked (pyproject.toml).
+On the CPU the engines run against a stand-in built to that surface (tests/rollout/fake_vllm.py);
+nothing here has run on a GPU or with the real vLLM yet (docs/rollout.md).
 """
 
 from __future__ import annotations
