@@ -3,8 +3,11 @@
 # random Qwen2-shaped model with the real 151,936-token vocabulary (tied embeddings, q/k/v
 # biases), fp32 and bf16 autocast, checked beyond the exit code (scripts/smoke_checks.py:
 # finite losses, first-step KL < 1e-4, the sampler/learner gap, final/ reloads); a stop by
-# SIGTERM and a resume; torchrun data parallel and FSDP2; the vLLM colocated engine when vLLM
-# imports; (full mode) bf16_compute, torch.compile, the device tests and a recipe-shaped probe.
+# SIGTERM and a resume; torchrun data parallel and FSDP2; the vLLM engines when vLLM imports
+# (colocated; on 2 GPUs also 2 torchrun ranks each with its own engine, and a `vllm serve` on
+# 127.0.0.1 with the trainer on another GPU), at temperature 0.7 with the sampler/learner gap
+# bounded and the samples shown to come from vLLM; (full mode) bf16_compute, torch.compile, the
+# device tests and a recipe-shaped probe. Not run yet: no GPU has been lent to this project.
 # One PASS/FAIL/SKIP line per part; exits non-zero when any part fails.
 #   bash scripts/gpu_smoke.sh                      # DEVICE=cuda MODE=quick (<= 5 min, one H200)
 #   MODE=full bash scripts/gpu_smoke.sh            # + the parts listed under "full" below
@@ -147,12 +150,42 @@ for trainer in "${DIST[@]}"; do
   done
 done
 
-# ---- the vLLM colocated rollout engine ------------------------------------------------------
+# ---- the vLLM rollout engines ----------------------------------------------------------------
+# temperature 0.7: vLLM's log-probs must be the tempered ones (logprobs_mode), or the gap is
+# large; the mean |logp diff| is bounded (bf16 sampler vs learner); a gap of exactly 0 or no
+# "Initializing a V1 LLM engine" line means the samples did not come from vLLM; the server part
+# requires the server to have answered completions. NCCL needs the trainer and the server on
+# different GPUs, hence 2 GPUs for vllm_server and 3 for its torchrun variant.
+VLLM_RUN=(--kl --gap --gap-max 0.05)
+VLLM_KEYS=("${COMMON[@]}" "${GRPO[@]}" autocast_bf16=true temperature=0.7)
+VLLM_MARK="Initializing a V1 LLM engine"
+VLLM_PARTS=(vllm_colocate vllm_colocate_torchrun vllm_server vllm_server_torchrun)
 if VLLM_ERR=$("$PY" -c "import vllm" 2>&1); then
-  train vllm_colocate --kl --gap -- grpo "${COMMON[@]}" "${GRPO[@]}" autocast_bf16=true \
+  train vllm_colocate "${VLLM_RUN[@]}" --log-has "$VLLM_MARK" -- grpo "${VLLM_KEYS[@]}" \
     rollout_engine=vllm_colocate
+  if [ "$NGPU" -ge 2 ]; then  # each rank its own engine (external_launcher) on its own GPU
+    part vllm_colocate_torchrun "${CHECK[@]}" run --out "$W/vllm_colocate_torchrun" \
+      "${VLLM_RUN[@]}" --log-has "$VLLM_MARK" -- "${TORCHRUN[@]}" grpo "${VLLM_KEYS[@]}" \
+      rollout_engine=vllm_colocate out_dir="$W/vllm_colocate_torchrun"
+    part vllm_server "${CHECK[@]}" vllm_server --model "$W/init" --port 18000 --gpus 1 \
+      --out "$W/vllm_server" "${VLLM_RUN[@]}" -- env CUDA_VISIBLE_DEVICES=0 "$PY" -m posttrain \
+      grpo "${VLLM_KEYS[@]}" rollout_engine=vllm_server vllm_server_host=127.0.0.1 \
+      vllm_server_port=18000 out_dir="$W/vllm_server"
+  else
+    for p in vllm_colocate_torchrun vllm_server; do skip "$p" "needs >= 2 GPUs ($NGPU visible)"; done
+  fi
+  if [ "$NGPU" -ge 3 ]; then  # 2 trainer ranks on GPUs 0-1, rank 0 pushes, both wait for it
+    part vllm_server_torchrun "${CHECK[@]}" vllm_server --model "$W/init" --port 18001 \
+      --gpus 2 --out "$W/vllm_server_torchrun" "${VLLM_RUN[@]}" -- env CUDA_VISIBLE_DEVICES=0,1 \
+      "${TORCHRUN[@]}" grpo "${VLLM_KEYS[@]}" rollout_engine=vllm_server \
+      vllm_server_host=127.0.0.1 vllm_server_port=18001 out_dir="$W/vllm_server_torchrun"
+  else
+    skip vllm_server_torchrun "needs >= 3 GPUs ($NGPU visible)"
+  fi
 else
-  skip vllm_colocate "python -c 'import vllm' failed: $(echo "$VLLM_ERR" | tail -n 1)"
+  for p in "${VLLM_PARTS[@]}"; do
+    skip "$p" "python -c 'import vllm' failed: $(echo "$VLLM_ERR" | tail -n 1)"
+  done
 fi
 
 # ---- full mode: bf16 copies, compile, gradient checkpointing, device tests, the probe -------

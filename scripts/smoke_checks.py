@@ -5,7 +5,10 @@ Every subcommand prints its findings as ``smoke: ...`` lines (the shell script e
 the part's PASS/FAIL line) and exits non-zero when a check fails::
 
     python scripts/smoke_checks.py world OUT --size cpu|gpu
-    python scripts/smoke_checks.py run --out DIR [--kl] [--gap] [--no-metrics] -- CMD...
+    python scripts/smoke_checks.py run --out DIR [--kl] [--gap] [--gap-max X] [--log-has TEXT]
+        [--no-metrics] -- CMD...
+    python scripts/smoke_checks.py vllm_server --out DIR --model M --port P --gpus G [run
+        flags] -- CMD...   # a `vllm serve` on 127.0.0.1 (GPUs G) for the run, then stopped
     python scripts/smoke_checks.py resume --out DIR --steps 8 -- CMD...
     python scripts/smoke_checks.py probe --out DIR --shape 0.5b|tiny -- grpo --config ... k=v...
 
@@ -135,6 +138,20 @@ def check_gap(rows: Sequence[dict[str, Any]], required: bool) -> str:
     return "sampler/learner gap: " + "; ".join(parts)
 
 
+def check_gap_bound(rows: Sequence[dict[str, Any]], bound: float) -> str:
+    """A separate sampler (vLLM) is close to the learner but not identical: the mean over steps
+    of `rollout/logprob_abs_diff` is in (0, bound). Exactly 0 means the learner's own forward
+    sampled (the rollouts did not come from the engine)."""
+    values = [r["rollout/logprob_abs_diff"] for r in train_rows(rows)]
+    mean = sum(values) / max(1, len(values))
+    if not values or mean == 0.0:
+        raise CheckFailed(f"rollout/logprob_abs_diff {values}: exactly 0, so the samples did "
+                          "not come from a separate engine")
+    if not mean < bound:
+        raise CheckFailed(f"sampler/learner gap: mean |logp diff| {mean:.4g} >= {bound}")
+    return f"sampler/learner gap bound: mean |logp diff| {mean:.4g} < {bound}"
+
+
 def check_summary(out: Path) -> dict[str, Any]:
     path = out / "summary.json"
     if not path.is_file():
@@ -239,12 +256,17 @@ def build_world(out: Path, size: str) -> None:
 
 
 def run_checked(out: Path, cmd: list[str], *, kl: bool, gap: bool, metrics: bool,
-                reload: bool) -> None:
+                reload: bool, gap_max: float = 0.0, log_has: str = "") -> None:
     """Run `cmd` (exit 0 required), then check `out`: finite losses, first-step KL (`kl`), the
-    sampler/learner gap (`gap`), `final/` reloads (`reload`)."""
-    proc = subprocess.run(cmd, check=False)
+    sampler/learner gap (`gap`; `gap_max` > 0: bounded, `check_gap_bound`), `final/` reloads
+    (`reload`); `log_has`: a line the run must print (e.g. vLLM's engine start)."""
+    proc = subprocess.run(cmd, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, errors="replace")
+    sys.stdout.write(proc.stdout)
     if proc.returncode != 0:
         raise CheckFailed(f"exit code {proc.returncode}: {' '.join(cmd[:6])} ...")
+    if log_has and log_has not in proc.stdout:
+        raise CheckFailed(f"the run never printed {log_has!r}: it did not use that engine")
     summary = check_summary(out)
     if "stopped_at_step" in summary:
         raise CheckFailed(f"run stopped early at step {summary['stopped_at_step']}")
@@ -255,6 +277,8 @@ def run_checked(out: Path, cmd: list[str], *, kl: bool, gap: bool, metrics: bool
             note(check_first_step_kl(rows))
         if gap:
             note(check_gap(rows, required=all(library_logs(k) for k in GAP_KEYS)))
+        if gap_max > 0:
+            note(check_gap_bound(rows, gap_max))
     if "methods" in summary:  # search: every method's accuracy (per n)
         accs = {m: v["accuracy"] if "accuracy" in v else {n: r["accuracy"] for n, r in v.items()}
                 for m, v in summary["methods"].items()}
@@ -263,6 +287,49 @@ def run_checked(out: Path, cmd: list[str], *, kl: bool, gap: bool, metrics: bool
         note(f"summary: { {k: summary.get(k) for k in ('eval_before', 'eval_after')} }")
     if reload:
         note(check_reload(out / "final"))
+
+
+def vllm_server(out: Path, model: str, port: int, gpus: str, run: Any, cmd: list[str]) -> None:
+    """Start `vllm serve model` on 127.0.0.1:`port` (CUDA_VISIBLE_DEVICES=`gpus`, dev mode,
+    processed log-probs, posttrain's worker extension), wait for /health, run the checked
+    `cmd` against it, stop it; the server must have answered completions."""
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "vllm_server.log"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "VLLM_SERVER_DEV_MODE": "1"}
+    serve = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--host",
+             "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--logprobs-mode",
+             "processed_logprobs", "--worker-extension-cls",
+             "posttrain.rollout.vllm_worker.WeightReceiver", "--gpu-memory-utilization", "0.5"]
+    with log_path.open("w") as log:
+        server = subprocess.Popen(serve, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(port, server, timeout=240)
+        run(out, cmd)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    served = log_path.read_text(errors="replace").count("POST /v1/completions")
+    if served == 0:
+        raise CheckFailed(f"the server answered no /v1/completions ({log_path})")
+    note(f"vllm_server answered {served} completion requests")
+
+
+def _wait_healthy(port: int, server: subprocess.Popen, timeout: float) -> None:
+    import urllib.request
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if server.poll() is not None:
+            raise CheckFailed(f"vllm serve exited with {server.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                return
+        except OSError:
+            time.sleep(2)
+    raise CheckFailed(f"vllm serve not healthy after {timeout:.0f} s")
 
 
 def _wait_for_checkpoint(out: Path, proc: subprocess.Popen, timeout: float) -> None:
@@ -366,11 +433,18 @@ def main(argv: list[str] | None = None) -> int:
     world.add_argument("out", type=Path)
     world.add_argument("--size", choices=sorted(WORLD_SIZES), default="cpu")
     run = sub.add_parser("run")
-    run.add_argument("--out", type=Path, required=True)
-    run.add_argument("--kl", action="store_true", help="first-step KL < 1e-4")
-    run.add_argument("--gap", action="store_true", help="sampler/learner gap logged")
-    run.add_argument("--no-metrics", action="store_true", help="search / eval: no metrics.jsonl")
-    run.add_argument("--no-reload", action="store_true", help="no final/ to reload")
+    server = sub.add_parser("vllm_server")
+    server.add_argument("--model", required=True)
+    server.add_argument("--port", type=int, default=8000)
+    server.add_argument("--gpus", default="1", help="CUDA_VISIBLE_DEVICES of the server")
+    for p in (run, server):
+        p.add_argument("--out", type=Path, required=True)
+        p.add_argument("--kl", action="store_true", help="first-step KL < 1e-4")
+        p.add_argument("--gap", action="store_true", help="sampler/learner gap logged")
+        p.add_argument("--gap-max", type=float, default=0.0, help="mean |logp diff| bound")
+        p.add_argument("--log-has", default="", help="a line the run must print")
+        p.add_argument("--no-metrics", action="store_true", help="search / eval: no metrics")
+        p.add_argument("--no-reload", action="store_true", help="no final/ to reload")
     resume = sub.add_parser("resume")
     resume.add_argument("--out", type=Path, required=True)
     resume.add_argument("--steps", type=int, default=8)
@@ -383,9 +457,15 @@ def main(argv: list[str] | None = None) -> int:
             build_world(args.out, args.size)
         elif not cmd:
             parser.error(f"{args.what}: give the command after --")
-        elif args.what == "run":
-            run_checked(args.out, cmd, kl=args.kl, gap=args.gap, metrics=not args.no_metrics,
-                        reload=not args.no_reload)
+        elif args.what in ("run", "vllm_server"):
+            def checked(out: Path, command: list[str]) -> None:
+                run_checked(out, command, kl=args.kl, gap=args.gap, gap_max=args.gap_max,
+                            log_has=args.log_has, metrics=not args.no_metrics,
+                            reload=not args.no_reload)
+            if args.what == "run":
+                checked(args.out, cmd)
+            else:
+                vllm_server(args.out, args.model, args.port, args.gpus, checked, cmd)
         elif args.what == "resume":
             stop_and_resume(args.out, cmd, args.steps)
         else:

@@ -68,6 +68,21 @@ def test_gap_required_or_noted():
         sc.check_gap(_rows({"loss/p": 0.0, **gap, "rollout/k3": float("nan")}), required=True)
 
 
+def test_gap_bound_and_engine_log(tmp_path):
+    """The vLLM parts: the gap is bounded and not exactly 0; the run printed the engine line."""
+    rows = _rows({"loss/p": 0.0, "rollout/logprob_abs_diff": 0.01},
+                 {"loss/p": 0.0, "rollout/logprob_abs_diff": 0.03})
+    assert "mean |logp diff| 0.02 < 0.05" in sc.check_gap_bound(rows, 0.05)
+    with pytest.raises(sc.CheckFailed, match=">= 0.01"):
+        sc.check_gap_bound(rows, 0.01)
+    with pytest.raises(sc.CheckFailed, match="did not come from a separate engine"):
+        sc.check_gap_bound(_rows({"loss/p": 0.0, "rollout/logprob_abs_diff": 0.0}), 0.05)
+    with pytest.raises(sc.CheckFailed, match="never printed 'Initializing a V1 LLM engine'"):
+        sc.run_checked(tmp_path, [sys.executable, "-c", "print('hf engine')"], kl=False,
+                       gap=False, metrics=False, reload=False,
+                       log_has="Initializing a V1 LLM engine")
+
+
 def test_library_logs_scans_the_source(tmp_path):
     (tmp_path / "m.py").write_text('metrics["rollout/k3"] = k3\n')
     assert sc.library_logs("rollout/k3", tmp_path)

@@ -9,6 +9,8 @@ from typing import Any
 from posttrain.config.errors import ConfigError
 
 VLLM_ENGINES = ("vllm_colocate", "vllm_server")
+VLLM_MAX_TEMPERATURE = 2.0
+"""vLLM's `SamplingParams` refuses a temperature above this (scripts/check_vllm_api.py)."""
 
 
 def vllm_available() -> bool:
@@ -18,9 +20,9 @@ def vllm_available() -> bool:
 
 def check_rollout_engine(cfg: Any) -> None:
     """Refuse engine settings that cannot work, in one line naming the key, before any model
-    loads: a vLLM engine without vLLM or CUDA, or with top-k / top-p truncation (vLLM's
+    loads: a vLLM engine without vLLM or CUDA, with top-k / top-p truncation (vLLM's
     log-probs are renormalised after truncation, the learner's are not: the importance ratio
-    would compare two different distributions)."""
+    would compare two different distributions), or with a temperature vLLM refuses (> 2)."""
     batch = getattr(cfg, "generation_batch_size", 0)
     if batch < 0:
         raise ConfigError(f"config key 'generation_batch_size'={batch}: expected >= 0 (0: every "
@@ -40,6 +42,11 @@ def check_rollout_engine(cfg: Any) -> None:
                           f"top_p={getattr(cfg, 'top_p', 1.0)}: vLLM's log-probs would be "
                           "renormalised after truncation and the learner's not; set top_k: 0 "
                           "and top_p: 1.0, or use rollout_engine: hf")
+    temperature = getattr(cfg, "temperature", 1.0)
+    if temperature > VLLM_MAX_TEMPERATURE:
+        raise ConfigError(f"config key 'temperature'={temperature}: {where} samples at a "
+                          f"temperature in [0, {VLLM_MAX_TEMPERATURE}] (vLLM refuses more); "
+                          "lower it or use rollout_engine: hf")
     if not 0.0 < cfg.vllm_gpu_memory_utilization < 1.0:
         raise ConfigError(f"config key 'vllm_gpu_memory_utilization'="
                           f"{cfg.vllm_gpu_memory_utilization}: expected in (0, 1)")

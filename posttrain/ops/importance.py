@@ -20,13 +20,16 @@ Modes (config key ``rollout_is``; the cap C is ``rollout_is_cap``):
 "Leave the loss" means they drop out of the loss mask: out of the numerator AND the
 normalisers (token and sequence counts), as if they had not been sampled. Masked slots
 (m = False) never enter R_i, the weights or the metrics. Log-ratios are clamped to [-20, 20]
-before ``exp`` like the policy ratio.
+before ``exp`` like the policy ratio. A NaN sampler log-prob (a sampler that could not score a
+token) counts as equal to the learner's: ratio 1 on that token, as TRL does; ``rollout/nan_frac``
+counts such tokens.
 
 Metrics (all ``rollout/*``, real tokens only; the ratio is taken at the mode's level, tokens for
 ``none``): ``logprob_abs_diff`` = mean |logp_old - logp_q|; ``k3`` = mean of the k3 estimate of
 KL(q || pi_old) (``kl_penalty(logp_q, logp_old, "k3")``); ``is_mean`` = mean raw ratio;
 ``is_clipfrac`` = fraction of ratios above C (truncated or rejected); ``ess`` = effective
-sample size fraction ``(sum r)^2 / (n sum r^2)`` in (0, 1] (1 = no mismatch).
+sample size fraction ``(sum r)^2 / (n sum r^2)`` in (0, 1] (1 = no mismatch); ``nan_frac`` =
+fraction of real tokens whose sampler log-prob was NaN (taken as ratio 1).
 """
 
 from __future__ import annotations
@@ -43,12 +46,18 @@ LOG_RATIO_CLAMP = 20.0
 
 def rollout_log_ratio(old_logprobs: Tensor, rollout_logprobs: Tensor, response_mask: Tensor,
                       level: str = "token") -> Tensor:
-    """log r: [N, T] per token (0 on masked slots), or [N] per sequence (sum over real tokens)."""
+    """log r: [N, T] per token (0 on masked slots and where the sampler's log-prob is NaN), or
+    [N] per sequence (sum over real tokens)."""
     mask = as_bool_mask(response_mask)
-    d = keep(old_logprobs - rollout_logprobs, mask)  # [N, T]
+    d = keep(old_logprobs - _sampler(old_logprobs, rollout_logprobs), mask)  # [N, T]
     if level == "sequence":
         d = d.sum(-1)  # [N]
     return d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def _sampler(old_logprobs: Tensor, rollout_logprobs: Tensor) -> Tensor:
+    """[N, T] log q with NaN replaced by log pi_old (ratio 1 there)."""
+    return torch.where(rollout_logprobs.isnan(), old_logprobs, rollout_logprobs)
 
 
 def _level(mode: str) -> str:
@@ -95,6 +104,8 @@ def rollout_metrics(old_logprobs: Tensor, rollout_logprobs: Tensor, response_mas
     """The sampler/learner gap: ``rollout/*`` metrics over real tokens (module docstring)."""
     mask = as_bool_mask(response_mask)
     level = _level(mode)
+    nan = rollout_logprobs.isnan() & mask  # [N, T]
+    rollout_logprobs = _sampler(old_logprobs, rollout_logprobs)  # [N, T]
     diff = (old_logprobs - rollout_logprobs).float()  # [N, T]
     k3 = kl_penalty(rollout_logprobs.float(), old_logprobs.float(), kind="k3", clamp=None)
     if level == "sequence":
@@ -111,5 +122,6 @@ def rollout_metrics(old_logprobs: Tensor, rollout_logprobs: Tensor, response_mas
         "rollout/is_mean": ratio.mean() if n else ratio.new_ones(()),
         "rollout/is_clipfrac": (ratio > cap).float().mean() if n else ratio.new_zeros(()),
         "rollout/ess": ess,
+        "rollout/nan_frac": masked_mean(nan.float(), mask),
     }
 

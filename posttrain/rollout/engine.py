@@ -6,7 +6,9 @@ and pair generators of `posttrain.tasks` through `model_engine`) goes through a
 sampler's log-probs of the sampled tokens under the full distribution at the sampling
 temperature; `update_weights(model, version)` hands the engine the policy's current weights
 (nothing happens when `version` has not changed); `sleep` / `wake` free and take back the
-engine's memory around training; `close` releases it for good.
+engine's memory around training; `close` releases it for good. An engine may return its rollout
+on any device (vLLM's are built on the CPU): whoever trains on it takes it through `on_device`,
+which moves it to the trainer's device or refuses it in one line.
 
 Engines: `hf` (`HFEngine`, today's transformers sampler, the default and the CPU path) and the
 vLLM engines of `posttrain.rollout.vllm_engine` (an optional extra). `register_engine` adds or
@@ -25,7 +27,7 @@ from posttrain.rollout.hf import SamplingParams, generate
 from posttrain.rollout.record import Rollout
 
 __all__ = ["ENGINES", "EngineFactory", "HFEngine", "Role", "RolloutEngine", "build_engine",
-           "model_engine", "register_engine"]
+           "model_engine", "on_device", "register_engine"]
 
 Role = Literal["train", "eval"]
 """What an engine is built for: `train` samples rollouts from the policy being trained (the
@@ -138,6 +140,17 @@ def model_engine(model: torch.nn.Module, tokenizer: Any, autocast: bool = False)
     engine = HFEngine(tokenizer, autocast=autocast)
     engine.update_weights(model, 0)
     return engine
+
+
+def on_device(rollout: Rollout, device: torch.device, engine: str) -> Rollout:
+    """`rollout` with every tensor on `device` (the trainer's), moved where it is elsewhere;
+    refused in one line when a tensor holds no data (``meta``) and so cannot be moved."""
+    where = rollout.devices()
+    if any(d.type == "meta" for d in where):
+        raise ValueError(f"config key 'rollout_engine'={engine}: the engine returned its rollout "
+                         f"on {sorted(map(str, where))}, tensors without data; the trainer "
+                         f"needs them on {device}")
+    return rollout if where <= {device} else rollout.to(device)
 
 
 EngineFactory = Callable[..., RolloutEngine]

@@ -6,7 +6,7 @@ T completion tokens (right padded).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -66,6 +66,17 @@ class Rollout:
     def completion_lengths(self) -> Tensor:
         """[N] number of counted completion tokens."""
         return self.response_mask.sum(-1)
+
+    def to(self, device: torch.device | str) -> Rollout:
+        """The same rollout with every tensor field on `device` (fields already there are kept,
+        not copied)."""
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self)
+                 if isinstance(getattr(self, f.name), Tensor)}
+        return replace(self, **moved)
+
+    def devices(self) -> set[torch.device]:
+        """The devices its tensor fields are on."""
+        return {v.device for f in fields(self) if isinstance(v := getattr(self, f.name), Tensor)}
 
     def select(self, index: Tensor | list[int]) -> Rollout:
         """Rows `index` of every per-sequence field (a view for mini-batching or filtering)."""

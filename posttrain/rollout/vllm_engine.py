@@ -16,16 +16,21 @@ FSDP2 gathered per parameter).
   `--worker-extension-cls posttrain.rollout.vllm_worker.WeightReceiver`; requests over its
   OpenAI-compatible HTTP API, weights over an NCCL group (docs/rollout.md).
 
-Nothing here has run on this project's CPU machines (no vLLM, no GPU): the conversion and the
-weight iterator are tested on their own; the engines themselves are read against vLLM's API.
+Pinned to the vLLM releases whose source scripts/check_vllm_api.py checked (pyproject.toml).
+On the CPU the engines run against a stand-in built to that surface (tests/rollout/fake_vllm.py);
+nothing here has run on a GPU or with the real vLLM yet (docs/rollout.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import threading
+import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -100,16 +105,54 @@ def _pad_id(tokenizer: Any, stops: list[int]) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
 
 
+@contextlib.contextmanager
+def _kept_rng() -> Iterator[None]:
+    """The global python / numpy / torch (CPU, CUDA) generators as they were before the block:
+    building a `vllm.LLM` reseeds them all with vLLM's seed, and the engine is built lazily (at
+    the first generation), so a resumed run would otherwise draw other numbers afterwards."""
+    import numpy as np
+
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    state = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
+             torch.cuda.get_rng_state_all() if cuda else None)
+    try:
+        yield
+    finally:
+        random.setstate(state[0])
+        np.random.set_state(state[1])
+        torch.set_rng_state(state[2])
+        if state[3] is not None:
+            torch.cuda.set_rng_state_all(state[3])
+
+
+_KEPT: list[Any] = []
+"""Closed colocated engines kept asleep until the process exits (`VLLMColocateEngine.close`)."""
+
+
+def _device(dist: Any) -> torch.device:
+    """Where the colocated engine's weights live: the rank's device, else the current GPU."""
+    if dist is not None and getattr(dist, "device", None) is not None:
+        return torch.device(dist.device)
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+        else torch.device("cpu")
+
+
 class VLLMColocateEngine:
     """A `vllm.LLM` in this process (see the module doc)."""
 
     name = "vllm_colocate"
     runs_policy = False
 
-    def __init__(self, llm: Any, tokenizer: Any, stops: list[int], *, sleep: bool = True,
+    def __init__(self, llm: Any, tokenizer: Any, stops: list[int], *,
+                 device: torch.device | None = None, sleep: bool = True,
+                 keep_until_exit: bool = False,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         self.llm, self.tokenizer, self.stops = llm, tokenizer, stops
+        self.device = device if device is not None else _device(None)
         self.sleep_enabled = sleep
+        self.keep_until_exit = keep_until_exit
+        """True when the default process group is the trainer's (it existed before vLLM was
+        built): `close` must not let vLLM's finalizer destroy it."""
         self.bucket_bytes = bucket_bytes
         self.version: int | None = None  # unknown: the first update_weights pushes
         self._asleep: set[str] = set()  # "weights" / "kv_cache" while asleep
@@ -129,8 +172,11 @@ class VLLMColocateEngine:
             kwargs["max_model_len"] = cfg.vllm_max_model_len
         if world > 1:  # one engine per torchrun rank, on its own GPU
             kwargs["distributed_executor_backend"] = "external_launcher"
-        llm = vllm.LLM(**kwargs)
-        return cls(llm, tokenizer, _stops(tokenizer, path, None), sleep=cfg.vllm_sleep)
+        shared = torch.distributed.is_available() and torch.distributed.is_initialized()
+        with _kept_rng():
+            llm = vllm.LLM(**kwargs)
+        return cls(llm, tokenizer, _stops(tokenizer, path, None), device=_device(dist),
+                   sleep=cfg.vllm_sleep, keep_until_exit=shared)
 
     # ---- memory -------------------------------------------------------------------------------
     def sleep(self) -> None:
@@ -139,19 +185,30 @@ class VLLMColocateEngine:
             self._asleep = {"weights", "kv_cache"}
 
     def wake(self, tags: list[str] | None = None) -> None:
+        """Take back `tags` (default: all). vLLM resumes its scheduler only once every tag is
+        awake, so a weights-only wake (before a push) leaves generation paused until the next
+        full wake; the allocator's cache is emptied first (the trainer's freed blocks)."""
         wanted = [t for t in (tags or ["weights", "kv_cache"]) if t in self._asleep]
         if wanted:
-            self.llm.wake_up(tags=wanted)
+            torch.cuda.empty_cache()  # a no-op without CUDA
+            awake = self.llm.wake_up(tags=wanted)
             self._asleep -= set(wanted)
+            if not self._asleep and awake is False:
+                raise RuntimeError(f"vllm_colocate: vLLM is still asleep after wake_up(tags="
+                                   f"{wanted}); its scheduler would never run a request")
 
     def close(self) -> None:
-        engine = getattr(self.llm, "llm_engine", None)
-        shutdown = getattr(engine, "shutdown", None)
-        if callable(shutdown):
-            shutdown()
+        """Release the engine. vLLM 0.33's `LLMEngine` has no `shutdown`: dropping the last
+        reference runs its finalizer, which destroys the default process group. When that group
+        is the trainer's (`keep_until_exit`), the engine is put to sleep and kept until the
+        process exits, so the trainer's final barriers and gathers still have their group."""
+        if self.llm is None:
+            return
+        if self.keep_until_exit:
+            self.sleep()
+            _KEPT.append(self.llm)
         self.llm = None
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()
 
     # ---- weights ------------------------------------------------------------------------------
     def update_weights(self, model: torch.nn.Module, version: int) -> None:
@@ -159,17 +216,17 @@ class VLLMColocateEngine:
             return
         self.wake(["weights"])  # only the weights: the KV cache stays freed meanwhile
         for bucket in iter_weights(model, self.bucket_bytes):
-            self._load([(name, t.cuda(non_blocking=True)) for name, t in bucket])
+            self._load([(name, t.to(self.device, non_blocking=True)) for name, t in bucket])
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         self.version = version
 
     def _load(self, weights: list[tuple[str, torch.Tensor]]) -> None:
-        apply = getattr(self.llm, "apply_model", None)
-        if callable(apply):
-            apply(lambda m: m.load_weights(weights=weights))
-            return
-        worker = self.llm.llm_engine.model_executor.driver_worker
-        getattr(worker, "worker", worker).model_runner.model.load_weights(weights=weights)
+        """One bucket into the model of every worker (in-process: this rank's one); the model's
+        `load_weights` refuses a name it does not know and returns the parameters it set."""
+        loaded = self.llm.apply_model(lambda m: m.load_weights(weights=weights))
+        if weights and not all(loaded):
+            raise RuntimeError(f"vllm_colocate: vLLM loaded none of {len(weights)} weights "
+                               f"({weights[0][0]}, ...)")
 
     # ---- sampling -----------------------------------------------------------------------------
     def generate(self, prompts: list[str], *, group_size: int = 1,
@@ -205,7 +262,15 @@ def _sampling_kwargs(params: SamplingParams, stops: list[int], seed: int | None
     return {"n": 1, "max_tokens": params.max_new_tokens,
             "temperature": 0.0 if params.greedy else params.temperature, "seed": seed,
             "logprobs": None if params.greedy else 0, "stop_token_ids": stops,
-            "detokenize": False}
+            "detokenize": False, **NEUTRAL}
+
+
+NEUTRAL: dict[str, Any] = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+                           "presence_penalty": 0.0, "frequency_penalty": 0.0}
+"""Sampling fields sent explicitly with every request: a field left unset is filled by
+`vllm serve` from the checkpoint's generation_config.json (Qwen2.5-Instruct sets top_k,
+top_p and repetition_penalty), which would truncate or penalise the samples and move their
+log-probs away from the learner's."""
 
 
 class VLLMServerEngine:
@@ -216,14 +281,19 @@ class VLLMServerEngine:
 
     def __init__(self, base_url: str, tokenizer: Any, stops: list[int], *, group_host: str,
                  group_port: int, timeout: float, is_main: bool = True,
+                 barrier: Callable[[], None] | None = None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         self.base_url, self.tokenizer, self.stops = base_url.rstrip("/"), tokenizer, stops
         self.group_host, self.group_port, self.timeout = group_host, group_port, timeout
         self.is_main, self.bucket_bytes = is_main, bucket_bytes
+        self.barrier = barrier
+        """Every torchrun rank's barrier (None: one process): no rank samples before rank 0
+        has pushed the weights."""
         self.version: int | None = None
         self._comm: Any = None
         self._src = 0
         self._served = self._get("/v1/models")["data"][0]["id"]
+        self._check_logprobs_mode()
 
     @classmethod
     def from_config(cls, cfg: Any, tokenizer: Any, *, role: str = "eval", dist: Any = None,
@@ -233,20 +303,44 @@ class VLLMServerEngine:
         return cls(f"http://{cfg.vllm_server_host}:{cfg.vllm_server_port}", tokenizer,
                    _stops(tokenizer, path, None), group_host=cfg.vllm_server_host,
                    group_port=cfg.vllm_group_port, timeout=cfg.vllm_server_timeout,
-                   is_main=getattr(dist, "is_main", True))
+                   is_main=getattr(dist, "is_main", True),
+                   barrier=dist.barrier if getattr(dist, "enabled", False) else None)
 
     # ---- HTTP ---------------------------------------------------------------------------------
     def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
         data = json.dumps(body or {}).encode()
         req = urllib.request.Request(self.base_url + path, data=data,
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-            text = resp.read().decode()
+        text = self._open(req, "POST " + path)
         return json.loads(text) if text else None
 
     def _get(self, path: str) -> Any:
-        with urllib.request.urlopen(self.base_url + path, timeout=self.timeout) as resp:
-            return json.loads(resp.read().decode())
+        return json.loads(self._open(urllib.request.Request(self.base_url + path), "GET " + path))
+
+    def _open(self, req: urllib.request.Request, what: str) -> str:
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return resp.read().decode()
+        except urllib.error.HTTPError as err:
+            detail = err.read().decode(errors="replace")[:500]
+            raise RuntimeError(f"vllm_server at {self.base_url}: {what} -> {err.code} "
+                               f"{detail}") from err
+
+    def _check_logprobs_mode(self) -> None:
+        """Refuse a server whose log-probs are not the learner's (after temperature)."""
+        fix = (f"restart it with: VLLM_SERVER_DEV_MODE=1 vllm serve {self._served} "
+               "--logprobs-mode processed_logprobs --worker-extension-cls "
+               "posttrain.rollout.vllm_worker.WeightReceiver")
+        try:
+            info = self._get("/server_info?config_format=json")
+        except RuntimeError as err:
+            raise RuntimeError(f"config key 'rollout_engine'=vllm_server: cannot read the "
+                               f"server's /server_info ({err}); {fix}") from err
+        mode = info["vllm_config"]["model_config"]["logprobs_mode"]
+        if mode != "processed_logprobs":
+            raise RuntimeError(f"config key 'rollout_engine'=vllm_server: the server at "
+                               f"{self.base_url} returns logprobs_mode={mode}, not the "
+                               f"log-probs after temperature that the learner compares; {fix}")
 
     # ---- memory: the server has its own GPUs ----------------------------------------------------
     def sleep(self) -> None:
@@ -273,6 +367,8 @@ class VLLMServerEngine:
                     self._send(bucket)
             if self.is_main:
                 self._post("/reset_prefix_cache")
+        if self.barrier is not None:  # the other ranks wait for the push before sampling
+            self.barrier()
         self.version = version
 
     def _init_group(self) -> None:
@@ -324,9 +420,9 @@ class VLLMServerEngine:
                   stops: list[int]) -> Completion:
         kw = _sampling_kwargs(params, stops, seed)
         body = {"model": self._served, "prompt": ids, "max_tokens": kw["max_tokens"],
-                "temperature": kw["temperature"], "top_p": 1.0, "n": 1, "seed": seed,
+                "temperature": kw["temperature"], "n": 1, "seed": seed,
                 "logprobs": kw["logprobs"], "stop_token_ids": stops, "return_token_ids": True,
-                "return_tokens_as_token_ids": True, "skip_special_tokens": False}
+                "return_tokens_as_token_ids": True, "skip_special_tokens": False, **NEUTRAL}
         return server_choice(self._post("/v1/completions", body)["choices"][0])
 
 

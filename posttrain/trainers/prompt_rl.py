@@ -21,6 +21,7 @@ from posttrain.config import ConfigError
 from posttrain.core.runtime import sequence_seed
 from posttrain.engine.trainer import Trainer
 from posttrain.rollout import Rollout, SamplingParams
+from posttrain.rollout.engine import on_device
 
 
 class PromptRLTrainer(Trainer):
@@ -65,6 +66,7 @@ class PromptRLTrainer(Trainer):
         with self.gathered() if engine.runs_policy else contextlib.nullcontext():
             rollout = engine.generate(prompts, group_size=G, rows=rows, params=self.sampling,
                                       seeds=seeds, batch_size=cfg.generation_batch_size)
+        rollout = on_device(rollout, self.device, cfg.rollout_engine)  # vLLM's: on the CPU
         t1 = time.time()
         result = self.s.scorer.score(rollout.completions, rollout.rows)
         rollout.scores = torch.tensor(result.scores, dtype=torch.float32)  # [n]

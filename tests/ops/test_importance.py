@@ -139,3 +139,22 @@ def test_weights_scale_each_tokens_loss():
     loss0, grad0 = _loss_and_grad(None)
     loss2, grad2 = _loss_and_grad(torch.full((4, 6), 2.0))
     assert torch.allclose(loss2, 2 * loss0) and torch.allclose(grad2, 2 * grad0)
+
+
+@pytest.mark.parametrize("mode", IS_MODES)
+def test_nan_sampler_logprob_is_ratio_one(mode):
+    """A NaN sampler log-prob on a real token counts as q = pi_old there (ratio 1, as TRL does):
+    the weights are those of a sampler equal to the learner on that token, never NaN, and the
+    sequence is not rejected for it; `rollout/nan_frac` counts it (1 of 4 real tokens)."""
+    nan = SAMPLER.clone()
+    nan[0, 1] = float("nan")
+    same = SAMPLER.clone()
+    same[0, 1] = OLD[0, 1]  # d = 0 on that token
+    w, k = rollout_weights(OLD, nan, MASK, mode, 2.0)
+    w_same, k_same = rollout_weights(OLD, same, MASK, mode, 2.0)
+    assert not w.isnan().any()
+    assert torch.equal(w, w_same) and torch.equal(k, k_same)
+    m = {k: float(v) for k, v in rollout_metrics(OLD, nan, MASK, mode, 2.0).items()}
+    m_same = {k: float(v) for k, v in rollout_metrics(OLD, same, MASK, mode, 2.0).items()}
+    assert m.pop("rollout/nan_frac") == 0.25 and m_same.pop("rollout/nan_frac") == 0.0
+    assert m == m_same

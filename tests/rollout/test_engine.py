@@ -1,13 +1,11 @@
 """The rollout-engine protocol: the hf engine is today's sampler, the factory and registry,
 trainers and evaluation sample through the engine, and vLLM engines are refused in one line
-where they cannot run (here: no vLLM installed, no GPU)."""
+where they cannot run (here: no vLLM installed, no GPU). The vLLM engines themselves run against
+a stand-in for vLLM 0.33 in test_vllm_colocate.py and test_vllm_server.py."""
 
 from __future__ import annotations
 
 import json
-import sys
-import types
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -129,6 +127,8 @@ def test_vllm_colocate_without_vllm_is_a_clear_error(model_tok, monkeypatch):
     ({"top_p": 0.9}, "top_p=0.9"),
     ({"vllm_gpu_memory_utilization": 1.0}, "'vllm_gpu_memory_utilization'=1.0"),
     ({"vllm_server_port": 0}, "'vllm_server_port'=0: expected a TCP port"),
+    ({"temperature": 2.5}, "'temperature'=2.5: config key 'rollout_engine'=vllm_server samples "
+                           "at a temperature in [0, 2.0] (vLLM refuses more)"),
 ])
 def test_vllm_combinations_that_cannot_work(monkeypatch, keys, needle):
     monkeypatch.setattr(engine_checks, "vllm_available", lambda: True)
@@ -205,78 +205,3 @@ def toy_world_engine(tmp_path_factory) -> dict[str, str]:
     data = root / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": c, "answer": "7"}) + "\n" for c in "abcdef"))
     return {"model": str(root / "model"), "data": str(data)}
-
-
-# ---- the colocated engine's plumbing, on a fake vllm module and a fake LLM ---------------------
-@dataclass
-class _Out:
-    token_ids: list[int]
-    logprobs: list
-    finish_reason: str
-
-
-@dataclass
-class _Req:
-    outputs: list
-
-
-class _FakeLLM:
-    def __init__(self, eos: int) -> None:
-        self.eos, self.log, self.loaded = eos, [], {}
-
-    def sleep(self, level: int) -> None:
-        self.log.append(("sleep", level))
-
-    def wake_up(self, tags=None) -> None:
-        self.log.append(("wake_up", tuple(tags)))
-
-    def reset_prefix_cache(self) -> None:
-        self.log.append(("reset_prefix_cache",))
-
-    def apply_model(self, fn) -> None:
-        class M:
-            def load_weights(inner, weights):  # noqa: N805
-                self.loaded.update({n: t.cpu() for n, t in weights})
-        fn(M())
-
-    def generate(self, batch, sampling, use_tqdm=False):
-        self.log.append(("generate", len(batch)))
-        out = []
-        for req, sp in zip(batch, sampling, strict=True):
-            tok = 5 + (sp["seed"] or 0) % 3  # depends on the sequence's own seed only
-            ids = [tok, self.eos] if tok != 7 else [tok, tok]
-            reason = "stop" if tok != 7 else "length"
-            out.append(_Req([_Out(ids, [{t: -0.5} for t in ids], reason)]))
-            assert sp["n"] == 1 and sp["detokenize"] is False and req["prompt_token_ids"]
-        return out
-
-
-def test_colocate_engine_plumbing(model_tok, monkeypatch):
-    from posttrain.rollout.vllm_engine import VLLMColocateEngine
-    from posttrain.rollout.weights import iter_weights
-
-    model, tok = model_tok
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=dict))
-    llm = _FakeLLM(tok.eos_token_id)
-    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, **kw: self)  # no GPU here
-    engine = VLLMColocateEngine(llm, tok, [tok.eos_token_id], sleep=True)
-    engine.update_weights(model, 3)
-    engine.update_weights(model, 3)  # unchanged version: nothing pushed
-    assert llm.log == [("reset_prefix_cache",)]
-    want = {n: t for b in iter_weights(model) for n, t in b}
-    assert set(llm.loaded) == set(want)
-    engine.sleep()
-    engine.update_weights(model, 4)  # wakes the weights only, pushes, resets the cache
-    assert llm.log[1:] == [("sleep", 1), ("wake_up", ("weights",)), ("reset_prefix_cache",)]
-    seeds = [10, 11, 12, 13, 14, 15]
-    r = engine.generate(PROMPTS, group_size=2, seeds=seeds, batch_size=4,
-                        params=SamplingParams(max_new_tokens=4))
-    assert llm.log[4:] == [("wake_up", ("kv_cache",)), ("generate", 4), ("generate", 2)]
-    first = [5 + s % 3 for s in seeds]
-    assert r.completion_ids[:, 0].tolist() == first
-    assert r.truncated.tolist() == [t == 7 for t in first]
-    assert r.response_mask.sum(1).tolist() == [2] * 6
-    assert torch.equal(r.prompt_ids, generate(model, tok, PROMPTS, group_size=2,
-                                              params=SamplingParams(max_new_tokens=1)).prompt_ids)
-    with pytest.raises(ValueError, match="without truncation"):
-        engine.generate(PROMPTS, params=SamplingParams(top_k=3))
