@@ -86,11 +86,12 @@ def shard_plan(n_global: int, dist: Any, micro_batch_size: int, **kw: Any) -> Pl
 
 
 def local_plan(n_local: int, group_size: int, dist: Any, micro_batch_size: int,
-               **kw: Any) -> Plan:
+               rows: list[int] | None = None, **kw: Any) -> Plan:
     """A plan over rollout rows this rank generated: prompt `i` of this rank is global prompt
-    ``i * world + rank`` (the strided share), each with `group_size` contiguous rows."""
+    ``i * world + rank`` (the strided share), each with `group_size` contiguous rows.
+    `rows`: the rows that train, when some of the `n_local` were dropped (PPO: unscorable)."""
     ids = [((i // group_size) * dist.world + dist.rank) * group_size + i % group_size
-           for i in range(n_local)]
+           for i in (range(n_local) if rows is None else rows)]
     return Plan(ids, int(dist.sum(float(n_local))), micro_batch_size, **kw)
 
 

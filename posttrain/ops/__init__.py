@@ -18,6 +18,7 @@ from posttrain.ops.kl import AdaptiveKLController, FixedKLController, kl_penalty
 from posttrain.ops.logprobs import entropy_from_logits, sequence_logprobs, token_logprobs
 from posttrain.ops.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from posttrain.ops.policy_loss import aggregate_loss, policy_loss
+from posttrain.ops.ppo import last_token_index, ppo_advantages, token_rewards
 from posttrain.ops.preference import bradley_terry_loss, dpo_loss, token_outcome_loss
 from posttrain.ops.prm import (
     aggregate_step_scores,
@@ -58,4 +59,7 @@ __all__ = [
     "token_logprobs",
     "token_outcome_loss",
     "value_loss",
+    "last_token_index",
+    "ppo_advantages",
+    "token_rewards",
 ]

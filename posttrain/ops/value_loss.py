@@ -10,6 +10,8 @@ PPO2 baselines). ``clip_eps=None`` turns clipping off (plain ``0.5 * (V - R)^2``
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -62,12 +64,23 @@ def value_loss(
 
 
 @torch.no_grad()
-def explained_variance(values: Tensor, returns: Tensor, response_mask: Tensor) -> Tensor:
+def explained_variance(values: Tensor, returns: Tensor, response_mask: Tensor,
+                       sum_over_ranks: Callable[[Tensor], Tensor] | None = None) -> Tensor:
     """``1 - Var(R - V) / Var(R)`` over real tokens: 1 is perfect, 0 is a constant guess.
 
     Args:
-        values, returns, response_mask: [N, T]. Returns: [] (nan when Var(R) is 0).
+        values, returns, response_mask: [N, T]. sum_over_ranks: the all-reduce sum of a float64
+        tensor, to take every rank's tokens (from their summed moments). Returns: [] (nan when
+        Var(R) is 0).
     """
+    if sum_over_ranks is not None:
+        m = as_bool_mask(response_mask)
+        r, e = returns[m].double(), (returns - values)[m].double()
+        s = sum_over_ranks(torch.stack([r.sum(), (r * r).sum(), e.sum(), (e * e).sum(),
+                                        r.new_tensor(float(m.sum()))]))  # [5]
+        n = s[4].clamp(min=1.0)
+        var_r, var_e = s[1] / n - (s[0] / n) ** 2, s[3] / n - (s[2] / n) ** 2  # biased
+        return torch.where(var_r > 0, 1.0 - var_e / var_r, torch.full_like(var_r, float("nan")))
     var_returns = masked_var(returns, response_mask, unbiased=False)  # []
     var_error = masked_var(returns - values, response_mask, unbiased=False)  # []
     nan = torch.full_like(var_returns, float("nan"))

@@ -57,6 +57,10 @@ class Rollout:
     is_weights: Tensor | None = field(default=None, metadata={"pad": ("T", 0.0)})
     """[N, T] fp32 rollout-correction weights (`rollout_is`; None when off): exactly 0 on
     masked tokens and on tokens the correction rejects, > 0 on the tokens that count."""
+    values: Tensor | None = field(default=None, metadata={"pad": ("T", 0.0)})
+    """[N, T] the critic's values of the sampled tokens before the update (PPO)."""
+    returns: Tensor | None = field(default=None, metadata={"pad": ("T", 0.0)})
+    """[N, T] GAE returns, the critic's targets (PPO)."""
 
     @property
     def num_sequences(self) -> int:

@@ -27,10 +27,8 @@ Notation: N sequences in the step, T completion tokens.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,7 +37,7 @@ from torch import Tensor
 from posttrain.config.ppo import PPOConfig
 from posttrain.core.runtime import sequence_seed
 from posttrain.engine.distributed import weighted
-from posttrain.engine.update import OptimGroup, Plan
+from posttrain.engine.update import OptimGroup, local_plan
 from posttrain.models.value_head import (
     CRITIC_ADAPTER,
     ValueModel,
@@ -52,110 +50,18 @@ from posttrain.ops import (
     FixedKLController,
     aggregate_loss,
     explained_variance,
-    gae,
     kl_penalty,
     masked_mean,
-    masked_whiten,
     policy_loss,
+    ppo_advantages,
     rollout_metrics,
     rollout_weights,
+    token_rewards,
     value_loss,
 )
-from posttrain.ops.masked import as_bool_mask, keep
+from posttrain.ops.masked import keep
+from posttrain.rollout import Rollout
 from posttrain.trainers.prompt_rl import PromptRLTrainer, all_rejected_warning
-
-
-# ----------------------------------------------------------------------------------------------
-# Pure pieces
-# ----------------------------------------------------------------------------------------------
-def last_token_index(response_mask: Tensor) -> Tensor:
-    """[N] index of each row's last real completion token (the mask may have holes)."""
-    mask = as_bool_mask(response_mask)  # [N, T]
-    if not bool(mask.any(-1).all()):
-        raise ValueError("every completion needs at least one real token to carry its score")
-    positions = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask)  # [N, T]
-    return torch.where(mask, positions, -1).amax(-1)  # [N]
-
-
-def token_rewards(scores: Tensor, response_mask: Tensor, kl: Tensor | None = None,
-                  beta: float = 0.0) -> Tensor:
-    """Per-token PPO rewards: ``-beta * kl[t]`` on real tokens plus the score on the last one.
-
-    Args:
-        scores: [N] sequence scores R. response_mask: [N, T]. kl: [N, T] per-token KL estimate
-        (or None). beta: KL coefficient.
-    Returns:
-        [N, T] rewards, 0 on masked slots.
-    """
-    mask = as_bool_mask(response_mask)
-    rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)  # [N, T]
-    if kl is not None and beta != 0.0:
-        rewards = keep(-beta * kl.float(), mask)  # [N, T]
-    rows = torch.arange(mask.shape[0], device=mask.device)
-    rewards[rows, last_token_index(mask)] += scores.to(rewards)
-    return rewards
-
-
-def ppo_advantages(rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float,
-                   lam: float, whiten: bool, dist: Any = None) -> tuple[Tensor, Tensor]:
-    """GAE (``posttrain.ops.gae``, V = 0 past the last token), then optional whitening with
-    the mean and (unbiased) variance over every rank's real tokens (`dist`; this process's
-    alone without it).
-
-    Returns (advantages [N, T], returns [N, T]); returns are never whitened (critic targets).
-    """
-    advantages, returns = gae(rewards, values, response_mask, gamma, lam)
-    if not whiten:
-        return advantages, returns
-    if dist is None or not dist.enabled:
-        return masked_whiten(advantages, response_mask), returns
-    m = as_bool_mask(response_mask)
-    stats = torch.tensor([float(advantages[m].sum()), float((advantages[m].double() ** 2).sum()),
-                          float(m.sum())], dtype=torch.float64)
-    s, sq, n = dist.sum(stats).tolist()
-    mean = s / max(n, 1.0)
-    var = (sq - n * mean * mean) / max(n - 1.0, 1.0)
-    return keep((advantages - mean) * (var + 1e-8) ** -0.5, m), returns
-
-
-def global_explained_variance(values: Tensor, returns: Tensor, response_mask: Tensor,
-                               dist: Any) -> float:
-    """``1 - Var(R - V) / Var(R)`` over every rank's real tokens (`explained_variance` on one
-    process; under torchrun from the summed moments)."""
-    if not dist.enabled:
-        return float(explained_variance(values, returns, response_mask))
-    m = as_bool_mask(response_mask)
-    r, e = returns[m].double(), (returns - values)[m].double()
-    s = dist.sum(torch.stack([r.sum(), (r * r).sum(), e.sum(), (e * e).sum(),
-                              torch.tensor(float(m.sum()), dtype=torch.float64)]).cpu())
-    n = max(float(s[4]), 1.0)
-    var_r = float(s[1]) / n - (float(s[0]) / n) ** 2
-    var_e = float(s[3]) / n - (float(s[2]) / n) ** 2
-    return 1.0 - var_e / var_r if var_r > 0 else float("nan")
-
-
-@dataclass
-class PPOBatch:
-    """What the PPO epochs need about one rollout; every field is [N, ...] on the device."""
-
-    prompt_ids: Tensor
-    prompt_mask: Tensor
-    completion_ids: Tensor
-    response_mask: Tensor
-    old_logprobs: Tensor
-    old_values: Tensor
-    advantages: Tensor
-    returns: Tensor
-    is_weights: Tensor
-    """[N, T] rollout-correction weights (`rollout_is`): 0 on masked and rejected tokens."""
-
-    @property
-    def size(self) -> int:
-        return int(self.prompt_ids.shape[0])
-
-    def select(self, idx: Tensor) -> PPOBatch:
-        return PPOBatch(**{f.name: getattr(self, f.name)[idx.to(self.prompt_ids.device)]
-                           for f in dataclasses.fields(self)})
 
 
 class PPOTrainer(PromptRLTrainer):
@@ -176,7 +82,8 @@ class PPOTrainer(PromptRLTrainer):
         self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
                        if cfg.adaptive_kl else FixedKLController(cfg.kl_coef))
         self.early_stops = 0
-        self.kept: list[int] = []
+        self.kept: list[int] = []  # this step: the rows of this rank's rollout kept
+        self.n_sampled = 0  # ... of its sampled rows
 
     def build_critic(self) -> ValueModel:
         """The critic (see posttrain.models.value_head): shared-base LoRA adapter, a model from
@@ -188,6 +95,11 @@ class PPOTrainer(PromptRLTrainer):
         if cfg.critic_model:
             return load_critic(cfg.critic_model)
         return critic_from_policy(self.model)
+
+    @property
+    def sum_over_ranks(self) -> Any:
+        """The all-reduce sum under torchrun (every rank's tokens), None on one process."""
+        return self.dist.sum if self.dist.enabled else None
 
     def optimizer_groups(self) -> list[OptimGroup]:
         """The policy (without the critic adapter of a shared-base LoRA critic) and the critic,
@@ -246,22 +158,24 @@ class PPOTrainer(PromptRLTrainer):
                    "reward/unscorable_dropped": float(every.isnan().sum())}
         valid = ~scores.isnan()
         self.kept = valid.nonzero().squeeze(-1).tolist()
+        self.n_sampled = int(valid.numel())
         if not bool(valid.all()):
             rollout = rollout.select(valid.nonzero().squeeze(-1))
         return rollout, scores[valid], metrics
 
     @torch.no_grad()
-    def prepare(self, rollout: Any, scores: Tensor, metrics: dict[str, float]) -> PPOBatch:
+    def prepare(self, rollout: Rollout, scores: Tensor, metrics: dict[str, float]) -> Rollout:
         """3 + 4: old log-probs (the training forward itself, so the first ratio is 1 in every
-        precision), reference KL, values, per-token rewards, GAE."""
+        precision), reference KL, values, per-token rewards, GAE; all kept on the rollout."""
         cfg = self.cfg
         dev = self.device
-        p_ids, p_mask = rollout.prompt_ids.to(dev), rollout.prompt_mask.to(dev)
-        c_ids, mask = rollout.completion_ids.to(dev), rollout.response_mask.to(dev)
+        rollout = rollout.to(dev)
+        p_ids, p_mask = rollout.prompt_ids, rollout.prompt_mask
+        c_ids, mask = rollout.completion_ids, rollout.response_mask
         args = (p_ids, p_mask, c_ids, mask, cfg.micro_batch_size)
         old_logprobs = self.forward.batched(self.model, *args)  # [n, T]
         correction = cfg.rollout_correction()
-        sampled = rollout.logprobs.to(dev)  # [n, T] the sampler's log-probs
+        sampled = rollout.logprobs  # [n, T] the sampler's log-probs
         is_weights, _ = rollout_weights(old_logprobs, sampled, mask, correction,
                                         cfg.rollout_is_cap)  # [n, T]
         n_tok = float(mask.sum())  # this rank's tokens: the weight of its token means
@@ -284,15 +198,16 @@ class PPOTrainer(PromptRLTrainer):
             self.kl_ctl.update(kl_mean, n_steps=int(n_all))
         rewards = token_rewards(scores.to(dev), mask, kl, beta)  # [n, T]
         advantages, returns = ppo_advantages(rewards, values, mask, cfg.gamma, cfg.gae_lambda,
-                                             cfg.whiten_advantages, self.dist)
+                                             cfg.whiten_advantages, self.sum_over_ranks)
         metrics.update({"kl/coef": beta, **weighted({
             "critic/value_mean": float(masked_mean(values, mask)),
             "critic/return_mean": float(masked_mean(returns, mask))}, n_tok), **weighted({
             "reward/shaped_mean": float(rewards.sum(-1).mean())}, rewards.shape[0]),
-            "critic/explained_variance": global_explained_variance(values, returns, mask,
-                                                                   self.dist)})
-        return PPOBatch(p_ids, p_mask, c_ids, mask, old_logprobs, values, advantages, returns,
-                        is_weights)
+            "critic/explained_variance": float(explained_variance(values, returns, mask,
+                                                                  self.sum_over_ranks))})
+        rollout.old_logprobs, rollout.values, rollout.is_weights = old_logprobs, values, is_weights
+        rollout.advantages, rollout.returns = advantages, returns
+        return rollout
 
     @torch.no_grad()
     def batched_values(self, p_ids: Tensor, p_mask: Tensor, c_ids: Tensor,
@@ -304,15 +219,13 @@ class PPOTrainer(PromptRLTrainer):
                           for i in range(0, n, size)])
 
     # ------------------------------------------------------------------------------------------
-    def ppo_update(self, batch: PPOBatch, train_policy: bool = True) -> dict[str, float]:
+    def ppo_update(self, batch: Rollout, train_policy: bool = True) -> dict[str, float]:
         """5: epochs x shuffled mini-batches through the one engine; early stop when the
         mini-batch's approx KL (over every rank) > target_kl."""
         cfg = self.cfg
-        G, world, rank = cfg.group_size, self.dist.world, self.dist.rank
-        ids = [((i // G) * world + rank) * G + i % G for i in self.kept]  # global row ids
-        plan = Plan(ids, cfg.prompts_per_step * G, cfg.micro_batch_size,
-                    epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches,
-                    seed=sequence_seed(cfg.seed, self._step, "update"))
+        plan = local_plan(self.n_sampled, cfg.group_size, self.dist, cfg.micro_batch_size,
+                          rows=self.kept, epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches,
+                          seed=sequence_seed(cfg.seed, self._step, "update"))
         lengths = batch.response_mask.sum(-1).cpu()  # [n]
         kept = (batch.is_weights > 0).sum(-1).cpu()  # [n] tokens the policy loss counts
         rejects = cfg.rollout_correction().endswith("_mask")
@@ -355,7 +268,7 @@ class PPOTrainer(PromptRLTrainer):
                     "critic/lr": self.groups[1].sched.get_last_lr()[0]})
         return out
 
-    def micro_loss(self, micro: PPOBatch, totals: dict[str, float],
+    def micro_loss(self, micro: Rollout, totals: dict[str, float],
                    train_policy: bool) -> tuple[Tensor, dict[str, Any]]:
         """One micro-batch's ``L_policy - c_e H + c_v L_V`` (policy terms only when
         `train_policy`), normalised over the whole mini-batch (`totals`: its token and
@@ -386,7 +299,7 @@ class PPOTrainer(PromptRLTrainer):
                         "policy/entropy": masked_mean(entropy.detach(), micro.response_mask)})
         values = self.critic(micro.prompt_ids, micro.prompt_mask, micro.completion_ids,
                              micro.response_mask, self.forward.autocast)  # [n, T]
-        v_loss, v_metrics = value_loss(values, micro.old_values, micro.returns,
+        v_loss, v_metrics = value_loss(values, micro.values, micro.returns,
                                        micro.response_mask, cfg.value_clip, "token-mean",
                                        **norms)
         out.update({"loss/value": v_loss.detach(),

@@ -12,15 +12,10 @@ from transformers import AutoModelForCausalLM, LlamaForSequenceClassification
 from posttrain.config import ConfigError, build_config
 from posttrain.config.ppo import PPOConfig
 from posttrain.models.loading import save_checkpoint
-from posttrain.ops import value_loss
+from posttrain.ops import last_token_index, ppo_advantages, token_rewards, value_loss
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
-from posttrain.trainers.ppo import (
-    PPOTrainer,
-    last_token_index,
-    ppo_advantages,
-    token_rewards,
-)
+from posttrain.trainers.ppo import PPOTrainer
 
 TOY_REWARD = [{"name": "tests.trainers.toy_rewards:sevens", "weight": 1.0}]
 
@@ -93,8 +88,8 @@ def test_first_update_has_ratio_one_and_zero_approx_kl(toy_world, tmp_path, ckpt
     batch = trainer.prepare(rollout, scores, metrics)
     trainer.model.train()  # as in `step`: checkpointing acts in training mode only
     n_tok = float(batch.response_mask.sum())
-    totals = {"tokens": n_tok, "seqs": float(batch.size), "policy_tokens": n_tok,
-              "policy_seqs": float(batch.size)}
+    totals = {"tokens": n_tok, "seqs": float(batch.num_sequences), "policy_tokens": n_tok,
+              "policy_seqs": float(batch.num_sequences)}
     _, m = trainer.micro_loss(batch, totals, train_policy=True)
     m = {k: float(v) for k, v in m.items()}
     assert abs(m["policy/ratio_max"] - 1.0) < 1e-5 and abs(m["policy/ratio_min"] - 1.0) < 1e-5
