@@ -71,7 +71,7 @@ class GRPOTrainer(PromptRLTrainer):
     name = "grpo"
     supports_bf16_compute = True
     config_class = GRPOConfig
-    progress_keys = ("reward/mean", "reward/accuracy")
+    progress_keys = ("reward/mean", "reward/accuracy", "response/truncated_frac")
     cfg: GRPOConfig
 
     def validate(self) -> None:

@@ -21,6 +21,7 @@ from posttrain.config import ConfigError
 from posttrain.rollout import Rollout, SamplingParams
 from posttrain.trainers.base import Trainer
 from posttrain.trainers.common import accuracy_metrics, first_verifier, sequence_seed
+from posttrain.trainers.step_notes import StepNotes, completion_samples
 
 
 class PromptRLTrainer(Trainer):
@@ -39,6 +40,11 @@ class PromptRLTrainer(Trainer):
     def sampling(self) -> SamplingParams:
         cfg = self.cfg
         return SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
+
+    @functools.cached_property
+    def notes(self) -> StepNotes:
+        """Console warnings about a step's rewards and truncation; `log_completions`."""
+        return StepNotes(self.name, self.dist.is_main)
 
     @functools.cached_property
     def accuracy_from(self) -> str | None:
@@ -68,6 +74,12 @@ class PromptRLTrainer(Trainer):
         result = self.s.scorer.score(rollout.completions, rollout.rows)
         rollout.scores = torch.tensor(result.scores, dtype=torch.float32)  # [n]
         self.s.log_reward_errors(result.errors)
+        self.notes.rewards(self._step, result.errors, len(result.scores))
+        self.notes.truncation(self._step, float(rollout.truncated.float().mean()),
+                              cfg.max_new_tokens)
+        if first == 0 and cfg.log_completions:  # True: one group
+            n = G if cfg.log_completions is True else int(cfg.log_completions)
+            self.notes.completions(cfg.out_dir, self._step, completion_samples(rollout, result, n))
         return rollout, result, {"gen": t1 - t0, "score": time.time() - t1}
 
     def reward_metrics(self, scores: Tensor, rollout: Rollout,
