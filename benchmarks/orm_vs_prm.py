@@ -58,6 +58,7 @@ PAPER = {"orm": 0.724, "prm": 0.782, "n": 1860}  # Lightman et al. 2023, best-of
 def build_world(out: Path, s: dict[str, Any], seed: int, threads: int) -> Path:
     """Stage 1: the demo's world and SFT model under ``out``; returns the SFT checkpoint."""
     from posttrain.config import SFTConfig, build_config
+    from posttrain.core.io import finished
     from posttrain.demo import _settings
     from posttrain.demo import build_world as demo_world
     from posttrain.trainers.sft import SFTTrainer
@@ -71,7 +72,7 @@ def build_world(out: Path, s: dict[str, Any], seed: int, threads: int) -> Path:
         "model": str(out / "init"), "out_dir": str(out / "sft"), "train_data": paths["sft"],
         "eval_data": paths["heldout"], "eval_size": 200, "seed": seed, "lr_schedule": "cosine",
         "max_seq_len": 128, "threads": threads, "progress": False, **sft})
-    SFTTrainer(cfg).train()
+    finished(SFTTrainer(cfg).train(), "the SFT stage")  # a stopped run has no final/
     return out / "sft" / "final"
 
 
@@ -96,6 +97,7 @@ def train_one(kind: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """Train one verifier, ``kind`` "orm" (binary correctness) or "prm", in this process;
     returns its last logged metrics and wall seconds (a process-pool task: picklable in/out)."""
     from posttrain.config import PRMConfig, RMConfig, build_config
+    from posttrain.core.io import finished
     from posttrain.trainers.prm import PRMTrainer
     from posttrain.trainers.reward_model import RewardModelTrainer
 
@@ -104,6 +106,7 @@ def train_one(kind: str, overrides: dict[str, Any]) -> dict[str, Any]:
         out = RewardModelTrainer(build_config(RMConfig, overrides=overrides)).train()
     else:
         out = PRMTrainer(build_config(PRMConfig, overrides=overrides)).train()
+    finished(out, f"the {kind} stage")  # a stopped run has no final/ to evaluate
     return {"last": out.get("history", [{}])[-1], "seconds": round(time.time() - t0, 1)}
 
 

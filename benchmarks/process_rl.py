@@ -37,6 +37,7 @@ TARGET = 0.9
 def build_sft(out: Path, seed: int) -> dict[str, str]:
     """The demo's world and SFT warm start (posttrain.demo settings) under `out`."""
     from posttrain.config import SFTConfig, build_config
+    from posttrain.core.io import finished
     from posttrain.demo import _settings, build_world
     from posttrain.trainers.sft import SFTTrainer
 
@@ -46,7 +47,7 @@ def build_sft(out: Path, seed: int) -> dict[str, str]:
     cfg = build_config(SFTConfig, overrides={
         "model": str(out / "init"), "out_dir": str(out / "sft"), "train_data": paths["sft"],
         "seed": seed, "max_seq_len": 128, "threads": s["threads"], "progress": False, **keys})
-    SFTTrainer(cfg).train()
+    finished(SFTTrainer(cfg).train(), "the SFT stage")  # a stopped run has no final/
     return {"sft": str(out / "sft" / "final"), "data": str(out / "data")}
 
 
@@ -69,13 +70,14 @@ def build_labels(sft: str, out: Path, prompts: int, heldout: int, seed: int) -> 
 def train_prm(sft: str, steps_dir: Path, out: Path, max_steps: int) -> dict[str, Any]:
     """The PRM of recipes/prm_arith.yaml on the exact labels; returns its summary."""
     from posttrain.config import build_config
+    from posttrain.core.io import finished
     from posttrain.trainers.prm import PRMConfig, PRMTrainer
 
     cfg = build_config(PRMConfig, str(ROOT / "recipes" / "prm_arith.yaml"), [
         f"model={sft}", f"out_dir={out}", f"train_data={steps_dir / 'exact_train.jsonl'}",
         f"eval_data={steps_dir / 'exact_heldout.jsonl'}", f"max_steps={max_steps}",
         "eval_every=0", "eval_size=600", "progress=false", "threads=1"])
-    return PRMTrainer(cfg).train()
+    return finished(PRMTrainer(cfg).train(), "the PRM stage")
 
 
 def arm_overrides(arm: str, sft: str, data: str, prm: str, out: Path, seed: int,

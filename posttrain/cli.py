@@ -45,6 +45,9 @@ def _config_command(command: str, argv: list[str]) -> int:
         epilog="config keys (set in the recipe or as key=value):\n" + config_help(cfg_cls))
     parser.add_argument("--config", help="YAML recipe", default=None)
     parser.add_argument("overrides", nargs="*", help="key=value overrides (values are YAML)")
+    if (hint := _option_hint(argv)) is not None:
+        print(f"posttrain {command}: {hint}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     overrides = list(args.overrides)
     if command == "eval" and not any(o.startswith("train_data=") for o in overrides):
@@ -82,6 +85,38 @@ def _config_command(command: str, argv: list[str]) -> int:
     print(json.dumps(short))
     print(f"wrote {cfg.out_dir}/summary.json")
     return 0
+
+
+def _option_hint(argv: list[str]) -> str | None:
+    """argparse-style `--max_steps 10` named with the form posttrain takes: `max_steps=10`
+    (None when every option is one of ours)."""
+    options, forms, rest = [], [], list(argv)
+    while rest:
+        item = rest.pop(0)
+        key, sep, value = item.partition("=")
+        if not item.startswith("--") or key in ("--config", "--help"):
+            if item == "--config" and rest:
+                rest.pop(0)
+            continue
+        if not sep and rest and not rest[0].startswith("-") and "=" not in rest[0]:
+            value = rest.pop(0)
+        options.append(item)
+        forms.append(f"{key[2:].replace('-', '_')}={value}")
+    if not options:
+        return None
+    return (f"unrecognized option(s) {' '.join(options)}: config keys are given as key=value, "
+            f"not --key value: {' '.join(forms)}")
+
+
+def _accelerate_warning() -> str | None:
+    """A warning when `accelerate launch` started this process without torchrun's environment:
+    posttrain reads no accelerate config, so `--num_processes 2` would silently run one."""
+    launched = any(k in os.environ for k in ("ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_CPU"))
+    if not launched or int(os.environ.get("WORLD_SIZE", "1")) > 1:  # (its launcher sets these)
+        return None
+    return ("posttrain: warning: started by `accelerate launch`, which posttrain does not use: "
+            "this is one process; for N processes run `torchrun --nproc_per_node N -m posttrain "
+            "<command> ...` (docs/distributed.md)")
 
 
 def _close_process_group(finished: bool) -> None:
@@ -123,9 +158,14 @@ def _demo(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="a much shorter run (smoke test; no accuracy claim)")
     args = parser.parse_args(argv)
+    from posttrain.core.io import RunStopped
     from posttrain.demo import run_demo
 
-    run_demo(args.out, seed=args.seed, quick=args.quick)
+    try:
+        run_demo(args.out, seed=args.seed, quick=args.quick)
+    except RunStopped as err:
+        print(f"posttrain demo: {err}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -161,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name}: {text}")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    if (warning := _accelerate_warning()) is not None:
+        print(warning, file=sys.stderr)
     if command == "demo":
         return _demo(rest)
     if command not in COMMANDS:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.config import GRPOConfig, SFTConfig, build_config
-from posttrain.core.io import peak_rss_mb, write_summary
+from posttrain.core.io import finished, peak_rss_mb, write_summary
 from posttrain.models.loading import save_checkpoint
 
 # The demo's settings, tuned on a 2-core CPU. Two torch threads: side by side on an otherwise
@@ -87,7 +87,7 @@ def run_demo(out_dir: str, seed: int = 0, quick: bool = False) -> dict[str, Any]
         "seed": seed, "max_seq_len": 128, "threads": s["threads"],
         "overwrite": True, **sft_keys})  # the demo rebuilds its world: a rerun starts afresh
     print(f"[demo] 2/4 SFT warm start ({sft_cfg.max_steps} steps on flawed traces)")
-    sft = SFTTrainer(sft_cfg).train()
+    sft = finished(SFTTrainer(sft_cfg).train(), "the SFT warm start")  # GRPO loads sft/final
     grpo_cfg = build_config(GRPOConfig, overrides={
         "model": str(out / "sft" / "final"), "out_dir": str(out / "grpo"),
         "train_data": paths["prompts"], "eval_data": paths["heldout"],
@@ -95,7 +95,7 @@ def run_demo(out_dir: str, seed: int = 0, quick: bool = False) -> dict[str, Any]
         "overwrite": True, **s["grpo"]})
     print(f"[demo] 3/4 GRPO ({grpo_cfg.max_steps} steps, G={grpo_cfg.group_size}) with the "
           "verifiable math reward")
-    grpo = GRPOTrainer(grpo_cfg).train()
+    grpo = finished(GRPOTrainer(grpo_cfg).train(), "GRPO")
     print("[demo] 4/4 results")
     before, after = grpo["eval_before_detail"], grpo["eval_after_detail"]
     for detail, name in ((before, "eval_before.jsonl"), (after, "eval_after.jsonl")):

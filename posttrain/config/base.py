@@ -6,7 +6,8 @@ string under it.
 The string literal placed directly under a field is that field's documentation and the single
 source of truth: ``posttrain <command> --help`` prints it. Configs load from a YAML recipe plus
 ``key=value`` overrides; an unknown key, a wrong type or a value outside a field's choices is a
-:class:`ConfigError` that names the key (and the file) before any model is loaded.
+:class:`ConfigError` that names the key (and the file) before any model is loaded, every such
+key of a config in one error (hints for TRL's and verl's names: ``posttrain.config.hints``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
-import difflib
 import inspect
 import os
 import textwrap
@@ -28,6 +28,7 @@ import yaml
 
 from posttrain.config.engine import check_rollout_engine
 from posttrain.config.errors import ConfigError
+from posttrain.config.hints import note_shared_names, unknown_key_message
 
 TRACKERS = ("tensorboard", "trackio", "wandb")
 
@@ -101,7 +102,8 @@ class BaseConfig:
     lora_alpha: int = 16
     """LoRA alpha."""
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
-    """Modules that get LoRA adapters."""
+    """Modules that get LoRA adapters: name suffixes ([q_proj, v_proj]) or `all-linear` (every
+    linear layer but the LM head, as in peft); checked against the model before it loads."""
     lr: float = 1e-5
     """Peak learning rate (AdamW)."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
@@ -285,52 +287,6 @@ def _check_value(key: str, value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}{key}: unsupported field type {tp}")
 
 
-# TRL's (and transformers.TrainingArguments') names -> ours, for "did you mean"
-TRL_NAMES: dict[str, str] = {
-    "num_generations": "group_size", "learning_rate": "lr", "beta": "kl_coef",
-    "max_completion_length": "max_new_tokens", "reward_funcs": "rewards",
-    "train_dataset": "train_data", "eval_dataset": "eval_data", "output_dir": "out_dir",
-    "processing_class": "tokenizer", "logging_steps": "log_every", "save_steps": "save_every",
-    "eval_steps": "eval_every", "lr_scheduler_type": "lr_schedule", "epsilon": "clip_eps_low",
-    "epsilon_high": "clip_eps_high", "scale_rewards": "scale", "max_length": "max_seq_len",
-    "model_name_or_path": "model", "dataset_name": "train_data", "loss_type": "loss_agg",
-    "bf16": "bf16_compute", "max_steps_per_epoch": "max_steps", "num_train_epochs": "max_steps",
-}
-_TRL_NOTES: dict[str, str] = {
-    "processing_class": "the `tokenizer=` argument of the trainer (Python API)",
-    "bf16": "bf16_compute or autocast_bf16 (weights stay fp32)",
-    "num_train_epochs": "max_steps (posttrain counts steps, not epochs)",
-    "gradient_accumulation_steps": "micro_batch_size (sequences per forward/backward; the "
-                                   "step's batch is accumulated in micro-batches)",
-}
-
-
-def _trl_hint(key: str, valid: list[str]) -> str | None:
-    """A hint for a TRL name, if it has an equivalent in this config."""
-    if key == "per_device_train_batch_size":
-        if "prompts_per_step" in valid:
-            return ("prompts_per_step (prompts per step; TRL counts completions: "
-                    "per_device_train_batch_size = prompts_per_step * group_size) and "
-                    "micro_batch_size (sequences per forward/backward)")
-        return "batch_size" if "batch_size" in valid else None
-    if key in _TRL_NOTES and key not in TRL_NAMES:
-        return _TRL_NOTES[key]
-    target = TRL_NAMES.get(key)
-    if target is None or (target not in valid and target != "tokenizer"):
-        return None
-    return _TRL_NOTES.get(key, target)
-
-
-def _unknown_key(key: str, valid: list[str], where: str) -> ConfigError:
-    trl = _trl_hint(key, valid)
-    close = difflib.get_close_matches(key, valid, n=3)
-    if trl is not None:
-        hint = f" Did you mean {trl}? ('{key}' is TRL's name)"
-    else:
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-    return ConfigError(f"{where}unknown config key '{key}'.{hint} Valid keys: {', '.join(valid)}")
-
-
 def normalize_report_to(value: Any) -> Any:
     """`report_to` as TRL spells it too: a string (`tensorboard`, `"wandb,tensorboard"`) and
     `none` (no tracker) are accepted besides a list."""
@@ -342,11 +298,14 @@ def normalize_report_to(value: Any) -> Any:
 
 
 def _coerce(value: Any, tp: Any) -> Any:
-    """Python-API conveniences before the type check: a Path for a str, a tuple for a list."""
+    """Python-API conveniences before the type check: a Path for a str, a tuple for a list, a
+    string for a list of strings."""
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     if isinstance(value, tuple) and typing.get_origin(tp) is list:
         return list(value)
+    if isinstance(value, str) and typing.get_args(tp) == (str,) and typing.get_origin(tp) is list:
+        return [value]  # one name for a list of names (peft's `lora_target_modules: all-linear`)
     return value
 
 
@@ -383,7 +342,6 @@ def build_config(
     of `base`, a config object, when one is given)."""
     hints = typing.get_type_hints(cls)
     valid = [f.name for f in dataclasses.fields(cls)]
-    values: dict[str, Any] = {}
     sources: list[tuple[dict[str, Any], str]] = []
     if recipe is not None:
         path = Path(recipe)
@@ -400,16 +358,52 @@ def build_config(
     if overrides:
         ov = parse_overrides(overrides) if isinstance(overrides, list) else dict(overrides)
         sources.append((ov, "override "))
-    for mapping, where in sources:
-        for key, value in mapping.items():
-            if key not in hints or key not in valid:
-                raise _unknown_key(str(key), valid, where)
-            if key == "report_to":
-                value = normalize_report_to(value)
-            values[key] = _check_value(key, _coerce(value, hints[key]), hints[key], where)
+    values = _checked_values(sources, hints, valid)
+    note_shared_names(list(values))
     cfg = dataclasses.replace(base, **values) if base is not None else cls(**values)
     validate_config(cfg)
     return cfg
+
+
+def _flat(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """verl-style nested sections (`data: {train_batch_size: 8}`) as dotted keys."""
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _checked_values(sources: list[tuple[dict[str, Any], str]], hints: dict[str, Any],
+                    valid: list[str]) -> dict[str, Any]:
+    """Every key of every source type-checked; all unknown or wrong keys in one ConfigError
+    (one line each, the valid keys once at the end)."""
+    values: dict[str, Any] = {}
+    errors: list[str] = []
+    unknown = False
+    for mapping, where in sources:
+        for key, value in mapping.items():
+            if key not in hints or key not in valid:
+                nested = _flat(value, f"{key}.") if isinstance(value, dict) else {key: value}
+                errors += [unknown_key_message(str(k), valid, where, with_valid=False)
+                           for k in nested]
+                unknown = True
+                continue
+            if key == "report_to":
+                value = normalize_report_to(value)
+            try:
+                values[key] = _check_value(key, _coerce(value, hints[key]), hints[key], where)
+            except ConfigError as err:
+                errors.append(str(err))
+    if errors:
+        tail = f" Valid keys: {', '.join(valid)}" if unknown else ""
+        if len(errors) == 1:
+            raise ConfigError(errors[0] + tail)
+        raise ConfigError(f"{len(errors)} config keys are wrong:\n  " + "\n  ".join(errors)
+                          + (f"\n {tail}" if tail else ""))
+    return values
 
 
 _REQUIRED_HINTS = {"model": " (a local model directory or hub name)",
@@ -439,8 +433,27 @@ def validate_config(cfg: BaseConfig, require: bool = True) -> None:
     if unknown:
         raise ConfigError(f"config key 'report_to': unknown tracker(s) {unknown}; valid: "
                           f"{list(TRACKERS)}")
+    if require:
+        _check_run_keys(cfg)
     check_rollout_engine(cfg)
     cfg.validate()
+
+
+def _check_run_keys(cfg: BaseConfig) -> None:
+    """Before a run: `eval_every` has held-out data to evaluate."""
+    if cfg.eval_every and not (cfg.eval_data or getattr(cfg, "eval_pref_data", "")):
+        raise ConfigError(f"config key 'eval_every'={cfg.eval_every}: no eval_data is set, so "
+                          "nothing would be evaluated; set eval_data or eval_every: 0")
+
+
+def check_trackers(cfg: BaseConfig) -> None:
+    """Every tracker of `report_to` is installed (checked before any model loads)."""
+    import importlib.util
+
+    for tracker in cfg.report_to:
+        if importlib.util.find_spec(tracker) is None:
+            raise ConfigError(f"config key 'report_to': {tracker} is not installed (pip "
+                              f"install {tracker}), or drop it from report_to")
 
 
 def check_generation_budget(cfg: BaseConfig, *keys: str) -> None:

@@ -31,6 +31,10 @@ class PromptRLConfig(BaseConfig):
     function that fails on more than half of a step's samples stops the run with its first
     error and sample; zero: always score 0 and go on (a reward that always fails then trains on
     nothing); raise: stop at the first failure (docs/rewards.md)."""
+    log_completions: int | bool = 0
+    """Write this many sampled training completions of each step, with their prompt, weighted
+    reward and each reward function's value, to out_dir/completions.jsonl and the console
+    (true: one group of group_size); 0: none (held-out samples are in eval_*.jsonl)."""
     # --- sampling ---
     max_new_tokens: int = 64
     """Longest completion sampled; longer ones are truncated and flagged."""

@@ -38,3 +38,17 @@ def write_summary(out_dir: str | Path, cfg: Any | None, **fields: Any) -> Path:
         data["config"] = dataclasses.asdict(cfg)
     return atomic_write_text(Path(out_dir) / "summary.json",
                              json.dumps(data, indent=2, default=str) + "\n")
+
+
+class RunStopped(RuntimeError):
+    """A run stopped by SIGTERM / SIGINT before `max_steps`: it wrote a checkpoint, no `final/`."""
+
+
+def finished(summary: dict[str, Any], what: str = "the run") -> dict[str, Any]:
+    """`summary` (what `train()` returned) when the run reached `max_steps`; RunStopped when a
+    signal stopped it (`stopped_at_step`), so a caller does not go on to load a `final/` that
+    was never written."""
+    if "stopped_at_step" in summary:
+        raise RunStopped(f"{what} was stopped by a signal at step {summary['stopped_at_step']} "
+                         "and wrote no final/ (resume it with resume_from: latest)")
+    return summary

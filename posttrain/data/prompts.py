@@ -7,10 +7,15 @@ The `chat_template` rule (config key, docs/trainers.md "Data formats"):
   one, string prompts go in as they are and a conversational row is an error.
 * ``none``: never apply a template; strings go in as they are, a conversational row is an error.
 * any other string: a Jinja template used instead of the tokenizer's (as ``auto`` otherwise).
+
+A string prompt that already starts with the template's opening text or the BOS token (a prompt
+rendered with the chat template beforehand, as TRL's older examples did) is used as it is, not
+wrapped a second time; the first such prompt is reported once on stderr.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 Prompt = str | list[dict[str, Any]]
@@ -64,6 +69,8 @@ def render_prompt(tokenizer: Any, prompt: Prompt, template: str = "auto") -> str
     A message list where no template applies raises :class:`TemplateError`.
     """
     if uses_template(tokenizer, template):
+        if isinstance(prompt, str) and already_rendered(tokenizer, prompt, template):
+            return prompt
         return _apply(tokenizer, as_messages(prompt), template, True)
     if isinstance(prompt, str):
         return prompt
@@ -108,3 +115,27 @@ def tokenize_completions(tokenizer: Any, rows: list[dict[str, Any]], field: str,
         closed = isinstance(row[field], list) and ids and ids[-1] == eos
         out.append(list(ids) if closed or eos is None else [*ids, eos])
     return [list(p) for p in p_ids], out
+
+
+_PROBE = "\x00posttrain-probe\x00"
+_openings: dict[tuple[int, str], str] = {}
+_reported: list[bool] = [False]
+
+
+def already_rendered(tokenizer: Any, text: str, template: str = "auto") -> bool:
+    """Whether `text` already starts with what the chat template puts before a user message
+    (its BOS, system block and user header), or with the BOS token; said once on stderr."""
+    key = (id(tokenizer), template)
+    if key not in _openings:
+        probe = _apply(tokenizer, as_messages(_PROBE), template, True)
+        _openings[key] = probe.split(_PROBE)[0] if _PROBE in probe else ""
+    opening = _openings[key]
+    bos = getattr(tokenizer, "bos_token", None) or ""
+    found = next((o for o in (opening, bos) if o.strip() and text.startswith(o)), None)
+    if found is not None and not _reported[0]:
+        _reported[0] = True
+        print(f"posttrain: note: a prompt already starts with the chat template's opening "
+              f"{found[:40]!r}; prompts rendered beforehand are used as they are, not wrapped "
+              "again (chat_template: none turns the template off for every prompt)",
+              file=sys.stderr)
+    return found is not None

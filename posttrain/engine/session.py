@@ -19,10 +19,12 @@ from typing import Any
 import torch
 
 from posttrain.config import BaseConfig, ConfigError
+from posttrain.config.base import check_trackers
 from posttrain.core.device import resolve_device
 from posttrain.data import as_messages, load_rows, render_prompt, validate_rows
 from posttrain.data.render_checks import check_prompt_lengths, check_renderable
 from posttrain.models import apply_lora, load_model_and_tokenizer, load_tokenizer, model_context
+from posttrain.models.lora import check_lora_targets
 from posttrain.rewards.registry import RewardScorer, RewardSpec, validate_specs
 from posttrain.rollout import SamplingParams
 from posttrain.rollout.engine import RolloutEngine, build_engine
@@ -246,6 +248,8 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
     the Python API; what is not given is loaded from the config (`loader` loads the model).
     `place`: move the model to `cfg.device` (not under FSDP2, which places each rank's shards).
     """
+    if with_train:
+        check_trackers(cfg)
     scorer, names = _scorer(cfg, reward_fns)
     if kind == "prompts" and "code" in names:
         kind = "code"  # code rows carry `tests`: validate them before any training starts
@@ -269,6 +273,7 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
         early = tokenizer or load_tokenizer(cfg.model)
         session = Session(cfg, None, _with_template(early, cfg), train_rows, eval_rows)
         check_rows(session, kind, model_context(cfg.model), _sources(cfg, train_data, eval_data))
+        _check_lora(cfg, None)
         model, loaded_tok = (loader or _causal_lm(cfg))()
         tokenizer = tokenizer or loaded_tok
     elif tokenizer is None:
@@ -276,10 +281,24 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
     else:
         session = Session(cfg, model, _with_template(tokenizer, cfg), train_rows, eval_rows)
         check_rows(session, kind, model_context(model), _sources(cfg, train_data, eval_data))
+        _check_lora(cfg, model)
     if place:
         model.to(resolve_device(cfg.device))
     return Session(cfg, model, _with_template(tokenizer, cfg), train_rows, eval_rows, scorer,
                    names)
+
+
+def _check_lora(cfg: BaseConfig, model: Any) -> None:
+    """`lora_target_modules` against the model's module names (for a path: the model built on
+    ``meta`` from its config, no weights read), before the weights load."""
+    if cfg.lora_r <= 0:
+        return
+    if model is None:
+        model = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, empty=True)[0]
+    try:
+        check_lora_targets(model, cfg.lora_target_modules)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
 
 
 def _with_template(tokenizer: Any, cfg: BaseConfig) -> Any:

@@ -7,7 +7,7 @@
   network needed), the wandb-like API that TRL users know; `pip install trackio`.
 - `wandb`: Weights & Biases; `pip install wandb` (offline with `WANDB_MODE=offline`).
 
-A tracker that cannot be imported is a clear error when the logger starts, before any training.
+A tracker that is not installed is a clear error before any model loads (`load_session`).
 
 Console: on a terminal the trainer shows a rich progress bar; when stderr is not a terminal
 (a pipe, nohup, Slurm, Jupyter) the bar is off, so `MetricsLogger` prints one line of key
@@ -82,7 +82,7 @@ def _make(kind: str, out_dir: Path, run_name: str, config: dict[str, Any],
 CONSOLE_KEYS = ("loss/total", "loss/policy", "loss/sft", "loss/dpo", "loss/rm", "loss/prm",
                 "reward/mean", "reward/accuracy", "rewards/accuracy", "train/accuracy",
                 "train/step_accuracy", "kl/mean", "kl/token_mean", "kl/coef", "train/grad_norm",
-                "train/lr", "eval/accuracy", "perf/step_seconds")
+                "train/lr", "response/truncated_frac", "eval/accuracy", "perf/step_seconds")
 
 
 def console_line(step: int, metrics: dict[str, float], max_steps: int | None = None,

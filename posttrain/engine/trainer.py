@@ -68,10 +68,12 @@ from posttrain.engine.forward import PolicyForward, policy_forward
 from posttrain.engine.fsdp import SHARDED, full_weights, load_sharded, save_sharded
 from posttrain.engine.launch import (
     StopRequest,
+    check_warmup,
     config_changes,
     enable_checkpointing,
     prepare_out_dir,
     report_resume,
+    report_stop,
     resolve_config,
 )
 from posttrain.engine.optim import build_optimizer
@@ -123,7 +125,10 @@ class Trainer:
         self.dist = Dist(cfg.device)  # torchrun's process group (a no-op without torchrun)
         self.gen = set_seed(cfg.seed)  # CPU generator: data order and sampling seeds
         self.validate()
-        prepare_out_dir(cfg, self.dist.is_main)  # an earlier run there: refused or overwritten
+        if self.dist.is_main:
+            check_warmup(cfg, self.optimizer_steps(), self.name)
+        # locked for this run; an earlier run there: refused or overwritten
+        self._lock = prepare_out_dir(cfg, self.dist.is_main, self.name)
         # Data, rewards and config are validated inside load_session before any model loads.
         self.s = session or load_session(cfg, kind=self.data_kind, loader=self.load_model,
                                          place=not self.sharded_start, **objects)
@@ -377,6 +382,10 @@ class Trainer:
         summary with `stopped_at_step` (no `final/`); `resume_from: latest` continues from it.
         """
         cfg, start = self.cfg, time.time()
+        if getattr(self, "_ran", False):
+            raise RuntimeError(f"{type(self).__name__}.train() was already called; to train on,"
+                               " build a new trainer with resume_from: latest and more max_steps")
+        self._ran = True
         if self.dist.is_main:
             save_config(cfg.out_dir, cfg)
         history: list[dict[str, float]] = list(self._resumed.get("history", []))
@@ -415,6 +424,7 @@ class Trainer:
                    **self.summary_fields()}
         if self.dist.is_main:
             write_summary(cfg.out_dir, cfg, **summary)
+            self._lock.release()
         self.dist.slow_barrier()  # rank 0 wrote final/
         return summary
 
@@ -434,6 +444,8 @@ class Trainer:
                    "history": history}
         if self.dist.is_main:
             write_summary(self.cfg.out_dir, self.cfg, **summary)
+            report_stop(self.name, last, self.cfg.max_steps, self.cfg.out_dir)
+            self._lock.release()
         self.dist.barrier()
         return summary
 

@@ -53,6 +53,8 @@ def _preflight(what: str, path_or_name: str | Path, filename: str) -> None:
     path = Path(path_or_name)
     if path.exists():
         _check_local_dir(path)
+    elif _is_path(str(path_or_name)):
+        raise _load_error(what, path_or_name, FileNotFoundError(str(path_or_name)))
     elif not hub.is_cached(str(path_or_name), filename) and not hub.hub_reachable():
         raise _load_error(what, path_or_name, OSError("the Hub endpoint is unreachable"))
 
@@ -120,10 +122,20 @@ def _empty_model(path_or_name: str | Path, dtype: torch.dtype, extra: dict[str, 
     return model
 
 
+def _is_path(name: str) -> bool:
+    """A name that can only be a local path (absolute, ./, ../, ~/, or more than one /): never
+    a Hub repository id (`org/name`)."""
+    return (name.startswith(("/", "./", "../", "~")) or name.count("/") > 1
+            or (os.sep != "/" and os.sep in name))
+
+
 def _load_error(what: str, path_or_name: str | Path, err: Exception) -> ModelLoadError:
     if Path(path_or_name).exists():
         return ModelLoadError(f"could not load the {what} from local directory "
                               f"{str(path_or_name)!r}: {err}")
+    if _is_path(str(path_or_name)):
+        return ModelLoadError(f"could not load the {what}: the local path {str(path_or_name)!r}"
+                              " does not exist (a local path: the Hub was not asked)")
     return ModelLoadError(
         f"could not load the {what} {str(path_or_name)!r}: it is not a local directory, so it "
         "was looked up on the Hugging Face Hub, which could not provide it (the machine may be "

@@ -29,10 +29,34 @@ def apply_lora(
 
     if r < 1:
         raise ValueError(f"LoRA rank r must be >= 1, got {r}")
-    targets = target_modules if isinstance(target_modules, str) else list(target_modules)
+    targets = lora_targets(target_modules)
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
                         target_modules=targets, task_type="CAUSAL_LM")
     return get_peft_model(model, config)
+
+
+def lora_targets(target_modules: Sequence[str] | str) -> list[str] | str:
+    """peft's `target_modules`: ``"all-linear"`` (also as a one-item list) stays a string."""
+    if isinstance(target_modules, str):
+        return target_modules
+    targets = list(target_modules)
+    return "all-linear" if targets == ["all-linear"] else targets
+
+
+def check_lora_targets(model: torch.nn.Module, target_modules: Sequence[str] | str) -> None:
+    """Raise ValueError naming the targets no module of `model` is called (peft matches a
+    list entry against the end of each module's name); works on a ``meta`` model, so it runs
+    before the weights load."""
+    targets = lora_targets(target_modules)
+    if isinstance(targets, str):  # all-linear, or a regular expression: peft's own rule
+        return
+    names = [name for name, _ in model.named_modules()]
+    missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if missing:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                         if isinstance(m, torch.nn.Linear)})
+        raise ValueError(f"config key 'lora_target_modules': {missing} match no module of this "
+                         f"model; its linear layers are {linear} (or use all-linear)")
 
 
 def has_adapters(model: torch.nn.Module) -> bool:

@@ -13,14 +13,16 @@ function with ``**kwargs`` receives every field. ``RewardSpec.kwargs`` win over 
 the same name. :meth:`RewardScorer.needed_fields` lists the row fields each function requires,
 for the data loader to check every row before any model loads.
 
-``RewardScorer.score`` returns the weighted sum per sample (``nan`` if any function raised
-:class:`UnscorableError` for it, or if every function returned ``None``: the sample is excluded
-and counted), each function's values, metrics (means, error counts, unscorable count, code
+``RewardScorer.score`` returns the weighted sum per sample over the functions that score it
+(``None`` from a function: it does not score this sample, TRL's rule; a sample no function
+scores gets 0, is counted in ``reward/unscored`` and recorded; ``nan`` if any function raised
+:class:`UnscorableError` for it: the sample is excluded and counted), each function's values
+(``nan`` where it returned ``None``), metrics (means, error counts, unscorable count, code
 outcome counters) and the error records. A function that raises anything else is counted and
-recorded; ``on_error`` decides what then happens: ``auto`` (default) raises
-:class:`RewardFunctionError` with the first error and its sample when one function fails on
-more than half of a batch's samples (a broken reward must not train on zeros), ``zero`` never
-raises, ``raise`` raises at the first failure; always so for
+recorded, and so is a NaN or infinite value; ``on_error`` decides what then happens:
+``auto`` (default) raises :class:`RewardFunctionError` with the first error and its sample
+when one function fails on more than half of a batch's samples (a broken reward must not train
+on zeros), ``zero`` never raises, ``raise`` raises at the first failure; always so for
 :class:`SandboxUnavailableError` (a strict sandbox that cannot run is a set-up error).
 """
 
@@ -195,13 +197,14 @@ class RewardScorer:
         return out
 
     def _call(self, spec: RewardSpec, fn: RewardFn, completion: str,
-              kwargs: dict[str, Any]) -> tuple[float, Any, BaseException | None]:
-        """(value, sandbox result or None, exception or None) of one call; never raises."""
+              kwargs: dict[str, Any]) -> tuple[float | None, Any, BaseException | None]:
+        """(value or None, sandbox result or None, exception or None) of one call; never
+        raises."""
         try:
             if fn in _DETAILED:
                 value, result = _DETAILED[fn](completion, **kwargs)
-                return float(value), result, None
-            return float(fn(completion, **kwargs)), None, None
+                return _value(value), result, None
+            return _value(fn(completion, **kwargs)), None, None
         except Exception as exc:
             return math.nan, None, exc
 
@@ -237,11 +240,20 @@ class RewardScorer:
                                 f"{type(values).__name__}")
             if len(values) != len(completions):
                 raise ValueError(f"returned {len(values)} values for {len(completions)} samples")
-            return [(None if v is None else float(v), None, None) for v in values]
+            out: list[tuple[float | None, None, Any]] = []
+            for v in values:
+                try:
+                    out.append((_value(v), None, None))
+                except ValueError as exc:  # one non-finite value: an error of that sample only
+                    out.append((math.nan, None, exc))
+            return out
         except Exception as exc:
             return [(math.nan, None, exc)] * len(completions)
 
     def _collect(self, completions: Sequence[str], jobs: list, outcomes: list) -> ScoreResult:
+        """Per-function values (NaN where a function returned None: it does not score that
+        sample), the weighted sums over the functions that scored each sample (0 for a sample
+        none scored: TRL's rule, counted in `reward/unscored` and recorded), and the errors."""
         n = len(completions)
         per_function = {spec.name: [0.0] * n for spec, _ in self.resolved}
         unscorable, applies = [False] * n, [False] * n
@@ -261,8 +273,8 @@ class RewardScorer:
                 errors.append({"function": spec.name, "index": i, "error": repr(exc),
                                "completion": completions[i][:_EXCERPT_CHARS]})
                 value = 0.0
-            if value is None:  # a batched reward that does not apply to this sample
-                value = 0.0
+            if value is None:  # this function does not score this sample (TRL's None)
+                value = math.nan
             else:
                 applies[i] = True
             if result is not None:  # a SandboxResult
@@ -270,12 +282,17 @@ class RewardScorer:
                 counters["in_process_verdicts"] += result.in_process_verdicts
             per_function[spec.name][i] = value
         self._stop_if_mostly_failing(error_counts, first, completions)
-        unscorable = [u or not a for u, a in zip(unscorable, applies, strict=True)]
         scores = [math.nan if unscorable[i] else
-                  sum(spec.weight * per_function[spec.name][i] for spec, _ in self.resolved)
+                  sum(spec.weight * per_function[spec.name][i] for spec, _ in self.resolved
+                      if not math.isnan(per_function[spec.name][i])) + 0.0
                   for i in range(n)]
+        unscored = [not (a or u) for a, u in zip(applies, unscorable, strict=True)]
+        errors += [{"function": None, "index": i, "error": "no reward function scored this "
+                    "sample (each returned None); scored 0", "completion":
+                    completions[i][:_EXCERPT_CHARS]} for i in range(n) if unscored[i]]
         metrics = _metrics(per_function, scores, unscorable, error_counts,
                            counters if any(fn in _DETAILED for _, fn in self.resolved) else None)
+        metrics["reward/unscored"] = float(sum(unscored))
         return ScoreResult(scores, per_function, metrics, errors)
 
     def _stop_if_mostly_failing(self, error_counts: dict[str, int],
@@ -291,6 +308,18 @@ class RewardScorer:
                     name, i, exc, completions[i],
                     note=f"it failed on {count} of {len(completions)} samples; set "
                          "reward_on_error: zero to score failures 0 and go on") from exc
+
+
+def _value(value: Any) -> float | None:
+    """A reward function's value: None (it does not score this sample) or a finite float; a
+    NaN or infinite value is a ValueError (a reward error, recorded with its sample)."""
+    if value is None:
+        return None
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"returned {value} (a reward must be a finite number, or None when "
+                         "the function does not score the sample)")
+    return value
 
 
 def _mean(values: Sequence[float]) -> float:

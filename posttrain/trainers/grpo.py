@@ -69,7 +69,7 @@ class GRPOTrainer(PromptRLTrainer):
     name = "grpo"
     supports_bf16_compute = True
     config_class = GRPOConfig
-    progress_keys = ("reward/mean", "reward/accuracy")
+    progress_keys = ("reward/mean", "reward/accuracy", "response/truncated_frac")
     count_metrics = PromptRLTrainer.count_metrics | {"rollout/groups_used",
                                                      "reward/dropped_groups"}
     cfg: GRPOConfig

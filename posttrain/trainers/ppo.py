@@ -70,7 +70,8 @@ class PPOTrainer(PromptRLTrainer):
     name = "ppo"
     config_class = PPOConfig
     data_kind = "prompts"
-    progress_keys = ("reward/mean", "reward/accuracy", "kl/coef")
+    progress_keys = ("reward/mean", "reward/accuracy", "response/truncated_frac",
+                     "kl/coef")
     supports_fsdp = False  # the critic is not sharded; data parallel works
     cfg: PPOConfig
 

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from posttrain.config import ConfigError
 from posttrain.core.runtime import sequence_seed
+from posttrain.engine.step_notes import StepNotes, completion_samples
 from posttrain.engine.trainer import Trainer
 from posttrain.rollout import Rollout, SamplingParams
 from posttrain.rollout.engine import on_device
@@ -29,7 +30,8 @@ class PromptRLTrainer(Trainer):
 
     _step: int = 0
     """The step being run (set by `step`): part of every sampling seed."""
-    count_metrics = frozenset({"reward/unscorable", "reward/errors/", "code/"})
+    count_metrics = frozenset({"reward/unscorable", "reward/unscored", "reward/errors/",
+                               "code/"})
 
     def validate(self) -> None:
         world = self.dist.world
@@ -41,6 +43,11 @@ class PromptRLTrainer(Trainer):
     def sampling(self) -> SamplingParams:
         cfg = self.cfg
         return SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
+
+    @functools.cached_property
+    def notes(self) -> StepNotes:
+        """Console warnings about a step's rewards and truncation; `log_completions`."""
+        return StepNotes(self.name, self.dist.is_main)
 
     @functools.cached_property
     def accuracy_from(self) -> str | None:
@@ -71,6 +78,12 @@ class PromptRLTrainer(Trainer):
         result = self.s.scorer.score(rollout.completions, rollout.rows)
         rollout.scores = torch.tensor(result.scores, dtype=torch.float32)  # [n]
         self.s.log_reward_errors(result.errors)
+        self.notes.rewards(self._step, result.errors, len(result.scores))
+        self.notes.truncation(self._step, float(rollout.truncated.float().mean()),
+                              cfg.max_new_tokens)
+        if first == 0 and cfg.log_completions:  # True: one group
+            n = G if cfg.log_completions is True else int(cfg.log_completions)
+            self.notes.completions(cfg.out_dir, self._step, completion_samples(rollout, result, n))
         return rollout, result, {"gen": t1 - t0, "score": time.time() - t1}
 
     def reward_metrics(self, scores: Tensor, rollout: Rollout,

@@ -84,11 +84,51 @@ def test_trl_batched_values_and_named_fields():
 
 
 def test_none_means_not_applicable():
-    # sample 0 ("ab"): only_short applies (1.0); sample 1 ("abcd"): no function applies
+    # sample 0 ("ab"): only_short applies (1.0); sample 1 ("abcd"): no function applies, so it
+    # scores 0 as in TRL (kept, not unscorable), counted in reward/unscored and recorded
     result = RewardScorer([RewardSpec("short", fn=only_short)]).score(
         ["ab", "abcd"], [{"prompt": "p"}, {"prompt": "p"}])
-    assert result.scores[0] == 1.0 and math.isnan(result.scores[1])
-    assert result.metrics["reward/unscorable"] == 1.0
+    assert result.scores == [1.0, 0.0]
+    assert result.metrics["reward/unscorable"] == 0.0 and result.metrics["reward/unscored"] == 1.0
+    assert [(e["function"], e["index"]) for e in result.errors] == [(None, 1)]
+    assert math.isnan(result.per_function["short"][1])
+
+
+def short_or_none(completion: str) -> float | None:  # the per-sample form of `only_short`
+    return 1.0 if len(completion) < 3 else None
+
+
+def test_none_sums_the_other_functions_as_trl_does():
+    # per-sample and batched None alike: "does not score this sample", never an error;
+    # sample 1: short=None, len=4 (weight 0.5) -> 2.0; sample 0: 1 + 0.5 * 2 = 2.0
+    scorer = RewardScorer([RewardSpec("short", fn=short_or_none),
+                           RewardSpec("short_b", fn=only_short),
+                           RewardSpec("len", 0.5, fn=trl_length)])
+    result = scorer.score(["ab", "abcd"], [{"prompt": "p"}, {"prompt": "p"}])
+    assert result.scores == [1.0 + 1.0 + 1.0, 2.0]
+    assert result.errors == [] and result.metrics["reward/errors/short"] == 0.0
+    assert result.metrics["reward/short_mean"] == 1.0  # the mean of the samples it scored
+    assert result.metrics["reward/unscored"] == 0.0
+
+
+def nan_for_x(completion: str) -> float:
+    return float("nan") if "x" in completion else 1.0
+
+
+def nan_batched(completions, **kwargs):
+    return [float("nan") if "x" in c else 1.0 for c in completions]
+
+
+@pytest.mark.parametrize("fn", [nan_for_x, nan_batched])
+def test_a_nan_reward_is_an_error_with_its_sample(fn):
+    rows = [{"prompt": "p"}] * 4
+    result = RewardScorer([RewardSpec("r", fn=fn)]).score(["a", "b", "c", "xyz"], rows)
+    assert result.scores == [1.0, 1.0, 1.0, 0.0]  # scored 0 like any error, the group is kept
+    assert result.metrics["reward/errors/r"] == 1.0
+    (err,) = result.errors
+    assert err["index"] == 3 and err["completion"] == "xyz" and "nan" in err["error"]
+    with pytest.raises(RewardFunctionError):  # most of a batch NaN: the run stops (auto)
+        RewardScorer([RewardSpec("r", fn=fn)]).score(["x", "xx", "xxx", "a"], rows)
 
 
 def test_unknown_entry_key_is_refused_with_did_you_mean():

@@ -1,0 +1,78 @@
+"""What an RL step says on the console besides its metrics line: reward errors (a NaN too)
+with their sample, samples no reward function scored, completions cut at `max_new_tokens`,
+and `log_completions` (N sampled training completions per step, also in
+`out_dir/completions.jsonl`). One line each, from rank 0; a problem that only a part of a step
+shows is said the first time, one that hits most of a step every time it does.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+_EXCERPT = 160
+
+
+class StepNotes:
+    """The warnings and sample lines of one run (`name`: the console tag; `enabled`: rank 0)."""
+
+    def __init__(self, name: str, enabled: bool) -> None:
+        self.name, self.enabled = name, enabled
+        self._said: set[str] = set()
+
+    def _say(self, key: str, text: str, always: bool = False) -> None:
+        if self.enabled and (always or key not in self._said):
+            self._said.add(key)
+            print(f"[{self.name}] {text}", file=sys.stderr, flush=True)
+
+    def rewards(self, step: int, errors: list[dict[str, Any]], n: int) -> None:
+        """Reward errors by function (first time, or every step where most samples fail) and
+        samples no function scored (`function` None in the scorer's records)."""
+        by_fn: dict[Any, list[dict[str, Any]]] = {}
+        for err in errors:
+            by_fn.setdefault(err["function"], []).append(err)
+        for fn, errs in by_fn.items():
+            first = errs[0]
+            most = 2 * len(errs) > n
+            if fn is None:
+                text = (f"{len(errs)} of {n} samples were scored by no reward function (each "
+                        "returned None) and count as reward 0")
+            else:
+                text = (f"reward {fn!r} failed on {len(errs)} of {n} samples (scored 0), "
+                        f"first: {first['error']} on {first['completion']!r}")
+            self._say(f"reward:{fn}", f"warning (step {step}): {text}; every one is in "
+                      "out_dir/reward_errors.jsonl", always=most)
+
+    def truncation(self, step: int, frac: float, max_new_tokens: int) -> None:
+        """Most completions of the step hit `max_new_tokens` (their reward is likely 0)."""
+        if frac > 0.5:
+            self._say("truncated", f"warning (step {step}): {frac:.0%} of the completions hit "
+                      f"max_new_tokens={max_new_tokens} and were cut (response/truncated_frac);"
+                      " raise max_new_tokens if the task needs longer answers")
+
+    def completions(self, out_dir: str, step: int, samples: list[dict[str, Any]]) -> None:
+        """`log_completions`: the samples to `out_dir/completions.jsonl` and the console."""
+        if not (self.enabled and samples):
+            return
+        path = Path(out_dir) / "completions.jsonl"
+        with path.open("a") as fh:
+            for s in samples:
+                fh.write(json.dumps({"step": step, **s}, default=str) + "\n")
+        for i, s in enumerate(samples, 1):
+            self._say("", f"step {step} sample {i}/{len(samples)}: reward={s['reward']:.4g} "
+                      f"prompt={str(s['prompt'])[-_EXCERPT:]!r} "
+                      f"completion={s['completion'][:_EXCERPT]!r}", always=True)
+
+
+def completion_samples(rollout: Any, result: Any, n: int) -> list[dict[str, Any]]:
+    """The first `n` completions of a rollout with their prompt, weighted reward and each
+    reward function's value (None where it did not score the sample)."""
+    out = []
+    for i in range(min(n, len(rollout.completions))):
+        per_fn = {k: (None if v[i] != v[i] else v[i]) for k, v in result.per_function.items()}
+        out.append({"prompt": rollout.rows[i].get("prompt"),
+                    "completion": rollout.completions[i], "reward": result.scores[i],
+                    "rewards": per_fn, "truncated": bool(rollout.truncated[i])})
+    return out
