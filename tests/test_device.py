@@ -48,12 +48,16 @@ def test_backend_is_gloo_for_cpu_tensors_and_nccl_only_for_cuda():
     assert process_group_backend("cuda:1") == "cpu:gloo,cuda:nccl"
 
 
-def test_config_refuses_a_device_under_torchrun_with_one_line(monkeypatch):
-    """The config's own check runs `process_device` on the real environment (a torchrun
-    rank without GPUs here: `cpu` and `auto` are fine, `cuda` is refused by name)."""
+def test_preflight_refuses_a_device_under_torchrun_with_one_line(monkeypatch):
+    """The check before any model loads (`posttrain.engine.preflight`; the config itself never
+    probes the hardware) runs `process_device` on the real environment (a torchrun rank without
+    GPUs here: `cpu` and `auto` are fine, `cuda` is refused by name)."""
+    from posttrain.engine.preflight import preflight
+
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    SFTConfig(device="cpu")
-    SFTConfig(device="auto")
+    preflight(SFTConfig(device="cpu"))
+    preflight(SFTConfig(device="auto"))
+    cfg = SFTConfig(device="cuda")  # a config is data: made anywhere, refused where it runs
     with pytest.raises(ConfigError, match="config key 'device'='cuda'"):
-        SFTConfig(device="cuda")
+        preflight(cfg)
