@@ -6,12 +6,14 @@ score 0 for the tests they affect. The program is taken from the completion's fe
 blocks (:func:`extract_program`), else the whole completion.
 
 Tests: a list (one test each) of assert snippets or stdin/stdout dicts
-``{"input": str, "output": str}``, or one string. A string is split with ``ast``: each
-top-level ``assert`` statement is one test, made of every other top-level statement before it,
-in order, then that assert (``x = f(1); assert x == 5; x = f(2); assert x == 7`` is two tests
-that each see the right ``x``; decorators and class bodies are kept whole); a string without
-top-level asserts (e.g. HumanEval's ``def check(candidate): ...`` followed by ``check(f)``) is
-one test. A test of any other type or shape is a ``ValueError``, never a pass.
+``{"input": str, "output": str}``, or one string. A string is one program: test *k* is the
+string up to and including its *k*-th top-level ``assert`` (every statement before it, earlier
+asserts included, in order), and the last test is the whole string, so statements after the
+last assert (a ``check(f)`` call, a loop, an ``if __name__ == "__main__":`` block) always run.
+Test *k* passes exactly when plain Python gets past the *k*-th assert, and every test passes
+exactly when plain Python runs the whole string without an error; a string without top-level
+asserts (e.g. HumanEval's ``def check(candidate): ...`` followed by ``check(f)``) is one test.
+A test of any other type or shape is a ``ValueError``, never a pass.
 
 Each test runs in fresh processes of its own. How a test is judged depends on its shape
 (:mod:`posttrain.rewards.code_tests`, docs/sandbox.md): ``assert name(<literals>) ==
@@ -108,15 +110,10 @@ def split_tests(tests: str | Sequence[str | dict]) -> list[str | dict]:
                 module = ast.parse(tests)
             except SyntaxError as exc:
                 raise ValueError(f"tests do not compile: {exc}") from exc
-            snippets, before = [], []
-            for node in module.body:
-                if isinstance(node, ast.Assert):
-                    snippets.append(ast.unparse(ast.Module(body=[*before, node],
-                                                           type_ignores=[])))
-                else:
-                    before.append(node)
-        if not snippets:
-            snippets = [tests]
+            ends = [i for i, node in enumerate(module.body) if isinstance(node, ast.Assert)]
+            snippets = [ast.unparse(ast.Module(body=module.body[:end + 1], type_ignores=[]))
+                        for end in ends[:-1]]
+        snippets.append(tests)  # the last test is the whole string, run as plain Python runs it
     elif isinstance(tests, (list, tuple)):
         snippets = list(tests)
     else:
