@@ -132,27 +132,34 @@ def test_the_supervisor_takes_one_frame_from_a_clean_exit() -> None:
 
 
 # ---- 5. an in-process fallback's source never reaches the supervisor ------------------------
+SCAN = ("import ctypes\nctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable: /proc/self/mem opens\n"
+        "def found():\n"
+        "    head, tail = b'expected_', str(7390 + 1).encode()\n"
+        "    with open('/proc/self/maps') as maps, open('/proc/self/mem', 'rb') as mem:\n"
+        "        for line in maps:\n"
+        "            span, perms = line.split()[:2]\n"
+        "            if 'r' not in perms or 'vsyscall' in line or 'vvar' in line:\n"
+        "                continue\n"
+        "            lo, hi = (int(v, 16) for v in span.split('-'))\n"
+        "            for start in range(lo, hi, 1 << 20):\n"
+        "                try:\n"
+        "                    mem.seek(start)\n"
+        "                    chunk = mem.read(min(1 << 20, hi - start))\n"
+        "                except (OSError, OverflowError, ValueError, MemoryError):\n"
+        "                    continue\n"
+        "                at = chunk.find(head)\n"
+        "                while at >= 0:\n"
+        "                    if chunk[at + 9:at + 13] == tail:\n"
+        "                        return True\n"
+        "                    at = chunk.find(head, at + 1)\n"
+        "    return False\n"
+        "def apply(g, x):\n    return g(x)\n")
+
+
 def test_a_fallback_source_is_not_in_later_program_processes(mode: str) -> None:
     secret = "expected_7391 = {'k': 424242}"
     # test 0 falls back (a lambda); test 1's program process scans its own memory for it
-    scan = ("def found():\n"
-            "    head, tail = b'expected_', str(7390 + 1).encode()\n"
-            "    mem = open('/proc/self/mem', 'rb', 0)\n"
-            "    for line in open('/proc/self/maps').read().splitlines():\n"
-            "        addr, perms = line.split()[:2]\n"
-            "        lo, hi = (int(a, 16) for a in addr.split('-'))\n"
-            "        try:\n"
-            "            mem.seek(lo)\n"
-            "            chunk = mem.read(hi - lo) if perms.startswith('rw') else b''\n"
-            "        except OSError:\n"
-            "            continue\n"
-            "        at = chunk.find(head)\n"
-            "        while at >= 0:\n"
-            "            if chunk[at + 9:at + 13] == tail:\n"
-            "                return True\n"
-            "            at = chunk.find(head, at + 1)\n"
-            "    return False\n"
-            "def apply(g, x):\n    return g(x)\n")
+    scan = SCAN
     tests = [f"{secret}\nassert apply(lambda x: x, 1) == 1",
              "assert found() == False"]
     score, result = _score(scan, tests, mode)
