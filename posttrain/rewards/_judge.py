@@ -421,6 +421,7 @@ def judge_test(check, link, reached_top):
     except ProgramGone:
         return "gone", False
     reached_top()
+    refused = []
     try:
         namespace = {"__name__": "__main__", "__builtins__": builtins}
         for name, how in names.items():
@@ -438,7 +439,7 @@ def judge_test(check, link, reached_top):
         if link.ask({"op": "end", "target": 0}) is not None:
             raise ProgramBroke("bad answer to the last request")
     except Unsupported:
-        return "unsupported", True
+        return ("failed" if refused else "unsupported"), True
     except ProgramBroke:
         return "sandbox_error", True
     except ProgramGone:

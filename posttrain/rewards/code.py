@@ -125,12 +125,29 @@ def split_tests(tests: str | Sequence[str | dict]) -> list[str | dict]:
     return snippets
 
 
+def with_imports(tests: str | Sequence[str | dict], test_imports: str | Sequence[str] | None
+                 ) -> str | list[str | dict]:
+    """``tests`` with the row's ``test_imports`` (MBPP's field: ``["import math", ...]``) put
+    before every assert test, so the test imports what it uses itself and never relies on a
+    module of the same name that the program bound (that one is the program's)."""
+    if not test_imports:
+        return tests if isinstance(tests, str) else list(tests)
+    lines = [test_imports] if isinstance(test_imports, str) else list(test_imports)
+    if not all(isinstance(line, str) for line in lines):
+        raise ValueError("test_imports must be a string or a list of strings")
+    head = "".join(line.rstrip("\n") + "\n" for line in lines)
+    if isinstance(tests, str):
+        return head + tests
+    return [head + item if isinstance(item, str) else item for item in tests]
+
+
 def code_reward_detailed(completion: str, tests: str | Sequence[str | dict],
                          timeout_s: float = 5.0, partial: bool = False, *, mode: str = "auto",
-                         limits: SandboxLimits | None = None, compare: Compare = None
+                         limits: SandboxLimits | None = None, compare: Compare = None,
+                         test_imports: str | Sequence[str] | None = None
                          ) -> tuple[float, SandboxResult]:
     """``code_reward`` plus the sandbox result (status for the per-reason counters)."""
-    snippets = split_tests(tests)
+    snippets = split_tests(with_imports(tests, test_imports))
     limits = replace(limits or SandboxLimits(), timeout_s=timeout_s)
     result = run_sandboxed(extract_program(completion), snippets, limits=limits, mode=mode,
                            stop_on_failure=not partial, compare=compare)
@@ -141,16 +158,18 @@ def code_reward_detailed(completion: str, tests: str | Sequence[str | dict],
 
 def code_reward(completion: str, tests: str | list[str | dict], timeout_s: float = 5.0,
                 partial: bool = False, *, mode: str = "auto",
-                limits: SandboxLimits | None = None, compare: Compare = None) -> float:
+                limits: SandboxLimits | None = None, compare: Compare = None,
+                test_imports: str | Sequence[str] | None = None) -> float:
     """1.0 if the program passes every test (``partial``: fraction passed), else 0.0.
 
     ``mode``: sandbox mode (``auto`` | ``bwrap`` | ``strict`` | ``limits``, docs/sandbox.md);
     ``limits``: resource limits (their ``timeout_s`` is replaced by this ``timeout_s``);
     ``compare``: :class:`~posttrain.rewards.code_tests.CompareOptions` or a dict of them
-    (float tolerance, ``int_float``, ``bool_int``, stdout matching).
+    (float tolerance, ``int_float``, ``bool_int``, stdout matching); ``test_imports``: a
+    row's import lines (MBPP), put before every assert test (:func:`with_imports`).
     """
     return code_reward_detailed(completion, tests, timeout_s, partial, mode=mode,
-                                limits=limits, compare=compare)[0]
+                                limits=limits, compare=compare, test_imports=test_imports)[0]
 
 
 def code_rewards_batch(completions: Sequence[str],

@@ -241,3 +241,16 @@ def test_stdio_programs_exit_like_python(name: str, mode: str) -> None:
     tests = [{"input": "1 2\n", "output": "3\n"}]
     score, result = _score(STDIO_PROGRAMS[name], tests, mode)
     assert score == 1.0, result.test_status
+
+
+# ---- data: MBPP's test_imports go before every assert test ----------------------------------
+def test_test_imports_make_the_test_use_its_own_module(mode: str) -> None:
+    # the program's `math` lies; with the row's test_imports the test uses its own
+    program = ("import math\nmath.isclose = lambda a, b: True\n"
+               "def f(x):\n    return 0.0\n")
+    tests = ["assert math.isclose(f(1), 5.0)"]
+    score = code_reward_detailed(program, tests, 3.0, mode=mode, limits=LIMITS,
+                                 test_imports=["import math"])[0]
+    assert score == 0.0
+    assert code_reward_detailed("def f(x):\n    return 5.0\n", tests, 3.0, mode=mode,
+                                limits=LIMITS, test_imports=["import math"])[0] == 1.0
