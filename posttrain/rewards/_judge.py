@@ -3,19 +3,21 @@
 An assert test runs in two processes forked by the supervisor (:mod:`._harness`):
 
 * the **program process** runs the program, then :func:`serve_program`: it sends a hello frame
-  naming its top-level names and answers requests (call, attribute get/set, iterate) on a
-  socket, one answer frame per request, with plain data (:mod:`._wire`) or an opaque handle;
+  naming its top-level names and answers requests (call, attribute get/set, iter, next, bool)
+  on a socket, one answer frame per request, with plain data (:mod:`._wire`) or an opaque
+  handle;
 * the **judge process** (:func:`judge_test`) runs the test's source with the program's
-  top-level names bound to :class:`Handle` proxies. Every comparison, ``abs``, ``math.isclose``,
-  helper and prelude runs here, on plain data of exact types rebuilt by the judge's own decoder;
-  a handle equals nothing and is not true. The judge is forked from the non-dumpable
-  supervisor before any program code runs, so the program cannot read, write or trace it; the
-  judge's verdict goes to the supervisor on a pipe the program never had.
+  top-level names bound to plain copies or :class:`Handle` proxies. Every comparison, ``abs``,
+  helper and prelude runs here, on plain data of exact types rebuilt by the judge's own
+  decoder. The judge is forked from the non-dumpable supervisor before any program code runs,
+  so the program cannot read, write or trace it; the judge's verdict goes to the supervisor on
+  a pipe the program never had.
 
-Names the judge resolves itself, never through the program: builtins (a program's ``abs``
-does not replace the test's), the test's own definitions and imports, and standard-library
-modules or their attributes the program bound at top level (``import math``, ``from math
-import isclose``): the judge imports its own copy.
+Every name the program binds is the program's, whatever object it holds (a module, ``exec``,
+``type``): calling it runs in the program's process. The judge calls only what the test
+imports or defines, and builtins (a program's ``abs`` does not replace the test's). While the
+test runs, an audit hook (:func:`guard_judge`) refuses code made at run time, so nothing built
+from the program's output runs here.
 """
 
 import builtins

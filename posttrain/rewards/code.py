@@ -126,12 +126,12 @@ def split_tests(tests: str | Sequence[str | dict]) -> list[str | dict]:
 
 
 def with_imports(tests: str | Sequence[str | dict], test_imports: str | Sequence[str] | None
-                 ) -> str | list[str | dict]:
+                 ) -> str | Sequence[str | dict]:
     """``tests`` with the row's ``test_imports`` (MBPP's field: ``["import math", ...]``) put
     before every assert test, so the test imports what it uses itself and never relies on a
     module of the same name that the program bound (that one is the program's)."""
-    if not test_imports:
-        return tests if isinstance(tests, str) else list(tests)
+    if not test_imports or not isinstance(tests, (str, list, tuple)):
+        return tests  # split_tests says what is wrong with a bad tests field
     lines = [test_imports] if isinstance(test_imports, str) else list(test_imports)
     if not all(isinstance(line, str) for line in lines):
         raise ValueError("test_imports must be a string or a list of strings")
