@@ -36,7 +36,13 @@ import time
 
 # <parent-only> (removed from the sandbox's source, which starts with _wire's and _judge's)
 from posttrain.rewards._judge import Link, judge_test, serve_program
-from posttrain.rewards._procs import _apply_limits, _clear_keyrings, _prctl, _sweep
+from posttrain.rewards._procs import (
+    _apply_limits,
+    _clear_keyrings,
+    _deny_sysinfo,
+    _prctl,
+    _sweep,
+)
 from posttrain.rewards._wire import (
     WireError,
     dumps_frame,
@@ -525,6 +531,7 @@ def main():
     _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die if the parent dies
     _SUPERVISOR_FDS.extend([result_fd, tests_fd])
     _clear_keyrings()  # what an earlier run of this uid left there never reaches this one
+    _deny_sysinfo()  # host-wide memory figures: a channel between concurrent runs
     _write_all(result_fd, b"R\n")
     commands = _lines(0)
     run = json.loads(next(commands))

@@ -178,6 +178,15 @@ def test_host_memory_counters_are_empty_under_bwrap(mode: str) -> None:
     assert score == 1.0, result.test_status
 
 
+def test_sysinfo_is_refused(mode: str) -> None:
+    # the system call behind free/shared memory figures: host-wide, so refused (ENOSYS)
+    program = ("import ctypes\nbuf = ctypes.create_string_buffer(256)\n"
+               "libc = ctypes.CDLL(None, use_errno=True)\n"
+               "def f():\n    return libc.sysinfo(buf), ctypes.get_errno()\n")
+    score, result = _score(program, ["assert f() == (-1, 38)"], mode)
+    assert score == 1.0, result.test_status
+
+
 # ---- 7. truthiness of a program object is Python's ------------------------------------------
 def test_truth_of_a_program_object_is_pythons(mode: str) -> None:
     wrong = "def f(x):\n    return object()\n"
