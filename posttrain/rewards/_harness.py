@@ -36,13 +36,7 @@ import time
 
 # <parent-only> (removed from the sandbox's source, which starts with _wire's and _judge's)
 from posttrain.rewards._judge import Link, judge_test, serve_program
-from posttrain.rewards._procs import (
-    _apply_limits,
-    _clear_keyrings,
-    _deny_sysinfo,
-    _prctl,
-    _sweep,
-)
+from posttrain.rewards._procs import _apply_limits, _clear_keyrings, _deny_sysinfo, _prctl, _sweep
 from posttrain.rewards._wire import (
     WireError,
     dumps_frame,
