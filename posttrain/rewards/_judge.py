@@ -72,10 +72,10 @@ class ProgramMemory(BaseException):
 
 
 # ----------------------------------------------------------------------------- program side
-def describe_names(namespace, handles):  # handles: a _Shared
-    """Top-level names -> how the judge binds them: a plain copy or a handle. Every name is the
-    program's, whatever object it holds (a module, ``exec``, ``type``): the judge never binds a
-    program name to an object of its own."""
+def describe_names(namespace, shared):
+    """Top-level names -> how the judge binds them: a plain copy or a handle (numbered by the
+    :class:`_Shared` ``shared``). Every name is the program's, whatever object it holds (a
+    module, ``exec``, ``type``): the judge never binds a program name to an object of its own."""
     names, budget = {}, HELLO_BUDGET
     for name, value in list(namespace.items())[:MAX_NAMES]:
         if type(name) is not str or name.startswith("__"):
@@ -88,7 +88,7 @@ def describe_names(namespace, handles):  # handles: a _Shared
                 continue
         except (WireError, RecursionError, ValueError):
             pass
-        names[name] = ["h", handles.register(value)]
+        names[name] = ["h", shared.register(value)]
     return names
 
 

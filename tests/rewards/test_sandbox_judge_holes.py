@@ -242,6 +242,8 @@ STDIO_PROGRAMS = {
                         "out.write(str(sum(map(int, input().split()))) + '\\n')\n"),
     "atexit": ("import atexit\nx = sum(map(int, input().split()))\n"
                "atexit.register(lambda: print(x))\n"),
+    "flush_then_os_exit": ("import os, sys\nprint(sum(map(int, input().split())))\n"
+                           "sys.stdout.flush()\nos._exit(0)\n"),
 }
 
 
