@@ -151,20 +151,16 @@ def _deny_sysinfo():
     ]
     try:
         import ctypes
+        import struct
 
-        class Instruction(ctypes.Structure):
-            _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8),
-                        ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
-
-        class Program(ctypes.Structure):
-            _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Instruction))]
-
-        instructions = (Instruction * len(program))(*program)
-        fprog = Program(len(program), instructions)
+        code = b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
+        instructions = ctypes.create_string_buffer(code, len(code))
+        fprog = ctypes.create_string_buffer(  # struct sock_fprog {u16 len; filter *ptr}
+            struct.pack("@HP", len(program), ctypes.addressof(instructions)))
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
             return False
-        return libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0  # SECCOMP_MODE_FILTER
+        return libc.prctl(22, 2, fprog, 0, 0) == 0  # SECCOMP_MODE_FILTER
     except Exception:
         return False
 
