@@ -29,6 +29,7 @@ unprivileged uid unique to the concurrent slot (``uid_base + slot``): root is ex
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import json
@@ -226,6 +227,7 @@ def _masked_counters() -> list[str]:
             pass
         os.chmod(path, 0o444)
         _EMPTY_FILE.append(path)
+        atexit.register(shutil.rmtree, folder, True)
     return [arg for name in _HOST_COUNTERS if os.path.exists(f"/proc/{name}")
             for arg in ("--ro-bind", _EMPTY_FILE[0], f"/proc/{name}")]
 
