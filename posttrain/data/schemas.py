@@ -9,7 +9,8 @@ Kinds (``design.md``, "Data formats"):
   message lists the prompt may instead be the leading messages both sides share
   (:mod:`posttrain.data.conversations`)
 * ``steps``: ``{"prompt", "steps": [str, ...], "labels": [1 | 0 | -1, ...]}`` (same length)
-* ``code``: ``{"prompt", "tests": str | [str | {"input": str, "output": str}, ...]}``
+* ``code``: ``{"prompt", "tests": str | [str | {"input": str, "output": str}, ...],
+  "test_imports"?: [str, ...]}`` (MBPP's import lines, put before every assert test)
 * ``outcomes``: ``{"prompt", "completion": str, "label": 1 | 0 | true | false}`` (outcome reward
   model rows: is the completion correct)
 
@@ -158,14 +159,23 @@ def check_tests(value: Any) -> str | None:
     return next((p for i, item in enumerate(value) if (p := _test_problem(item, i))), None)
 
 
+def check_test_imports(value: Any) -> str | None:
+    """MBPP's ``test_imports``: import lines put before every assert test by the code reward."""
+    if isinstance(value, list) and all(_is_str(line) for line in value):
+        return None
+    return f"expected a list of import lines (strings), got {_type_name(value)}"
+
+
 # kind -> (required fields, optional fields); each field has its check.
 SCHEMAS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
-    "prompts": ({"prompt": check_prompt}, {"answer": check_answer, "tests": check_tests}),
+    "prompts": ({"prompt": check_prompt}, {"answer": check_answer, "tests": check_tests,
+                                          "test_imports": check_test_imports}),
     "sft": ({"prompt": check_prompt, "completion": check_completion}, {}),
     "preferences": (
         {"chosen": check_completion, "rejected": check_completion}, {"prompt": check_prompt}),
     "steps": ({"prompt": check_prompt, "steps": check_steps, "labels": check_labels}, {}),
-    "code": ({"prompt": check_prompt, "tests": check_tests}, {}),
+    "code": ({"prompt": check_prompt, "tests": check_tests},
+             {"test_imports": check_test_imports}),
     "outcomes": ({"prompt": check_prompt, "completion": check_str, "label": check_binary}, {}),
 }
 

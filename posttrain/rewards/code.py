@@ -6,12 +6,14 @@ score 0 for the tests they affect. The program is taken from the completion's fe
 blocks (:func:`extract_program`), else the whole completion.
 
 Tests: a list (one test each) of assert snippets or stdin/stdout dicts
-``{"input": str, "output": str}``, or one string. A string is split with ``ast``: each
-top-level ``assert`` statement is one test, made of every other top-level statement before it,
-in order, then that assert (``x = f(1); assert x == 5; x = f(2); assert x == 7`` is two tests
-that each see the right ``x``; decorators and class bodies are kept whole); a string without
-top-level asserts (e.g. HumanEval's ``def check(candidate): ...`` followed by ``check(f)``) is
-one test. A test of any other type or shape is a ``ValueError``, never a pass.
+``{"input": str, "output": str}``, or one string. A string is one program: test *k* is the
+string up to and including its *k*-th top-level ``assert`` (every statement before it, earlier
+asserts included, in order), and the last test is the whole string, so statements after the
+last assert (a ``check(f)`` call, a loop, an ``if __name__ == "__main__":`` block) always run.
+Test *k* passes exactly when plain Python gets past the *k*-th assert, and every test passes
+exactly when plain Python runs the whole string without an error; a string without top-level
+asserts (e.g. HumanEval's ``def check(candidate): ...`` followed by ``check(f)``) is one test.
+A test of any other type or shape is a ``ValueError``, never a pass.
 
 Each test runs in fresh processes of its own. How a test is judged depends on its shape
 (:mod:`posttrain.sandbox.tests`, docs/sandbox.md): ``assert name(<literals>) ==
@@ -112,15 +114,10 @@ def split_tests(tests: str | Sequence[str | dict]) -> list[str | dict]:
                 module = ast.parse(tests)
             except SyntaxError as exc:
                 raise ValueError(f"tests do not compile: {exc}") from exc
-            snippets, before = [], []
-            for node in module.body:
-                if isinstance(node, ast.Assert):
-                    snippets.append(ast.unparse(ast.Module(body=[*before, node],
-                                                           type_ignores=[])))
-                else:
-                    before.append(node)
-        if not snippets:
-            snippets = [tests]
+            ends = [i for i, node in enumerate(module.body) if isinstance(node, ast.Assert)]
+            snippets = [ast.unparse(ast.Module(body=module.body[:end + 1], type_ignores=[]))
+                        for end in ends[:-1]]
+        snippets.append(tests)  # the last test is the whole string, run as plain Python runs it
     elif isinstance(tests, (list, tuple)):
         snippets = list(tests)
     else:
@@ -132,12 +129,29 @@ def split_tests(tests: str | Sequence[str | dict]) -> list[str | dict]:
     return snippets
 
 
+def with_imports(tests: str | Sequence[str | dict], test_imports: str | Sequence[str] | None
+                 ) -> str | Sequence[str | dict]:
+    """``tests`` with the row's ``test_imports`` (MBPP's field: ``["import math", ...]``) put
+    before every assert test, so the test imports what it uses itself and never relies on a
+    module of the same name that the program bound (that one is the program's)."""
+    if not test_imports or not isinstance(tests, (str, list, tuple)):
+        return tests  # split_tests says what is wrong with a bad tests field
+    lines = [test_imports] if isinstance(test_imports, str) else list(test_imports)
+    if not all(isinstance(line, str) for line in lines):
+        raise ValueError("test_imports must be a string or a list of strings")
+    head = "".join(line.rstrip("\n") + "\n" for line in lines)
+    if isinstance(tests, str):
+        return head + tests
+    return [head + item if isinstance(item, str) else item for item in tests]
+
+
 def code_reward_detailed(completion: str, tests: str | Sequence[str | dict],
                          timeout_s: float = 5.0, partial: bool = False, *, mode: str = "auto",
-                         limits: SandboxLimits | None = None, compare: Compare = None
+                         limits: SandboxLimits | None = None, compare: Compare = None,
+                         test_imports: str | Sequence[str] | None = None
                          ) -> tuple[float, SandboxResult]:
     """``code_reward`` plus the sandbox result (status for the per-reason counters)."""
-    snippets = split_tests(tests)
+    snippets = split_tests(with_imports(tests, test_imports))
     limits = replace(limits or SandboxLimits(), timeout_s=timeout_s)
     result = run_sandboxed(extract_program(completion), snippets, limits=limits, mode=mode,
                            stop_on_failure=not partial, compare=compare)
@@ -148,16 +162,18 @@ def code_reward_detailed(completion: str, tests: str | Sequence[str | dict],
 
 def code_reward(completion: str, tests: str | list[str | dict], timeout_s: float = 5.0,
                 partial: bool = False, *, mode: str = "auto",
-                limits: SandboxLimits | None = None, compare: Compare = None) -> float:
+                limits: SandboxLimits | None = None, compare: Compare = None,
+                test_imports: str | Sequence[str] | None = None) -> float:
     """1.0 if the program passes every test (``partial``: fraction passed), else 0.0.
 
     ``mode``: sandbox mode (``auto`` | ``bwrap`` | ``strict`` | ``limits``, docs/sandbox.md);
     ``limits``: resource limits (their ``timeout_s`` is replaced by this ``timeout_s``);
     ``compare``: :class:`~posttrain.sandbox.tests.CompareOptions` or a dict of them
-    (float tolerance, ``int_float``, ``bool_int``, stdout matching).
+    (float tolerance, ``int_float``, ``bool_int``, stdout matching); ``test_imports``: a
+    row's import lines (MBPP), put before every assert test (:func:`with_imports`).
     """
     return code_reward_detailed(completion, tests, timeout_s, partial, mode=mode,
-                                limits=limits, compare=compare)[0]
+                                limits=limits, compare=compare, test_imports=test_imports)[0]
 
 
 def code_rewards_batch(completions: Sequence[str],

@@ -36,7 +36,7 @@ import time
 
 # <parent-only> (removed from the sandbox's source, which starts with wire's and judge's)
 from posttrain.sandbox.judge import Link, judge_test, serve_program
-from posttrain.sandbox.procs import _apply_limits, _clear_keyrings, _prctl, _sweep
+from posttrain.sandbox.procs import _apply_limits, _clear_keyrings, _deny_sysinfo, _prctl, _sweep
 from posttrain.sandbox.wire import (
     WireError,
     dumps_frame,
@@ -95,6 +95,8 @@ def _child(code, test, fds, token, cpu_s):
         except system_exit as stop:
             if kind != "stdio" or stop.code not in (None, 0):
                 raise
+        if kind == "stdio":
+            _finish_script(namespace)
         with contextlib.suppress(base_exception):
             stdout.flush()
         write(write_fd, b"U")
@@ -111,6 +113,28 @@ def _child(code, test, fds, token, cpu_s):
     except base_exception:
         exit_now(1)
     exit_now(0)
+
+
+def _finish_script(namespace):
+    """What the interpreter does when a script ends: wait for its non-daemon threads, run its
+    ``atexit`` functions, flush ``sys.stdout`` / ``sys.stderr`` (whatever they are now) and
+    let go of its objects (an unclosed writer flushes when it is collected)."""
+    import atexit
+    import gc
+
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        with contextlib.suppress(Exception):
+            threading._shutdown()
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()
+    for _ in range(2):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        namespace.clear()
+        with contextlib.suppress(Exception):
+            gc.collect()
 
 
 def _wait_child(pid, pipes, timeout_s):
@@ -181,7 +205,7 @@ def _classify(kind, data, status, cpu_used, cpu_s, timed_out, token):
         return "timeout"
     if exited_ok and kind == "assert" and data == b"U" + token:
         return "passed"
-    if exited_ok and kind == "stdio" and data == b"U":
+    if exited_ok and kind == "stdio" and data in (b"U", b""):  # os._exit(0) ends a script too
         return "exited"
     if b"M" in data[:2]:
         return "memory"
@@ -388,12 +412,17 @@ def _value_response(data, truncated, status, cpu_used, run, timed_out, cap):
     return response
 
 
-def _judge_process(run, link, verdict_w, close, index):
-    """Forked child (trusted): read test ``index`` from the tests pipe, judge it, report."""
+def _judge_process(code, run, link, verdict_w, close, index):
+    """Forked child (trusted): read test ``index`` from the tests pipe, judge it, report one
+    verdict frame and exit 0. A test the proxies cannot carry runs in-process here, in a child
+    of this process: its source never goes back to the supervisor, whose later forks are the
+    next tests' program processes."""
+    started = time.monotonic()
     try:
         tests_fd = _SUPERVISOR_FDS[1]
         _SUPERVISOR_FDS.remove(tests_fd)
         _setup_forked(close, run["cpu_s"])
+        _SUPERVISOR_FDS[:] = [verdict_w, link]  # what a fallback's program process closes
         frame = read_frame(tests_fd, _SOURCE_CAP)
         os.close(tests_fd)
         if frame is None or frame.get("index") != index or type(frame.get("source")) is not str:
@@ -405,10 +434,34 @@ def _judge_process(run, link, verdict_w, close, index):
     verdict, top = judge_test(check, Link(link, 4 * run["max_value_bytes"] + 1024),
                               lambda: write_frame(verdict_w, {"top": True}))
     report = {"verdict": verdict, "top": top}
-    if verdict == "unsupported":
-        report["source"] = frame["source"]
+    if verdict == "unsupported":  # judged in-process after all (counted, docs/sandbox.md)
+        os.close(link)  # the program process reads the end of its requests and exits
+        _SUPERVISOR_FDS.remove(link)
+        left = max(0.5, run["timeout_s"] - (time.monotonic() - started))
+        response = _run_test(code, {"kind": "assert", "source": frame["source"]},
+                             dict(run, timeout_s=left, kill_all=False))
+        report = {"verdict": response["status"], "top": response["top"], "in_process": True}
     write_frame(verdict_w, report)
     os._exit(0)
+
+
+def _judge_report(data, status):
+    """The judge's one verdict frame, or None: exactly one, last, after at most one
+    ``{"top": true}``, from a judge that exited with status 0."""
+    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+        return None
+    try:
+        frames = split_frames(data, _SOURCE_CAP + 1024)
+    except WireError:
+        return None
+    if not frames or frames[:-1] not in ([], [{"top": True}]):
+        return None
+    report = frames[-1]
+    allowed = {"verdict", "top", "in_process"}
+    if "verdict" not in report or not set(report) <= allowed or \
+            type(report.get("top")) is not bool or report.get("in_process", True) is not True:
+        return None
+    return report
 
 
 def _run_judged(code, test, run):
@@ -424,7 +477,7 @@ def _run_judged(code, test, run):
         judge = None
     if judge == 0:
         try:
-            _judge_process(run, ours.fileno(), verdict_w, [verdict_r], test["index"])
+            _judge_process(code, run, ours.fileno(), verdict_w, [verdict_r], test["index"])
         finally:
             os._exit(72)
     ours.close()
@@ -435,29 +488,23 @@ def _run_judged(code, test, run):
         return _response("sandbox_error", False)
     started = time.monotonic()
     data, _, status, _, timed_out = _wait_child(judge, {verdict_r: _SOURCE_CAP + 4096},
-                                                run["timeout_s"])
-    try:  # {"top": true} once the program's top level ran, then the verdict
-        frames = split_frames(data[verdict_r], _SOURCE_CAP + 1024)
-    except WireError:
-        frames = []
-    report = frames[-1] if frames and "verdict" in frames[-1] else {}
-    report["top"] = {"top": True} in frames
-    verdict = report.get("verdict")
+                                                run["timeout_s"] + 1)
+    report = None if timed_out else _judge_report(data[verdict_r], status)
+    verdict = None if report is None else report["verdict"]
     if timed_out:
-        response = _response("timeout", bool(report.get("top")))
+        with contextlib.suppress(WireError):  # did the program's top level finish?
+            timed_out = {"top": True} in split_frames(data[verdict_r], _SOURCE_CAP + 1024)
+        response = _response("timeout", timed_out)
     elif verdict == "gone":  # the program ended or broke the protocol: its exit says why
         left = max(0.0, run["timeout_s"] - (time.monotonic() - started))
         _, _, p_status, p_cpu, p_timed_out = _wait_child(pid, {}, left)
         response = _response(_program_status(p_status, p_cpu, run, p_timed_out),
-                             bool(report.get("top")))
-    elif verdict in ("passed", "failed", "memory", "sandbox_error", "unsupported"):
-        response = _response(verdict, bool(report.get("top")))
-    else:  # the judge died without a verdict (the program may kill it: a loss, never a pass)
+                             report["top"])
+    elif verdict in ("passed", "failed", "memory", "sandbox_error", "timeout", "crashed"):
+        response = _response(verdict, report["top"], report.get("in_process", False))
+    else:  # no single verdict from a judge that exited cleanly: a loss, never a pass
         response = _response("crashed", False)
     _sweep(run["kill_all"], pid)
-    if verdict == "unsupported":  # judged in-process after all (counted, docs/sandbox.md)
-        response = _run_test(code, {"kind": "assert", "source": report["source"]}, run)
-        response["in_process"] = True
     return response
 
 
@@ -478,6 +525,7 @@ def main():
     _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die if the parent dies
     _SUPERVISOR_FDS.extend([result_fd, tests_fd])
     _clear_keyrings()  # what an earlier run of this uid left there never reaches this one
+    _deny_sysinfo()  # host-wide memory figures: a channel between concurrent runs
     _write_all(result_fd, b"R\n")
     commands = _lines(0)
     run = json.loads(next(commands))

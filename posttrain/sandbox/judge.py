@@ -3,22 +3,25 @@
 An assert test runs in two processes forked by the supervisor (:mod:`.harness`):
 
 * the **program process** runs the program, then :func:`serve_program`: it sends a hello frame
-  naming its top-level names and answers requests (call, attribute get/set, iterate) on a
-  socket, one answer frame per request, with plain data (:mod:`.wire`) or an opaque handle;
+  naming its top-level names and answers requests (call, attribute get/set, iter, next, bool)
+  on a socket, one answer frame per request, with plain data (:mod:`.wire`) or an opaque
+  handle;
 * the **judge process** (:func:`judge_test`) runs the test's source with the program's
-  top-level names bound to :class:`Handle` proxies. Every comparison, ``abs``, ``math.isclose``,
-  helper and prelude runs here, on plain data of exact types rebuilt by the judge's own decoder;
-  a handle equals nothing and is not true. The judge is forked from the non-dumpable
-  supervisor before any program code runs, so the program cannot read, write or trace it; the
-  judge's verdict goes to the supervisor on a pipe the program never had.
+  top-level names bound to plain copies or :class:`Handle` proxies. Every comparison, ``abs``,
+  helper and prelude runs here, on plain data of exact types rebuilt by the judge's own
+  decoder. The judge is forked from the non-dumpable supervisor before any program code runs,
+  so the program cannot read, write or trace it; the judge's verdict goes to the supervisor on
+  a pipe the program never had.
 
-Names the judge resolves itself, never through the program: builtins (a program's ``abs``
-does not replace the test's), the test's own definitions and imports, and standard-library
-modules or their attributes the program bound at top level (``import math``, ``from math
-import isclose``): the judge imports its own copy.
+Every name the program binds is the program's, whatever object it holds (a module, ``exec``,
+``type``): calling it runs in the program's process. The judge calls only what the test
+imports or defines, and builtins (a program's ``abs`` does not replace the test's). While the
+test runs, an audit hook (:func:`guard_judge`) refuses code made at run time, so nothing built
+from the program's output runs here.
 """
 
 import builtins
+import os
 import select
 import sys
 
@@ -37,16 +40,11 @@ from posttrain.sandbox.wire import (
 HELLO_VALUE_BYTES = 1024  # a top-level plain value larger than this is sent as a handle,
 HELLO_BUDGET = 65536  # and so is every plain value once the hello's values reach this size
 MAX_NAMES = 4096
-# standard-library modules without side channels to the judge's process (no os, sys, io,
-# ctypes, signal...): a program name bound to one of these, or to an attribute of one, is
-# resolved by the judge's own import; any other module or object is a handle
-_PURE_MODULES = frozenset((
-    "array", "base64", "binascii", "bisect", "builtins", "calendar", "cmath", "collections",
-    "collections.abc", "copy", "dataclasses", "datetime", "decimal", "difflib", "enum",
-    "fractions", "functools", "hashlib", "heapq", "itertools", "json", "math", "numbers",
-    "operator", "random", "re", "statistics", "string", "struct", "textwrap", "typing",
-    "unicodedata", "zlib"))
 _MUTABLE = (list, dict, set)
+_EMPTY = {"l": list, "d": dict, "s": set}
+# attributes of the form __x__ a test may read from a program object (the rest are refused)
+_DUNDERS = frozenset(("__doc__", "__name__", "__qualname__", "__module__", "__defaults__",
+                      "__kwdefaults__", "__annotations__", "__wrapped__", "__dict__"))
 
 
 class ProgramError(Exception):
@@ -74,34 +72,13 @@ class ProgramMemory(BaseException):
 
 
 # ----------------------------------------------------------------------------- program side
-def _stdlib_origin(value):
-    """``["m", module]`` / ``["a", module, qualname]`` for a standard-library object, else None."""
-    try:
-        if type(value) is type(sys):
-            name = value.__name__
-            return ["m", name] if name in _PURE_MODULES else None
-        module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
-        if module in _PURE_MODULES and type(qualname) is str and "<" not in qualname \
-                and not any(p.startswith("_") for p in qualname.split(".")) \
-                and sys.modules.get(module) is not None:
-            found = sys.modules[module]
-            for part in qualname.split("."):
-                found = getattr(found, part)
-            return ["a", module, qualname] if found is value else None
-    except Exception:
-        return None
-    return None
-
-
-def describe_names(namespace, handles):
-    """Top-level names -> how the judge binds them (plain copy, stdlib object or handle)."""
+def describe_names(namespace, shared):
+    """Top-level names -> how the judge binds them: a plain copy or a handle (numbered by the
+    :class:`_Shared` ``shared``). Every name is the program's, whatever object it holds (a
+    module, ``exec``, ``type``): the judge never binds a program name to an object of its own."""
     names, budget = {}, HELLO_BUDGET
     for name, value in list(namespace.items())[:MAX_NAMES]:
         if type(name) is not str or name.startswith("__"):
-            continue
-        origin = _stdlib_origin(value)
-        if origin is not None:
-            names[name] = origin
             continue
         try:
             encoded = wire_encode(value)
@@ -111,53 +88,117 @@ def describe_names(namespace, handles):
                 continue
         except (WireError, RecursionError, ValueError):
             pass
-        names[name] = ["h", _register(handles, value)]
+        names[name] = ["h", shared.register(value)]
     return names
 
 
-def _register(handles, value):
-    handles.append(value)
-    return len(handles) - 1
+def _content(obj, encode):
+    """Tagged form of a shared list, dict or set, its items encoded with ``encode``."""
+    if type(obj) is dict:
+        flat = ["d"]
+        for key, item in obj.items():
+            flat += [encode(key), encode(item)]
+        return flat
+    return ["l" if type(obj) is list else "s", *[encode(item) for item in obj]]
 
 
-def _perform(request, handles, namespace):
-    """The value (and copied-back arguments) one request asks for; raises what the program
-    raises."""
-    def resolve(number):
-        return handles[number]
+class _Shared:
+    """The program's copies of the judge's lists, dicts and sets (``["h", -1 - n]`` on the
+    wire): the same object for the same judge object in every request, kept in step with the
+    judge's before and after each request, so a mutation by keyword, of a nested list or of a
+    list the program kept from an earlier call is seen by the test, and ``same(a) is a``."""
 
+    def __init__(self):
+        self.handles, self.handle_numbers, self.objects, self.numbers = [], {}, {}, {}
+
+    def register(self, value):
+        """The handle number of a program object (the same object keeps its number)."""
+        number = self.handle_numbers.get(id(value))
+        if number is None:
+            number = self.handle_numbers[id(value)] = len(self.handles)
+            self.handles.append(value)
+        return number
+
+    def resolve(self, number):
+        if number < 0:
+            return self.objects[-1 - number]
+        return self.handles[number]
+
+    def ref(self, obj):
+        number = self.numbers.get(id(obj))
+        return None if number is None else -1 - number
+
+    def encode(self, value):
+        return wire_encode(value, self.register, ref=self.ref)
+
+    def sync(self, shared):
+        """Take the judge's state of every shared object (the request's ``shared`` list)."""
+        live = {}
+        for number, content in shared:
+            obj = self.objects.get(number)
+            if obj is None or _EMPTY[content[0]] is not type(obj):
+                obj = _EMPTY[content[0]]()
+            live[number] = obj
+        self.objects, self.numbers = live, {id(obj): n for n, obj in live.items()}
+        for number, content in shared:
+            _fill(live[number], wire_decode(content, self.resolve))
+
+    def state(self):
+        return [[n, _content(obj, self.encode)] for n, obj in self.objects.items()]
+
+
+def _fill(obj, new):
+    """Give ``obj`` the items of ``new`` (same type), keeping ``obj``'s identity."""
+    if type(new) is not type(obj):
+        raise WireError("a shared object changed type")
+    if type(obj) is list:
+        obj[:] = new
+    else:
+        obj.clear()
+        obj.update(new)
+
+
+def _perform(request, shared, namespace):
+    """The value one request asks for; raises what the program raises."""
     op = request["op"]
     if op == "end":
-        return None, []
+        return None
     if "name" in request:  # a value test: the supervisor names the function
         exec(request.get("prelude", ""), namespace)
         target = namespace[request["name"]] if request["name"] in namespace else \
             getattr(builtins, request["name"])
     else:
-        target = handles[request["target"]]
-    back = []
+        target = shared.handles[request["target"]]
     if op == "call":
-        args = [wire_decode(item, resolve) for item in request["args"]]
-        kwargs = {key: wire_decode(item, resolve) for key, item in request["kwargs"]}
-        value = target(*args, **kwargs)
-        back = [wire_encode(a, lambda v: _register(handles, v)) if type(a) in _MUTABLE else None
-                for a in args]
-    elif op == "getattr":
-        value = getattr(target, request["attr"])
-    elif op == "setattr":
-        setattr(target, request["attr"], wire_decode(request["value"], resolve))
-        value = None
-    elif op == "iter":
-        value = list(target)
-    else:
-        raise ValueError(f"unknown request {op!r}")
-    return value, back
+        args = [wire_decode(item, shared.resolve) for item in request["args"]]
+        kwargs = {key: wire_decode(item, shared.resolve) for key, item in request["kwargs"]}
+        return target(*args, **kwargs)
+    if op == "getattr":
+        return getattr(target, request["attr"])
+    if op == "setattr":
+        setattr(target, request["attr"], wire_decode(request["value"], shared.resolve))
+        return None
+    operations = {"iter": iter, "next": next, "bool": bool}
+    if op in operations:
+        return operations[op](target)
+    raise ValueError(f"unknown request {op!r}")
+
+
+def _raised(exc):
+    """``[type name, message, arguments]`` of an exception (arguments: plain data or None)."""
+    try:
+        arguments = wire_encode(exc.args)
+        if len(repr(arguments)) > 4096:
+            arguments = None
+    except Exception:
+        arguments = None
+    return [type(exc).__name__, str(exc)[:200], arguments]
 
 
 def serve_program(namespace, fd, cap, describe):
     """After the program ran: hello, then one answer frame per request until end of stream."""
-    handles = []
-    names = describe_names(namespace, handles) if describe else {}
+    shared = _Shared()
+    names = describe_names(namespace, shared) if describe else {}
     write_frame(fd, {"names": names})
     while True:
         request = read_frame(fd, cap)
@@ -165,22 +206,27 @@ def serve_program(namespace, fd, cap, describe):
             return
         answer = {"id": request["id"]}
         try:
-            value, back = _perform(request, handles, namespace)
-            answer["ok"] = wire_encode(value, lambda v: _register(handles, v))
-            answer["back"] = back
+            shared.sync(request.get("shared", []))
+            value = _perform(request, shared, namespace)
+            answer["ok"] = shared.encode(value)
+            answer["back"] = shared.state()
         except MemoryError:
-            answer = {"id": request["id"], "raise": ["MemoryError", ""]}
+            answer = {"id": request["id"], "raise": ["MemoryError", "", None]}
         except Exception as exc:
-            answer = {"id": request["id"], "raise": [type(exc).__name__, str(exc)[:200]]}
+            answer = {"id": request["id"], "raise": _raised(exc)}
         write_frame(fd, answer)
 
 
 # ------------------------------------------------------------------------------- judge side
 class Link:
-    """The judge's end of the program socket: one request, exactly one answer with its id."""
+    """The judge's end of the program socket: one request, exactly one answer with its id.
+    It also keeps the judge's lists, dicts and sets that were sent to the program in step with
+    the program's copies (:class:`_Shared`): all of them go out with every request and come
+    back with every answer."""
 
     def __init__(self, fd, cap):
         self.fd, self.cap, self.last_id, self.handles = fd, cap, 0, {}
+        self.shared, self.numbers, self.next_shared = {}, {}, 0
 
     def hello(self):
         frame = self._read()
@@ -202,9 +248,47 @@ class Link:
     def handle(self, number):
         if type(number) is not int:
             raise WireError("bad handle")
+        if number < 0:
+            if -1 - number not in self.shared:
+                raise WireError("unknown shared object")
+            return self.shared[-1 - number]
         if number not in self.handles:
             self.handles[number] = Handle(self, number)
         return self.handles[number]
+
+    def ref(self, obj):
+        """The wire number of a judge list, dict or set (shared from now on)."""
+        number = self.numbers.get(id(obj))
+        if number is None:
+            number, self.next_shared = self.next_shared, self.next_shared + 1
+            self.shared[number], self.numbers[id(obj)] = obj, number
+        return -1 - number
+
+    def encode(self, value):
+        def handle(obj):
+            if type(obj) is Handle and obj._link is self:
+                return obj._number
+            raise Unsupported(f"a {type(obj).__name__} cannot be sent to the program")
+
+        try:
+            return wire_encode(value, handle, ref=self.ref)
+        except (RecursionError, ValueError) as exc:
+            raise Unsupported(repr(exc)) from None
+
+    def _shared_state(self):
+        """Drop shared objects only the link still holds, then encode all the others."""
+        while True:
+            dead = [n for n in list(self.shared) if sys.getrefcount(self.shared[n]) <= 2]
+            if not dead:
+                break
+            for number in dead:
+                del self.numbers[id(self.shared.pop(number))]
+        state, done = [], set()
+        while len(done) < len(self.shared):  # encoding may share nested objects too
+            for number in [n for n in self.shared if n not in done]:
+                done.add(number)
+                state.append([number, _content(self.shared[number], self.encode)])
+        return state
 
     def ask(self, request):
         """Send a request; the decoded value of its one answer (or the program's exception)."""
@@ -212,6 +296,7 @@ class Link:
             raise ProgramBroke("bytes before a request (an answer nobody asked for)")
         self.last_id += 1
         request["id"] = self.last_id
+        request["shared"] = self._shared_state()
         try:
             write_frame(self.fd, request)
         except OSError:
@@ -220,59 +305,48 @@ class Link:
         if answer.get("id") != self.last_id or type(answer.get("id")) is not int:
             raise ProgramBroke("answer with the wrong id")
         if set(answer) == {"id", "raise"}:
-            raise _program_exception(answer["raise"])
+            raise _program_exception(answer["raise"], request["op"])
         if set(answer) != {"id", "ok", "back"} or type(answer["back"]) is not list:
             raise ProgramBroke("answer of the wrong shape")
         try:
-            value = wire_decode(answer["ok"], self.handle)
-            back = [None if item is None else wire_decode(item, self.handle)
-                    for item in answer["back"]]
-        except WireError as exc:
+            self._take_back(answer["back"])
+            return wire_decode(answer["ok"], self.handle)
+        except (WireError, TypeError, KeyError, IndexError) as exc:
             raise ProgramBroke(f"bad value: {exc}") from None
-        return value, back
+
+    def _take_back(self, back):
+        """The program's state of every shared object, applied in place."""
+        numbers = [item[0] if type(item) is list and len(item) == 2 else None for item in back]
+        if sorted(n for n in numbers if type(n) is int) != sorted(self.shared) or \
+                len(numbers) != len(self.shared):
+            raise WireError("shared objects out of step")
+        new = [wire_decode(content, self.handle) for _, content in back]
+        for number, value in zip(numbers, new, strict=True):
+            _fill(self.shared[number], value)
 
 
-def _program_exception(raised):
-    if type(raised) is not list or len(raised) != 2 or not all(type(x) is str for x in raised):
+def _program_exception(raised, op):
+    if type(raised) is not list or len(raised) != 3 or \
+            not all(type(x) is str for x in raised[:2]):
         raise ProgramBroke("bad exception answer")
-    name, message = raised
+    name, message, arguments = raised
     if name == "MemoryError":
         return ProgramMemory(message)
+    if name in ("StopIteration", "StopAsyncIteration") and op != "next":
+        return RuntimeError(f"program raised {name}")  # PEP 479: it never ends a test's loop
     kind = getattr(builtins, name, None)
     if isinstance(kind, type) and issubclass(kind, Exception) and kind is not MemoryError:
         try:
-            return kind(message)
+            args = (message,) if arguments is None else wire_decode(arguments)
+            return kind(*args) if type(args) is tuple else kind(message)
         except Exception:
             pass
     return ProgramError(f"{name}: {message}")
 
 
-def _encode_argument(value, link):
-    def handle(obj):
-        if type(obj) is Handle and obj._link is link:
-            return obj._number
-        raise Unsupported(f"a {type(obj).__name__} cannot be sent to the program")
-
-    try:
-        return wire_encode(value, handle)
-    except (RecursionError, ValueError) as exc:
-        raise Unsupported(repr(exc)) from None
-
-
-def _copy_back(argument, new):
-    """Apply the program's mutation of a list/dict/set argument to the judge's object."""
-    if type(new) is not type(argument):
-        raise ProgramBroke("a mutated argument came back as another type")
-    if type(argument) is list:
-        argument[:] = new
-    else:
-        argument.clear()
-        argument.update(new)
-
-
 class Handle:
-    """A program object seen from the judge: calls and attributes go to the program; it equals
-    nothing, is not true, and has no other behaviour."""
+    # A program object seen from the judge: calls, attributes, iteration and truth go to the
+    # program's process; it equals only itself and has no other behaviour.
 
     __slots__ = ("_link", "_number")
 
@@ -280,42 +354,43 @@ class Handle:
         object.__setattr__(self, "_link", link)
         object.__setattr__(self, "_number", number)
 
+    def _ask(self, op, **fields):
+        return self._link.ask({"op": op, "target": self._number, **fields})
+
     def __call__(self, *args, **kwargs):
         link = self._link
-        request = {"op": "call", "target": self._number,
-                   "args": [_encode_argument(a, link) for a in args],
-                   "kwargs": [[k, _encode_argument(v, link)] for k, v in kwargs.items()]}
-        value, back = link.ask(request)
-        if len(back) != len(args):
-            raise ProgramBroke("copied-back arguments do not match the call")
-        for argument, new in zip(args, back, strict=True):
-            if new is not None and type(argument) in _MUTABLE:
-                _copy_back(argument, new)
-        return value
+        return self._ask("call", args=[link.encode(a) for a in args],
+                         kwargs=[[k, link.encode(v)] for k, v in kwargs.items()])
 
     def __getattr__(self, attr):
-        if attr.startswith("__"):
+        if attr.startswith("__") and attr not in _DUNDERS:
             raise AttributeError(attr)
-        return self._link.ask({"op": "getattr", "target": self._number, "attr": attr})[0]
+        return self._ask("getattr", attr=attr)
+
+    @property
+    def __doc__(self):
+        return self._ask("getattr", attr="__doc__")
 
     def __setattr__(self, attr, value):
-        self._link.ask({"op": "setattr", "target": self._number, "attr": attr,
-                        "value": _encode_argument(value, self._link)})
+        self._ask("setattr", attr=attr, value=self._link.encode(value))
 
     def __iter__(self):
-        items = self._link.ask({"op": "iter", "target": self._number})[0]
-        if type(items) is not list:
-            raise ProgramBroke("iteration did not give a list")
-        return iter(items)
+        return self._ask("iter")
 
-    def __eq__(self, other):
-        return False
-
-    def __ne__(self, other):
-        return True
+    def __next__(self):
+        return self._ask("next")
 
     def __bool__(self):
-        return False
+        value = self._ask("bool")
+        if type(value) is not bool:
+            raise ProgramBroke("truth value is not a bool")
+        return value
+
+    def __eq__(self, other):
+        return self is other
+
+    def __ne__(self, other):
+        return self is not other
 
     __hash__ = object.__hash__
 
@@ -324,29 +399,15 @@ class Handle:
 
 
 def _bind(link, name, how):
-    """The judge's value for one of the program's top-level names."""
-    if type(how) is not list or not how or how[0] not in ("m", "a", "v", "h"):
-        raise ProgramBroke(f"bad name description for {name!r}")
-    tag = how[0]
-    if tag == "v" and len(how) == 2:
+    """The judge's value for one of the program's top-level names: a copy or a handle."""
+    if type(how) is list and len(how) == 2 and how[0] == "v":
         try:
             return wire_decode(how[1])
         except WireError:
             raise ProgramBroke("bad value in hello") from None
-    if tag == "h" and len(how) == 2:
+    if type(how) is list and len(how) == 2 and how[0] == "h" and type(how[1]) is int \
+            and how[1] >= 0:
         return link.handle(how[1])
-    if tag in ("m", "a") and all(type(x) is str for x in how[1:]) and \
-            how[1] in _PURE_MODULES and len(how) == (2 if tag == "m" else 3):
-        try:
-            __import__(how[1])
-            found = sys.modules[how[1]]
-            for part in (how[2].split(".") if tag == "a" else []):
-                if part.startswith("_"):
-                    raise ProgramBroke(f"private attribute in {how!r}")
-                found = getattr(found, part)
-            return found
-        except Exception:
-            raise ProgramBroke(f"cannot resolve {how!r}") from None
     raise ProgramBroke(f"bad name description for {name!r}")
 
 
@@ -362,18 +423,25 @@ def judge_test(check, link, reached_top):
     except ProgramGone:
         return "gone", False
     reached_top()
+    refused = []
     try:
         namespace = {"__name__": "__main__", "__builtins__": builtins}
         for name, how in names.items():
             if not hasattr(builtins, name):
                 namespace[name] = _bind(link, name, how)
-        exec(check, namespace)
+        disarm, refused = guard_judge(check)
+        try:
+            exec(check, namespace)
+        finally:
+            disarm()
+        if refused:
+            return "failed", True
         # one last request: an answer nobody asked for, still in the stream, shows up here
         # (streams keep order), so every request has had exactly one answer
-        if link.ask({"op": "end", "target": 0}) != (None, []):
+        if link.ask({"op": "end", "target": 0}) is not None:
             raise ProgramBroke("bad answer to the last request")
     except Unsupported:
-        return "unsupported", True
+        return ("failed" if refused else "unsupported"), True
     except ProgramBroke:
         return "sandbox_error", True
     except ProgramGone:
@@ -385,3 +453,44 @@ def judge_test(check, link, reached_top):
     except BaseException:
         return "failed", True
     return "passed", True
+
+
+# events that run code made at run time, or start or signal processes: refused in the judge
+# while the test runs, unless the standard library itself runs them (imports, ``namedtuple``,
+# ``dataclass``), so nothing built from the program's output (``eval(f(1))``, ``exec``,
+# ``pickle.loads``) ever runs where the verdict is decided
+_CODE_EVENTS = frozenset(("exec", "marshal.loads", "marshal.load"))
+_REFUSED_EVENTS = frozenset((
+    "pickle.find_class", "os.system", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
+    "os.kill", "os.killpg", "subprocess.Popen", "ctypes.dlopen", "ctypes.dlsym",
+    "ctypes.cdata", "ctypes.call_function", "sys.settrace", "sys.setprofile",
+    "code.__new__", "function.__new__"))
+_STDLIB = os.path.dirname(os.__file__) + os.sep
+
+
+class RefusedInJudge(BaseException):
+    """The test tried to run code made at run time (``eval``, ``exec``, ``pickle``...)."""
+
+
+def guard_judge(check):
+    """Install the judge's audit hook (it cannot be removed). Returns ``(disarm, refused)``:
+    ``disarm()`` ends the guard once the test is over; ``refused`` is non-empty when the test
+    tried something the guard refused (the test then fails, even if it caught the error)."""
+    getframe, armed, refused = sys._getframe, [True], []
+
+    def hook(event, args):
+        if not armed[0]:
+            return
+        if event in _CODE_EVENTS:
+            if event == "exec" and args and args[0] is check:
+                return
+            caller = getframe(1).f_code.co_filename
+            if caller.startswith(_STDLIB) or caller.startswith("<frozen "):
+                return
+        elif event not in _REFUSED_EVENTS and not event.startswith("os.exec"):
+            return
+        refused.append(event)
+        raise RefusedInJudge(event)
+
+    sys.addaudithook(hook)
+    return (lambda: armed.__setitem__(0, False)), refused

@@ -1,6 +1,6 @@
 """Process control of the sandbox supervisor (standard library only; runs inside the sandbox,
 its source joined to the supervisor's, see :mod:`posttrain.sandbox.harness`): prctl, resource
-limits, the sweep that kills what a test left, and the keyring reset."""
+limits, the sweep that kills what a test left, the keyring reset and the seccomp filter."""
 
 import contextlib
 import os
@@ -123,3 +123,44 @@ def _clear_keyrings():
             libc.syscall(number, 7, keyring)  # KEYCTL_CLEAR
     except Exception:
         pass
+
+
+# seccomp filter: (audit arch, sysinfo's number, lowest number of another ABI to refuse)
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 99, 0x40000000), "aarch64": (0xC00000B7, 179, 0xFFFFFFFF)}
+
+
+def _deny_sysinfo():
+    """Make ``sysinfo()`` fail with ``ENOSYS`` in this process and every process it forks (a
+    seccomp filter, which cannot be removed): its free and shared memory figures are the
+    host's, a channel between concurrent runs. Calls of another ABI (x32, i386) fail the same
+    way. Best effort: False where it cannot be installed (other machines, no seccomp)."""
+    known = _SECCOMP_ARCH.get(os.uname().machine)
+    if known is None:
+        return False
+    arch, number, other_abi = known
+    errno_enosys, allow = 0x00050000 | 38, 0x7FFF0000
+    program = [  # (code, jump if true, jump if false, k)
+        (0x20, 0, 0, 4),  # load the architecture
+        (0x15, 1, 0, arch),  # native: go on
+        (0x06, 0, 0, errno_enosys),
+        (0x20, 0, 0, 0),  # load the system call number
+        (0x35, 2, 0, other_abi),  # another ABI: refuse
+        (0x15, 1, 0, number),  # sysinfo: refuse
+        (0x06, 0, 0, allow),
+        (0x06, 0, 0, errno_enosys),
+    ]
+    try:
+        import ctypes
+        import struct
+
+        code = b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
+        instructions = ctypes.create_string_buffer(code, len(code))
+        fprog = ctypes.create_string_buffer(  # struct sock_fprog {u16 len; filter *ptr}
+            struct.pack("@HP", len(program), ctypes.addressof(instructions)))
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+            return False
+        return libc.prctl(22, 2, fprog, 0, 0) == 0  # SECCOMP_MODE_FILTER
+    except Exception:
+        return False
+

@@ -29,6 +29,7 @@ unprivileged uid unique to the concurrent slot (``uid_base + slot``): root is ex
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import json
@@ -212,6 +213,28 @@ _MINIMAL_DEV = (
 )
 
 
+# host-wide counters of memory and load in /proc: concurrent runs could signal each other
+# through them (a run's tmpfs pages show in `Shmem`), so each run sees them empty
+_HOST_COUNTERS = ("meminfo", "vmstat", "zoneinfo", "buddyinfo", "pagetypeinfo", "slabinfo",
+                  "swaps", "stat", "loadavg", "pressure/memory", "pressure/cpu", "pressure/io")
+_EMPTY_FILE: list[str] = []
+
+
+def _masked_counters() -> list[str]:
+    """bubblewrap arguments that bind an empty file over each host-wide counter."""
+    if not _EMPTY_FILE:
+        folder = tempfile.mkdtemp(prefix="posttrain-sandbox-empty-")
+        os.chmod(folder, 0o755)
+        path = os.path.join(folder, "empty")
+        with open(path, "wb"):
+            pass
+        os.chmod(path, 0o444)
+        _EMPTY_FILE.append(path)
+        atexit.register(shutil.rmtree, folder, True)
+    return [arg for name in _HOST_COUNTERS if os.path.exists(f"/proc/{name}")
+            for arg in ("--ro-bind", _EMPTY_FILE[0], f"/proc/{name}")]
+
+
 def _bwrap_argv(limits: SandboxLimits, python: str) -> list[str]:
     size = str(limits.tmpfs_mb * 1024 * 1024)
     return [
@@ -219,6 +242,7 @@ def _bwrap_argv(limits: SandboxLimits, python: str) -> list[str]:
         *bwrap_binds(python),
         *_MINIMAL_DEV,
         "--proc", "/proc",
+        *_masked_counters(),
         "--size", size, "--tmpfs", "/tmp",
         "--size", size, "--tmpfs", "/var/tmp",
         "--size", size, "--tmpfs", "/dev/shm",

@@ -34,10 +34,16 @@ class FrameTooLarge(WireError):
     """A well-formed frame header announcing more than the reader's cap."""
 
 
-def wire_encode(value, handle=None, depth=0):
+def wire_encode(value, handle=None, depth=0, ref=None):
     """Tagged JSON form of ``value``; ``handle(obj) -> int`` names anything that is not plain
-    data (without it such a value is a :class:`WireError`)."""
+    data (without it such a value is a :class:`WireError`); ``ref(obj) -> int | None``, when
+    given, may name a list, dict or set as ``["h", n]`` instead of copying it (shared objects,
+    :mod:`.judge`)."""
     kind = type(value)
+    if ref is not None and (kind is list or kind is dict or kind is set):
+        number = ref(value)
+        if number is not None:
+            return ["h", number]
     if value is None or kind is bool or kind is str:
         return value
     if kind is int:
@@ -47,11 +53,12 @@ def wire_encode(value, handle=None, depth=0):
     if depth < WIRE_MAX_DEPTH:
         for tag, container in _SEQUENCES.items():
             if kind is container:
-                return [tag, *[wire_encode(item, handle, depth + 1) for item in value]]
+                return [tag, *[wire_encode(item, handle, depth + 1, ref) for item in value]]
         if kind is dict:
             flat = ["d"]
             for key, item in value.items():
-                flat += [wire_encode(key, handle, depth + 1), wire_encode(item, handle, depth + 1)]
+                flat += [wire_encode(key, handle, depth + 1, ref),
+                         wire_encode(item, handle, depth + 1, ref)]
             return flat
         if kind is bytes:
             return ["b", value.hex()]

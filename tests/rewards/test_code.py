@@ -38,9 +38,8 @@ def test_extract_program(completion: str, program: str) -> None:
 
 def test_split_tests_string() -> None:
     tests = "import math\nassert f(1) == 5\nx = f(2)\nassert x == 7\n"
-    # each top-level assert is a test: the statements before it, in order, then the assert
-    assert split_tests(tests) == ["import math\nassert f(1) == 5",
-                                  "import math\nx = f(2)\nassert x == 7"]
+    # test k is the string up to its k-th top-level assert; the last one is the whole string
+    assert split_tests(tests) == ["import math\nassert f(1) == 5", tests]
 
 
 def test_split_tests_without_asserts_is_one_test() -> None:

@@ -50,8 +50,7 @@ def test_honest_completions_score_full(completion: str) -> None:
 
 def test_string_tests_run_in_order(mode: str) -> None:
     tests = "x = f(1)\nassert x == 5\nx = f(2)\nassert x == 7\n"
-    assert split_tests(tests) == ["x = f(1)\nassert x == 5",
-                                  "x = f(1)\nx = f(2)\nassert x == 7"]
+    assert split_tests(tests) == ["x = f(1)\nassert x == 5", tests]  # prefixes, then all
     assert code_reward(F, tests, 2.0, partial=True, mode=mode) == 1.0
     wrong = "def f(x):\n    return 5\n"  # right for f(1) only
     assert code_reward(wrong, tests, 2.0, partial=True, mode=mode) == 0.5

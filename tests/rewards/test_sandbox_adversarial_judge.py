@@ -314,12 +314,12 @@ HONEST_SEMANTICS = [
     "a = [3, 1, 2]\nsort_in_place(a)\nassert a == [1, 2, 3]",  # a mutated list comes back
     "d = {}\ntally(d, 'x')\ntally(d, 'x')\nassert d == {'x': 2}",
     "try:\n    root(-1)\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError",
-    "assert math.isclose(root(2.0), 2 ** 0.5)",  # the program's `math` is the judge's own
+    "assert math.isclose(root(2.0), 2 ** 0.5)",  # the program's own `math`, called there
     "assert list(pairs(3)) == [(0, 0), (1, 1), (2, 4)]",  # a generator, iterated
     "assert adder(2)(3) == 5",  # a returned function is a handle that can be called
     "assert as_set([1, 2, 2]) == {1, 2} and LIMIT == 10",  # sets; a top-level constant
     "assert f(10**30) == 2 * 10**30 + 3",
-    "assert Stack() != Stack() and not Stack()",  # a handle equals nothing and is not true
+    "assert Stack() != Stack() and Stack()",  # a handle equals only itself; truth is Python's
 ]
 
 
