@@ -49,7 +49,7 @@ def test_builtins_resolve() -> None:
     assert resolve_reward("math") is math_reward
     assert resolve_reward("format") is format_reward
     assert set(BUILTIN_REWARDS) == {"math", "format", "code", "reward_model",
-                                    "process_reward_model"}
+                                    "process_reward_model", "environment"}
 
 
 def test_unknown_builtin_lists_valid_names() -> None:
