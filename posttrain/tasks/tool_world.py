@@ -1,12 +1,12 @@
-"""The offline tool world: products of 3-digit numbers, which a 0.4M-parameter model cannot
-compute in its head, and a `calculator` tool that can.
+"""The offline tool world: products of 3-digit numbers (317..999, so every product has 6 digits),
+which a 0.4M-parameter model cannot compute in its head, and a `calculator` tool that can.
 
 ``python -m posttrain.tasks.tool_world --out runs/tools`` (or :func:`build_tool_world`) writes
 
 1. ``init/``: the character tokenizer and a randomly initialised tiny Llama (nothing downloaded);
-2. ``data/sft.jsonl``: SFT traces where the tool is used only ``tool_rate`` of the time (the rest
-   answer directly, which the model can only guess), ``data/prompts.jsonl`` (train-split RL
-   rows) and ``data/heldout.jsonl`` (held-out problems: no pair of them is in a train file);
+2. ``data/sft.jsonl``: SFT conversations where the tool is used only ``tool_rate`` of the time
+   (the rest answer directly, which the model can only guess), ``data/prompts.jsonl``
+   (train-split RL rows) and ``data/heldout.jsonl`` (held-out problems, none in a train file);
 3. ``sft/final``: the SFT warm start ``recipes/grpo_tools.yaml`` trains with GRPO and the tool;
 4. ``summary.json``: paths, SFT loss, timings.
 
@@ -34,7 +34,7 @@ from posttrain.models.loading import save_checkpoint
 WORLD: dict[str, Any] = {
     "model": {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "intermediate_size": 512,
               "max_position_embeddings": 192},
-    "sft": {"rows": 40_000, "tool_rate": 0.5, "max_steps": 500, "batch_size": 64, "lr": 3e-3,
+    "sft": {"rows": 40_000, "tool_rate": 0.5, "max_steps": 600, "batch_size": 64, "lr": 3e-3,
             "warmup_steps": 50, "micro_batch_size": 0},
     "prompts": 20_000,
     "heldout": 500,
@@ -73,10 +73,11 @@ def _is_heldout(a: int, b: int) -> bool:
 
 
 def problems(n: int, seed: int, split: str) -> list[tuple[int, int]]:
-    """`n` pairs of 3-digit numbers of `split` (train / heldout; disjoint)."""
+    """`n` pairs of 3-digit numbers of `split` (train / heldout; disjoint). Fixed-width
+    products keep the copy from the tool's answer at one distance (a tiny model learns it)."""
     rng, out = random.Random(f"{seed}:{split}"), []
     while len(out) < n:
-        a, b = rng.randint(100, 999), rng.randint(100, 999)
+        a, b = rng.randint(317, 999), rng.randint(317, 999)  # 317 * 317 = 100489
         if _is_heldout(a, b) == (split == "heldout"):
             out.append((a, b))
     return out
@@ -86,19 +87,23 @@ def prompt_rows(n: int, seed: int, split: str = "train") -> list[dict[str, Any]]
     return [{"prompt": f"{a}*{b}", "answer": str(a * b)} for a, b in problems(n, seed, split)]
 
 
-def sft_rows(n: int, seed: int, tool_rate: float) -> list[dict[str, str]]:
-    """SFT traces: the tool used on `tool_rate` of them, a direct answer on the rest."""
+def sft_rows(n: int, seed: int, tool_rate: float) -> list[dict[str, Any]]:
+    """SFT conversations: on `tool_rate` of the problems the tool is used (two rows: the call,
+    and the answer after the tool's message, so the loss of the second is the copy alone and
+    the tool's digits are context, never targets); on the rest a direct answer (a guess)."""
     rng = random.Random(f"{seed}:sft")
     rows = []
     for a, b in problems(n, seed + 7, "train"):
         expr, value = f"{a}*{b}", str(a * b)
+        user = {"role": "user", "content": expr}
+        final = {"role": "assistant", "content": f"<answer>{value}</answer>"}
         if rng.random() < tool_rate:
-            completion = (f"{tool_call(expr)}</s><tool_response>{value}</tool_response>\n"
-                          f"<answer>{value}</answer>")
+            call = {"role": "assistant", "content": tool_call(expr)}
+            tool = {"role": "tool", "content": f"<tool_response>{value}</tool_response>"}
+            rows += [{"messages": [user, call]}, {"messages": [user, call, tool, final]}]
         else:
-            completion = f"<answer>{value}</answer>"
-        rows.append({"prompt": expr, "completion": completion})
-    return rows
+            rows.append({"messages": [user, final]})
+    return rng.sample(rows, len(rows))
 
 
 def build_tool_world(out_dir: str | Path, seed: int = 0, *, quick: bool = False,

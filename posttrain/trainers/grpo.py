@@ -196,7 +196,8 @@ class GRPOTrainer(PromptRLTrainer):
         # correction asked), else one learner forward, so a ratio or a KL starts at exactly 0
         # in every precision and the correction compares the learner with the sampler
         reuse = (cfg.old_logprobs == "rollout" and correction == "none"
-                 and cfg.rollout_engine == "hf" and not (cfg.autocast_bf16 or cfg.bf16_compute))
+                 and cfg.rollout_engine == "hf" and not (cfg.autocast_bf16 or cfg.bf16_compute)
+                 and self.agent is None)  # episodes: each turn decodes a re-prefilled context
         if rollout.num_sequences == 0:  # every group of this rank was filtered out
             rollout.advantages = torch.zeros(0)
             self._join_gathers(need_old and not reuse)

@@ -53,7 +53,8 @@ def test_builtins_resolve() -> None:
 
 
 def test_unknown_builtin_lists_valid_names() -> None:
-    with pytest.raises(ValueError, match=r"unknown reward 'maths'.*'code', 'environment', 'format', 'math'"):
+    with pytest.raises(ValueError,
+                       match=r"unknown reward 'maths'.*'code', 'environment', 'format', 'math'"):
         resolve_reward("maths")
 
 
