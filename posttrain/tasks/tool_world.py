@@ -7,7 +7,8 @@ which a 0.4M-parameter model cannot compute in its head, and a `calculator` tool
 2. ``data/sft.jsonl``: SFT conversations where the tool is used only ``tool_rate`` of the time
    (the rest answer directly, which the model can only guess), ``data/prompts.jsonl``
    (train-split RL rows) and ``data/heldout.jsonl`` (held-out problems, none in a train file);
-3. ``sft/final``: the SFT warm start ``recipes/grpo_tools.yaml`` trains with GRPO and the tool;
+3. ``sft/final``: the SFT warm start ``recipes/grpo_tools.yaml`` trains with GRPO and the tool
+   (two SFT phases on the same data, ``sft_phase1/`` then ``sft/``: see `WORLD`);
 4. ``summary.json``: paths, SFT loss, timings.
 
 A tool trace, in the fallback call format of `posttrain.rollout.tools` (the character
@@ -36,10 +37,15 @@ WORLD: dict[str, Any] = {
               "max_position_embeddings": 192},
     "sft": {"rows": 40_000, "tool_rate": 0.5, "max_steps": 600, "batch_size": 64, "lr": 3e-3,
             "warmup_steps": 50, "micro_batch_size": 0},
+    # a second SFT phase on the same data: after the first the model calls the tool but does not
+    # copy its answer yet (0 of 64 sampled episodes right); after this one it does (5 of 8)
+    "sft_more": {"max_steps": 400, "batch_size": 64, "lr": 1.5e-3, "warmup_steps": 10,
+                 "micro_batch_size": 0},
     "prompts": 20_000,
     "heldout": 500,
 }
-QUICK: dict[str, Any] = {"sft": {"rows": 500, "max_steps": 5}, "prompts": 100, "heldout": 32}
+QUICK: dict[str, Any] = {"sft": {"rows": 500, "max_steps": 5}, "sft_more": {"max_steps": 2},
+                         "prompts": 100, "heldout": 32}
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
 
@@ -128,11 +134,14 @@ def build_tool_world(out_dir: str | Path, seed: int = 0, *, quick: bool = False,
              "heldout": str(write_jsonl(prompt_rows(s["heldout"], seed, "heldout"),
                                         data / "heldout.jsonl"))}
     sft_keys = {k: v for k, v in s["sft"].items() if k not in ("rows", "tool_rate")}
-    cfg = build_config(SFTConfig, overrides={
-        "model": paths["init"], "out_dir": str(out / "sft"), "train_data": paths["sft"],
-        "seed": seed, "lr_schedule": "cosine", "max_seq_len": 160, "threads": threads,
-        "rewards": [], "progress": progress, **sft_keys})
-    sft = SFTTrainer(cfg).train()
+    common = {"train_data": paths["sft"], "seed": seed, "lr_schedule": "cosine",
+              "max_seq_len": 160, "threads": threads, "rewards": [], "progress": progress}
+    first = SFTTrainer(build_config(SFTConfig, overrides={
+        "model": paths["init"], "out_dir": str(out / "sft_phase1"), **common, **sft_keys})).train()
+    sft = SFTTrainer(build_config(SFTConfig, overrides={
+        "model": str(out / "sft_phase1" / "final"), "out_dir": str(out / "sft"), **common,
+        **s["sft_more"]})).train()
+    sft["seconds"] += first["seconds"]
     summary = {"paths": {**paths, "sft_model": str(out / "sft" / "final")},
                "sft_loss_last": sft["train"]["loss_last"], "sft_seconds": sft["seconds"],
                "seconds": round(time.time() - start, 1), "peak_rss_mb": round(peak_rss_mb(), 1),
