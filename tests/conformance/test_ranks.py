@@ -67,14 +67,7 @@ def _close_weights(one: Path, two: Path, start: Path) -> None:
         assert diff <= 1e-3 * ref + 1e-6, (k, diff, ref)
 
 
-KNOWN = {("grpo_tools", "dp"): "the same world with tools=[] (single-turn GRPO, 120-token "
-         "completions at temperature 1.2, 2 mini-batches) also trains apart on 2 ranks: a gap "
-         "of the shared engine that this world exposes, not of the episodes (issue 33 report)"}
-
-
-@pytest.mark.parametrize("case,mode", [
-    pytest.param(c, m, marks=pytest.mark.xfail(reason=KNOWN[(c, m)], strict=False))
-    if (c, m) in KNOWN else (c, m) for c, m in MODES], ids=[f"{c}-{m}" for c, m in MODES])
+@pytest.mark.parametrize("case,mode", MODES, ids=[f"{c}-{m}" for c, m in MODES])
 def test_two_ranks_equal_one_process(world, tmp_path, case, mode):
     extra = {"max_steps": 5, "save_every": 0}
     if mode == "fsdp":
