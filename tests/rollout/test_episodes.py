@@ -215,4 +215,7 @@ def test_schemas_need_docstrings() -> None:
 
     with pytest.raises(ValueError, match="config key 'tools': 'bare'"):
         AgentSpec.build(Cfg, [bare], None)
+    Cfg.tools = ["python"]  # the built-in sandboxed tool, by name in YAML
+    from posttrain.rollout.tools import python
+    assert AgentSpec.build(Cfg).tools == {"python": python}
     assert torch.is_tensor(torch.zeros(1))

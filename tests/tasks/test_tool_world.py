@@ -35,3 +35,17 @@ def test_sft_rows_render_as_the_episodes_the_rollout_builds() -> None:
     assert text == (f"<s>{msgs[0]['content']}\n{call}</s><tool_response>"
                     f"{calculator(msgs[0]['content'])}</tool_response>\n")
     assert [c.name for c in parse_tool_calls(tok, call)] == ["calculator"]
+
+
+def test_the_recipe_loads_with_its_tool() -> None:
+    from pathlib import Path
+
+    from posttrain.config import GRPOConfig, build_config
+    from posttrain.rollout.tools import AgentSpec
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "grpo_tools.yaml"
+    cfg = build_config(GRPOConfig, recipe)
+    assert cfg.agentic() and cfg.max_tool_calling_iterations == 2
+    assert AgentSpec.build(cfg).tools == {"calculator": calculator}
+    off = build_config(GRPOConfig, recipe, overrides={"tools": []})
+    assert not off.agentic()  # the control run of docs/results.md
