@@ -139,3 +139,25 @@ def test_refused_where_not_implemented(tmp_path):
         GRPOTrainer(model="x", train_data=[{"prompt": "a", "answer": "1"}],
                     tools=["nowhere.mod:calc"], out_dir=str(tmp_path / "h"))
     assert torch.is_tensor(torch.zeros(1))
+
+
+def boom(by: int) -> str:
+    """Always fails.
+
+    Args:
+        by: ignored.
+    """
+    raise RuntimeError("the service is down")
+
+
+def test_a_tool_failing_on_most_calls_stops_the_run(tmp_path, scripted):
+    from posttrain.trainers.prompt_rl import ToolFailureError
+
+    class Broken(Counter):
+        step = staticmethod(boom)
+
+    t = trainer(tmp_path, rewards=["math"], environment_factory=Broken)
+    # one call per episode: the error answer is longer than the script expects, so the
+    # scripted sampler garbles its second call
+    with pytest.raises(ToolFailureError, match="'step' failed on 4 of its 4 calls.*down"):
+        t.rollout_step()
