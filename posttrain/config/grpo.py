@@ -61,7 +61,8 @@ class GRPOConfig(PromptRLConfig):
     """Off-policy updates: reuse the sampler's log-probs or run one more forward pass. Under
     autocast_bf16 the sampler's log-probs come from a bf16 decode, so `recompute` is used (a
     ratio must start at exactly 1 for tight clip ranges such as GSPO's); with a rollout
-    correction (`rollout_is`) pi_old is always the learner's forward."""
+    correction (`rollout_is`) or multi-turn tool episodes pi_old is always the learner's
+    forward."""
     mask_truncated_completions: bool = False
     """Exclude completions that hit max_new_tokens from the loss (DAPO)."""
     dynamic_sampling: bool = False

@@ -52,6 +52,21 @@ class PromptRLConfig(BaseConfig):
     """Sequences per generation batch when sampling a step's rollouts (whole groups: rounded
     down to a multiple of group_size, at least one group); 0: all of a rank's sequences in one
     batch. Bounds the KV cache and the logits of a decode step on a GPU."""
+    # --- agents: multi-turn rollouts with tools (docs/agents.md) ---
+    tools: list[str] = field(default_factory=list)
+    """Tool functions `pkg.module:function` (typed, Google-style docstrings; TRL's `tools`) the
+    model may call during a rollout; `python` is the built-in sandboxed Python tool. GRPO with
+    the hf engine only (docs/agents.md)."""
+    environment: str | dict[str, str] = ""
+    """`pkg.module:Class` (TRL's `environment_factory`), or {name: pkg.module:Class} picked by
+    each row's `environment` field: one instance per rollout, `reset(**row)` before it, its
+    public methods are tools, its `get_reward()` (if any) a reward named `environment`."""
+    max_tool_calling_iterations: int = 4
+    """Most tool-calling rounds per episode (TRL's name); a call on the last turn ends the
+    episode (counted in agent/cut_by_turns). The whole episode, model and tool tokens, fits
+    in max_new_tokens."""
+    tool_timeout_s: float = 10.0
+    """Wall-clock limit of one tool call; past it the call's answer is a timeout message."""
     # --- rollout correction (posttrain/ops/importance.py, docs/algorithms.md) ---
     rollout_is: Literal["auto", "none", "token_truncate", "token_mask", "sequence_truncate",
                         "sequence_mask"] = "auto"
@@ -74,6 +89,10 @@ class PromptRLConfig(BaseConfig):
     gradient 0 (OpenRLHF for k1/k2/k3, verl for k3), so one token far from the reference cannot
     dominate; 0 turns it off (docs/algorithms.md)."""
 
+    def agentic(self) -> bool:
+        """Whether rollouts are multi-turn episodes with tools (`tools` or `environment`)."""
+        return bool(self.tools or self.environment)
+
     def rollout_correction(self) -> str:
         """The `rollout_is` mode this run uses (`auto` resolved by the rollout engine)."""
         if self.rollout_is != "auto":
@@ -91,6 +110,9 @@ class PromptRLConfig(BaseConfig):
             raise ConfigError(f"config key 'kl_clamp'={self.kl_clamp}: expected >= 0 (0: off)")
         if self.rollout_is_cap <= 0:
             raise ConfigError(f"config key 'rollout_is_cap'={self.rollout_is_cap}: expected > 0")
+        if self.max_tool_calling_iterations < 0 or self.tool_timeout_s <= 0:
+            raise ConfigError("config key 'max_tool_calling_iterations' must be >= 0 and "
+                              "'tool_timeout_s' > 0")
         if self.max_prompt_len < 0:
             raise ConfigError(f"config key 'max_prompt_len'={self.max_prompt_len}: expected >= 0 "
                               "(0: only the model's context)")

@@ -113,7 +113,8 @@ class Session:
             rollout = engine.generate([prompts[i] for i in mine], rows=[rows[i] for i in mine],
                                       params=SamplingParams(max_new_tokens=max_new, greedy=True),
                                       batch_size=cfg.eval_batch_size)
-            result = self.scorer.score(rollout.completions, [rows[i] for i in mine])
+            result = self.scorer.score(rollout.completions,  # episodes: + messages, env
+                                       rollout.rows or [rows[i] for i in mine])
             fmt = result.per_function.get("format")
             lengths = rollout.response_mask.sum(1).tolist()
             per_row = [(i, rollout.completions[k], result.per_function[self.reward_names[0]][k],

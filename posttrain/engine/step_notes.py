@@ -68,11 +68,14 @@ class StepNotes:
 
 def completion_samples(rollout: Any, result: Any, n: int) -> list[dict[str, Any]]:
     """The first `n` completions of a rollout with their prompt, weighted reward and each
-    reward function's value (None where it did not score the sample)."""
+    reward function's value (None where it did not score the sample); for a multi-turn
+    episode also its `messages` (the tool answers as `tool` messages)."""
     out = []
     for i in range(min(n, len(rollout.completions))):
         per_fn = {k: (None if v[i] != v[i] else v[i]) for k, v in result.per_function.items()}
         out.append({"prompt": rollout.rows[i].get("prompt"),
                     "completion": rollout.completions[i], "reward": result.scores[i],
                     "rewards": per_fn, "truncated": bool(rollout.truncated[i])})
+        if "messages" in rollout.rows[i]:  # an episode: its turns, tool messages by role
+            out[-1]["messages"] = rollout.rows[i]["messages"]
     return out

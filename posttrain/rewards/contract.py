@@ -29,6 +29,9 @@ PER_SAMPLE, BATCHED, ROWS = "per_sample", "batched", "rows"
 ENTRY_KEYS = ("name", "weight", "kwargs")
 _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 _BATCH_INPUTS = ("completions", "prompts")
+EPISODE_FIELDS = ("messages", "environments")
+"""Fields a multi-turn rollout adds to each sample's row for the rewards (the episode's chat
+messages, its environment instance): not required of the dataset's rows."""
 
 
 def _params(fn: Callable[..., Any]) -> list[inspect.Parameter]:
@@ -84,7 +87,8 @@ def needed_fields(fn: Callable[..., Any], constants: dict[str, Any]) -> list[str
     if style == ROWS:
         return []
     return [p.name for p in field_params(fn, style)
-            if p.default is inspect.Parameter.empty and p.name not in constants]
+            if p.default is inspect.Parameter.empty and p.name not in constants
+            and p.name not in EPISODE_FIELDS]
 
 
 def batched_arguments(fn: Callable[..., Any], completions: list[str],

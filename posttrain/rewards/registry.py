@@ -55,12 +55,20 @@ from posttrain.sandbox.run import STATUSES, SandboxUnavailableError
 
 RewardFn = Callable[..., float]
 
+
+def environment_reward(completions: list[str], environments: list[Any]) -> list[float | None]:
+    """The environment's own score of each episode (`get_reward()`; docs/agents.md): None
+    (not scored) for a sample without an environment or whose environment has no get_reward."""
+    return [env.get_reward() if hasattr(env, "get_reward") else None for env in environments]
+
+
 BUILTIN_REWARDS: dict[str, RewardFn] = {
     "math": math_reward,
     "format": format_reward,
     "code": code_reward,
     "reward_model": reward_model_reward,
     "process_reward_model": process_reward_model_reward,
+    "environment": environment_reward,
 }
 # Functions whose detailed variant also reports an outcome status for the counters.
 _DETAILED: dict[Any, Callable[..., tuple[float, Any]]] = {code_reward: code_reward_detailed}

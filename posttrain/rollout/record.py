@@ -62,6 +62,19 @@ class Rollout:
     returns: Tensor | None = field(default=None, metadata={"pad": ("T", 0.0)})
     """[N, T] GAE returns, the critic's targets (PPO)."""
 
+    completion_mask: Tensor | None = field(default=None, metadata={"pad": ("T", False)})
+    """[N, T] bool, True on every real completion token, the model's and the tool answers'
+    (multi-turn episodes, `posttrain.rollout.episodes`); None: the same as `response_mask`."""
+    episodes: list[dict[str, Any]] = field(default_factory=list)
+    """N per-episode counts of a multi-turn rollout (turns, calls, errors, cut, tool tokens);
+    empty for single-turn rollouts."""
+
+    @property
+    def attention_mask(self) -> Tensor:
+        """[N, T] the completion tokens the model reads (a forward's mask): `completion_mask`,
+        else `response_mask`. Losses, KL and entropy use `response_mask` only."""
+        return self.completion_mask if self.completion_mask is not None else self.response_mask
+
     @property
     def num_sequences(self) -> int:
         return int(self.completion_ids.shape[0])

@@ -68,6 +68,7 @@ class GRPOTrainer(PromptRLTrainer):
 
     name = "grpo"
     supports_bf16_compute = True
+    supports_tools = True
     config_class = GRPOConfig
     progress_keys = ("reward/mean", "reward/accuracy", "response/truncated_frac")
     count_metrics = PromptRLTrainer.count_metrics | {"rollout/groups_used",
@@ -130,6 +131,8 @@ class GRPOTrainer(PromptRLTrainer):
         for k, v in seconds.items():
             self._times[k] += v
         metrics = dict(result.metrics)
+        if self.agent is not None:
+            metrics.update(self.agent_metrics(rollout))
         if self.accuracy_from is not None:
             self._verdicts += result.per_function[self.accuracy_from]
         if self.verifier is not None:  # the reward-hacking watch: the verifier at any weight
@@ -154,7 +157,8 @@ class GRPOTrainer(PromptRLTrainer):
             all_scores.append(extra.scores)
             gen_tokens += float(extra.response_mask.sum())
             for k, v in m.items():
-                metrics[k] = metrics.get(k, 0.0) + v if "errors" in k or "code/" in k else v
+                summed = "errors" in k or "code/" in k or k.startswith("agent/")
+                metrics[k] = metrics.get(k, 0.0) + v if summed else v
             kept.append(self._filter_groups(extra, metrics))
             n_groups += int(self.dist.sum(kept[-1].num_sequences // G))
         # [all sampled on all ranks], group-contiguous: reward metrics over the whole step
@@ -192,7 +196,8 @@ class GRPOTrainer(PromptRLTrainer):
         # correction asked), else one learner forward, so a ratio or a KL starts at exactly 0
         # in every precision and the correction compares the learner with the sampler
         reuse = (cfg.old_logprobs == "rollout" and correction == "none"
-                 and cfg.rollout_engine == "hf" and not (cfg.autocast_bf16 or cfg.bf16_compute))
+                 and cfg.rollout_engine == "hf" and not (cfg.autocast_bf16 or cfg.bf16_compute)
+                 and self.agent is None)  # episodes: each turn decodes a re-prefilled context
         if rollout.num_sequences == 0:  # every group of this rank was filtered out
             rollout.advantages = torch.zeros(0)
             self._join_gathers(need_old and not reuse)
@@ -291,7 +296,7 @@ class GRPOTrainer(PromptRLTrainer):
         model = model if model is not None else self.learner()
         with self.dist.gathered(model):
             return self.forward.batched(model, rollout.prompt_ids, rollout.prompt_mask,
-                                        rollout.completion_ids, rollout.response_mask,
+                                        rollout.completion_ids, rollout.attention_mask,
                                         self.cfg.micro_batch_size)
 
     def loss_mask(self, rollout: Rollout) -> Tensor:
@@ -351,7 +356,7 @@ class GRPOTrainer(PromptRLTrainer):
         cfg = self.cfg
         logprobs, entropy = self.forward.logprobs(
             self.learner(), batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-            batch.response_mask, with_entropy=True)  # [n, T]
+            batch.attention_mask, with_entropy=True)  # [n, T]; tool tokens read, not trained
         old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
         loss, metrics = policy_loss(
             logprobs, old, batch.advantages, mask, ratio_level=cfg.ratio_level,

@@ -19,10 +19,13 @@ from torch import Tensor
 
 from posttrain.config import ConfigError
 from posttrain.core.runtime import sequence_seed
+from posttrain.engine.distributed import weighted
 from posttrain.engine.step_notes import StepNotes, completion_samples
 from posttrain.engine.trainer import Trainer
 from posttrain.rollout import Rollout, SamplingParams
-from posttrain.rollout.engine import on_device
+from posttrain.rollout.engine import RolloutEngine, on_device
+from posttrain.rollout.episodes import AGENT_COUNTS, AgentEngine, episode_metrics
+from posttrain.rollout.tools import AgentSpec
 
 
 class PromptRLTrainer(Trainer):
@@ -31,13 +34,99 @@ class PromptRLTrainer(Trainer):
     _step: int = 0
     """The step being run (set by `step`): part of every sampling seed."""
     count_metrics = frozenset({"reward/unscorable", "reward/unscored", "reward/errors/",
-                               "code/"})
+                               "code/"}) | AGENT_COUNTS
+    supports_tools = False
+    """Whether the trainer runs multi-turn tool episodes (`tools`, `environment`)."""
+    agent: AgentSpec | None = None
+
+    def __init__(self, cfg: Any = None, session: Any = None, *, tools: list[Any] | None = None,
+                 environment_factory: Any = None, **kwargs: Any) -> None:
+        """`tools=[f, ...]` and `environment_factory=Cls | {name: Cls}` as TRL takes them
+        (docs/agents.md); the config records their import paths."""
+        self._agent_objects = (tools, environment_factory)
+        if tools is not None:
+            kwargs["tools"] = [t if isinstance(t, str) else _path(t) for t in tools]
+        if environment_factory is not None:
+            kwargs["environment"] = ({k: _path(v) for k, v in environment_factory.items()}
+                                     if isinstance(environment_factory, dict)
+                                     else _path(environment_factory))
+        super().__init__(cfg, session, **kwargs)
+
+    @property
+    def shares_prompts(self) -> bool:  # type: ignore[override]
+        """Prompt sharing (`share_prompt_prefix`) is off for tool episodes: with it, 1 and 2
+        ranks trained apart after the first mini-batch (not yet explained; docs/agents.md)."""
+        return not self.cfg.agentic()
 
     def validate(self) -> None:
         world = self.dist.world
         if self.cfg.prompts_per_step % world:
             raise ConfigError(f"config key 'prompts_per_step'={self.cfg.prompts_per_step}: must "
                               f"be a multiple of the {world} torchrun processes")
+        if self.cfg.agentic():
+            self._validate_agent()
+
+    def _validate_agent(self) -> None:
+        """Refuse what multi-turn episodes do not cover, one line naming the key; build the
+        tools and environment (imported now, before any model loads)."""
+        cfg, key = self.cfg, "tools" if self.cfg.tools else "environment"
+        refused = {key: not self.supports_tools and f"the {self.name} trainer",
+                   "rollout_engine": cfg.rollout_engine != "hf" and
+                   f"rollout_engine={cfg.rollout_engine} (the hf engine only)",
+                   "fsdp": cfg.fsdp and "FSDP2",
+                   "advantage": getattr(cfg, "advantage", "") == "grpo_process" and
+                   "advantage=grpo_process"}
+        for name, why in refused.items():
+            if why:
+                raise ConfigError(f"config key {name!r}: multi-turn tool rollouts (tools / "
+                                  f"environment) are not implemented for {why}; docs/agents.md")
+        tools, factory = getattr(self, "_agent_objects", (None, None))
+        tool_objs = [t for t in tools or [] if not isinstance(t, str)] or None
+        try:
+            self.agent = AgentSpec.build(cfg, tool_objs, factory)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+        names = [r.get("name") for r in cfg.rewards]
+        if any(hasattr(c, "get_reward") for c in self.agent.classes()) and \
+                "environment" not in names:
+            cfg.rewards = [*cfg.rewards, {"name": "environment", "weight": 1.0}]
+
+    def rollout_engine(self) -> RolloutEngine:
+        """The trainer's engine; with tools, the multi-turn `AgentEngine` over it."""
+        engine = super().rollout_engine()
+        if self.agent is None:
+            return engine
+        if getattr(self, "_agent_engine", None) is None or self._agent_engine.inner is not engine:
+            self._agent_engine = AgentEngine(engine, self.agent, self._render_episode)
+        return self._agent_engine
+
+    def _render_episode(self, messages: list[dict[str, Any]],
+                        schemas: list[dict[str, Any]]) -> str:
+        """An episode's prompt: the chat template with the tools' schemas where it takes them."""
+        template = self.tokenizer.chat_template or ""
+        if schemas and "tools" in template and self.cfg.chat_template == "auto":
+            system = self.cfg.system_prompt
+            msgs = [{"role": "system", "content": system}, *messages] if system else messages
+            return self.tokenizer.apply_chat_template(msgs, tools=schemas, tokenize=False,
+                                                      add_generation_prompt=True)
+        return self.s.render(messages)
+
+    def evaluate(self, when: str) -> dict[str, Any]:
+        """Held-out evaluation; with tools, greedy episodes through the same `AgentEngine`."""
+        if self.agent is not None:
+            self.s.engine = self.rollout_engine()
+        return super().evaluate(when)
+
+    def agent_metrics(self, rollout: Rollout) -> dict[str, float]:
+        """`agent/*` of this rank's episodes (counts and weighted means); stops the run when a
+        tool failed (raised or timed out) on most of its calls of the step, over every rank."""
+        counts, means = episode_metrics(rollout.episodes)
+        out = dict(counts)
+        for key, (value, weight) in means.items():
+            out.update(weighted({key: value}, weight))
+        check_failing_tools(self.dist.all_gather_objects(
+            [e.get("by_tool", {}) for e in rollout.episodes]))
+        return out
 
     @functools.cached_property
     def sampling(self) -> SamplingParams:
@@ -132,3 +221,27 @@ def all_rejected_warning(name: str, step: int, cfg: Any, consequence: str) -> st
     return (f"[{name}] warning: step {step}: rollout_is={cfg.rollout_correction()} rejected "
             f"every sample (importance ratio above rollout_is_cap={cfg.rollout_is_cap}, see "
             f"rollout/*): {consequence}")
+
+
+def _path(obj: Any) -> str:
+    """`module:qualname` of a tool or an environment class, for the run's config record."""
+    return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', repr(obj))}"
+
+
+class ToolFailureError(RuntimeError):
+    """A tool raised or timed out on most of its calls of a step."""
+
+
+def check_failing_tools(per_rank: list[list[dict[str, list]]]) -> None:
+    """Raise `ToolFailureError` naming the first tool that failed (raised or timed out) on more
+    than half of its calls this step (at least 2), with its first error message."""
+    total: dict[str, list] = {}
+    for rank in per_rank:
+        for by_tool in rank:
+            for name, (calls, fails, first) in by_tool.items():
+                t = total.setdefault(name, [0, 0, ""])
+                t[0], t[1], t[2] = t[0] + calls, t[1] + fails, t[2] or first
+    for name, (calls, fails, first) in total.items():
+        if calls >= 2 and 2 * fails > calls:
+            raise ToolFailureError(f"tool {name!r} failed on {fails} of its {calls} calls this "
+                                   f"step (raised or timed out); first: {first}")

@@ -29,6 +29,12 @@ from posttrain.trainers import TRAINERS, trainer_class
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "ppo_lora_critic": ("ppo", {"lora_r": 4, "lora_alpha": 8, "lr": 1e-2, "critic_lr": 1e-2}),
+    # multi-turn tool episodes (docs/agents.md): a model fine-tuned to call `echo`
+    "grpo_tools": ("grpo", {"model": "@tools_model", "tools": ["tests.conformance.tools:echo"],
+                            "max_tool_calling_iterations": 2, "max_new_tokens": 120,
+                            "eval_max_new_tokens": 120, "lr": 3e-4,  # 3e-3: chaotic
+                            "temperature": 1.2,  # some calls garbled: rewards vary
+                            "rewards": [{"name": "math", "weight": 1.0}]}),
 }
 CASES = sorted(TRAINERS) + sorted(VARIANTS)
 RL = [c for c in CASES if c in ("grpo", "ppo") or VARIANTS.get(c, ("",))[0] in ("grpo", "ppo")]
@@ -83,11 +89,25 @@ def world(tmp_path_factory) -> dict[str, str]:
                                for p in ["a", "bb", "c1", "d", "e22", "f", "g3", "h", "i",
                                          "j4", "k", "l5", "m", "n66", "o", "p7", "q", "r8"]))
     return {"root": str(root), "model": str(root / "model"), "prompts": str(prompts),
+            "tools_model": _tools_model(root, prompts),
             "sft": str(write_jsonl(sft_rows(17, seed=0), root / "sft.jsonl")),
             "pairs": str(write_jsonl(offline_pairs(18, seed=0, kind="flaw"),
                                      root / "pairs.jsonl")),
             "steps": str(write_jsonl(step_rows(18, seed=0, error_rate=0.3),
                                      root / "steps.jsonl"))}
+
+
+def _tools_model(root: Path, prompts: Path) -> str:
+    """The world's model fine-tuned (150 SFT steps) to call the `echo` tool on every prompt."""
+    from posttrain.trainers.sft import SFTTrainer
+    from tests.conformance.tools import TRACE
+
+    rows = [{"prompt": json.loads(x)["prompt"], "completion": TRACE}
+            for x in prompts.read_text().splitlines()]
+    SFTTrainer(model=str(root / "model"), train_data=rows, max_steps=150, lr=1e-2, warmup_steps=1,
+               batch_size=18, rewards=[], progress=False, report_to=[], threads=1,
+               out_dir=str(root / "tools_sft")).train()
+    return str(root / "tools_sft" / "final")
 
 
 def case_keys(world: dict[str, str], case: str, out: Path, **extra: Any) -> dict[str, Any]:
@@ -101,6 +121,8 @@ def case_keys(world: dict[str, str], case: str, out: Path, **extra: Any) -> dict
     if command in ("rm", "prm"):
         keys["eval_data"] = keys["train_data"]
     keys.update(VARIANTS.get(case, ("", {}))[1])
+    if str(keys["model"]).startswith("@"):  # a model the world builds for a variant
+        keys["model"] = world[keys["model"][1:]]
     keys.update(extra)
     fields = {f.name for f in dataclasses.fields(trainer_class(command).config_class)}
     return {k: v for k, v in keys.items() if k in fields}

@@ -40,6 +40,8 @@ def test_first_update_has_ratio_one_and_zero_kl(world, tmp_path, case, precision
     assert abs(first["policy/ratio_max"] - 1.0) < 1e-5, first
     assert abs(first["policy/ratio_min"] - 1.0) < 1e-5, first
     assert abs(first["policy/approx_kl"]) < 1e-5 and first["policy/clipfrac"] == 0.0
+    if "tools" in keys:  # the multi-turn case: tool answers really are in the sequences
+        assert metrics["agent/tool_calls"] > 0 and metrics["agent/tool_token_share"] > 0
     kls = {k: v for k, v in {**metrics, **first}.items()
            if k.startswith("kl/") and k != "kl/coef"}
     assert kls, sorted(metrics)

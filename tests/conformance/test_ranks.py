@@ -43,7 +43,8 @@ pytestmark = pytest.mark.slow
 PER_RUN = ("perf/", "gpu/")
 MODES = [(c, "dp") for c in CASES] + [
     (c, "fsdp") for c in CASES if trainer_class(command_of(c)).supports_fsdp
-    and "lora_r" not in VARIANTS.get(c, ("", {}))[1]]
+    and "lora_r" not in VARIANTS.get(c, ("", {}))[1]
+    and "tools" not in VARIANTS.get(c, ("", {}))[1]]  # FSDP2 + tools: refused
 
 
 def torchrun(command: str, keys: dict) -> None:

@@ -49,11 +49,12 @@ def test_builtins_resolve() -> None:
     assert resolve_reward("math") is math_reward
     assert resolve_reward("format") is format_reward
     assert set(BUILTIN_REWARDS) == {"math", "format", "code", "reward_model",
-                                    "process_reward_model"}
+                                    "process_reward_model", "environment"}
 
 
 def test_unknown_builtin_lists_valid_names() -> None:
-    with pytest.raises(ValueError, match=r"unknown reward 'maths'.*'code', 'format', 'math'"):
+    with pytest.raises(ValueError,
+                       match=r"unknown reward 'maths'.*'code', 'environment', 'format', 'math'"):
         resolve_reward("maths")
 
 

@@ -1,0 +1,163 @@
+"""GRPO with tools and environments, TRL-style (docs/agents.md): a scripted sampler writes
+the tool calls, the tiny Llama learns on the episodes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from posttrain.config import ConfigError
+from posttrain.rollout.engine import ENGINES
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
+from posttrain.trainers.grpo import GRPOTrainer
+from posttrain.trainers.ppo import PPOTrainer
+from tests.rollout.script_lm import ScriptedHF, ScriptLM, ids
+
+TOK = build_char_tokenizer()
+
+
+class Counter:
+    """TRL-style environment: reset per rollout, methods are tools, get_reward scores."""
+
+    resets: list[dict] = []
+    calls: list[int] = []
+
+    def reset(self, **row: object) -> str:
+        Counter.resets.append(dict(row))
+        self.total = int(row["start"])
+        return f" start={self.total}"
+
+    def step(self, by: int) -> str:
+        """Add to the counter and read it.
+
+        Args:
+            by: how much to add.
+        """
+        Counter.calls.append(by)
+        self.total += by
+        return str(self.total)
+
+    def get_reward(self) -> float:
+        return float(self.total == 10)
+
+
+def seen_env(completions: list[str], environments: list, messages: list, **_: object
+             ) -> list[float]:
+    """A TRL-form reward that reads the episode (its environment and messages)."""
+    return [float(len(m) == 6 and e.total == 10) * 0.5
+            for e, m in zip(environments, messages, strict=True)]
+
+
+def call(name: str, **args: object) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call></s>"
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """The hf engine samples from a script: call step(3), read 7, call step(3), read 10,
+    answer; the policy (a tiny Llama) is what trains."""
+    script = ("<s>Q start=4\n" + call("step", by=3) + "<tool_response>7</tool_response>\n"
+              + call("step", by=3) + "<tool_response>10</tool_response>\n<answer>10</answer></s>")
+    lm = ScriptLM(ids(TOK, script), len(TOK))
+
+    def factory(cfg, tokenizer, *, role="eval", dist=None, model=None):
+        engine = ScriptedHF(tokenizer)
+        engine.script_model = lm
+        if model is not None:
+            engine.update_weights(model, 0)
+        return engine
+
+    monkeypatch.setitem(ENGINES, "hf", factory)
+    Counter.resets, Counter.calls = [], []
+    return script
+
+
+def trainer(tmp_path, **kw: object) -> GRPOTrainer:
+    model = build_tiny_llama(TOK, hidden_size=32, num_layers=1, num_heads=2,
+                             intermediate_size=64, max_position_embeddings=256, seed=0)
+    rows = [{"prompt": "Q", "answer": "10", "start": 4}] * 4
+    keys = {"group_size": 2, "prompts_per_step": 2, "max_new_tokens": 200, "max_steps": 1,
+            "eval_max_new_tokens": 200,
+            "kl_coef": 0.1, "progress": False, "report_to": [], "threads": 1,
+            "out_dir": str(tmp_path / "run"), "eval_size": 2, "micro_batch_size": 4}
+    return GRPOTrainer(model=model, tokenizer=TOK, train_data=rows, eval_data=rows[:2],
+                       **{**keys, **kw})
+
+
+def test_trl_style_environment_script_runs_and_learns_on_model_tokens(tmp_path, scripted):
+    t = trainer(tmp_path, rewards=["math", seen_env], environment_factory=Counter,
+                max_tool_calling_iterations=4)
+    assert [r["name"] for r in t.cfg.rewards] == ["math", "seen_env", "environment"]
+    rollout, metrics = t.rollout_step()
+    # reset once per rollout with the row; the environment's tool got the model's calls
+    assert len(Counter.resets) == 4 and Counter.resets[0]["start"] == 4
+    assert Counter.calls == [3, 3] * 4
+    assert metrics["reward/environment_mean"] == 1.0 and metrics["reward/seen_env_mean"] == 0.5
+    assert metrics["agent/tool_calls"] == 8.0 and metrics["agent/turns_mean"] == 3.0
+    assert metrics["agent/cut_by_turns"] == 0.0 and metrics["agent/tool_errors/exception"] == 0
+    # token in, token out: the learner's ids are the script after the prompt, exactly
+    want = ids(TOK, scripted)[len(ids(TOK, "<s>Q start=4\n")):]
+    assert rollout.completion_ids[0].tolist() == want
+    tool_tokens = (rollout.completion_mask & ~rollout.response_mask).sum(1)
+    assert tool_tokens.tolist() == [33 + 34] * 4  # "<tool_response>7</tool_response>\n", "10"
+    assert (rollout.logprobs[~rollout.response_mask] == 0).all()
+    # first update: ratio 1 and KL 0 on the model's tokens
+    t.compute_advantages(rollout, metrics)
+    out = t.update(rollout)
+    assert abs(out["policy/approx_kl"]) < 1e-6 and out["policy/clipfrac"] == 0.0
+    assert abs(out["kl/token_mean"]) < 1e-6
+
+
+def test_train_logs_agent_metrics_and_evaluates_episodes(tmp_path, scripted):
+    summary = trainer(tmp_path, rewards=["math"], environment_factory=Counter).train()
+    assert summary["eval_before"] == 1.0  # greedy held-out episodes with the tools
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().split("\n")
+             if x]
+    line = next(x for x in lines if "agent/episodes" in x)
+    assert line["agent/episodes"] == 4.0 and 0 < line["agent/tool_token_share"] < 1
+
+
+def test_refused_where_not_implemented(tmp_path):
+    def calc(expression: str) -> str:
+        """Calc.
+
+        Args:
+            expression: it.
+        """
+        return expression
+
+    with pytest.raises(ConfigError, match="config key 'tools'.*the ppo trainer"):
+        PPOTrainer(model="x", train_data=[{"prompt": "a", "answer": "1"}], tools=[calc],
+                   out_dir=str(tmp_path / "p"))
+    with pytest.raises(ConfigError, match="config key 'rollout_engine'"):
+        GRPOTrainer(model="x", train_data=[{"prompt": "a", "answer": "1"}], tools=[calc],
+                    rollout_engine="vllm_colocate", out_dir=str(tmp_path / "g"))
+    with pytest.raises(ConfigError, match="config key 'tools': cannot import"):
+        GRPOTrainer(model="x", train_data=[{"prompt": "a", "answer": "1"}],
+                    tools=["nowhere.mod:calc"], out_dir=str(tmp_path / "h"))
+    assert torch.is_tensor(torch.zeros(1))
+
+
+def boom(by: int) -> str:
+    """Always fails.
+
+    Args:
+        by: ignored.
+    """
+    raise RuntimeError("the service is down")
+
+
+def test_a_tool_failing_on_most_calls_stops_the_run(tmp_path, scripted):
+    from posttrain.trainers.prompt_rl import ToolFailureError
+
+    class Broken(Counter):
+        step = staticmethod(boom)
+
+    t = trainer(tmp_path, rewards=["math"], environment_factory=Broken)
+    # one call per episode: the error answer is longer than the script expects, so the
+    # scripted sampler garbles its second call
+    with pytest.raises(ToolFailureError, match="'step' failed on 4 of its 4 calls.*down"):
+        t.rollout_step()
