@@ -169,8 +169,7 @@ class PPOTrainer(PromptRLTrainer):
         """3 + 4: old log-probs (the training forward itself, so the first ratio is 1 in every
         precision), reference KL, values, per-token rewards, GAE; all kept on the rollout."""
         cfg = self.cfg
-        dev = self.device
-        rollout = rollout.to(dev)
+        dev = self.device  # the rollout is there already (`sample_prompts` moved it)
         p_ids, p_mask = rollout.prompt_ids, rollout.prompt_mask
         c_ids, mask = rollout.completion_ids, rollout.response_mask
         args = (p_ids, p_mask, c_ids, mask, cfg.micro_batch_size)
