@@ -4,10 +4,11 @@
 # biases), fp32 and bf16 autocast, checked beyond the exit code (scripts/smoke_checks.py:
 # finite losses, first-step KL < 1e-4, the sampler/learner gap, final/ reloads); a stop by
 # SIGTERM and a resume; torchrun data parallel and FSDP2; the vLLM engines when vLLM imports
-# (colocated; on 2 GPUs also 2 torchrun ranks each with its own engine, and a `vllm serve` on
-# 127.0.0.1 with the trainer on another GPU), at temperature 0.7 with the sampler/learner gap
-# bounded and the samples shown to come from vLLM; (full mode) bf16_compute, torch.compile, the
-# device tests and a recipe-shaped probe. Not run yet: no GPU has been lent to this project.
+# (colocated, also with a tool; on 2 GPUs also 2 torchrun ranks each with its own engine, and
+# a `vllm serve` on 127.0.0.1 with the trainer on another GPU), at temperature 0.7 with the
+# sampler/learner gap bounded and the samples shown to come from vLLM; (full mode)
+# bf16_compute, torch.compile, the device tests and a recipe-shaped probe. Not run yet: no GPU
+# has been lent to this project.
 # One PASS/FAIL/SKIP line per part; exits non-zero when any part fails.
 #   bash scripts/gpu_smoke.sh                      # DEVICE=cuda MODE=quick (<= 5 min, one H200)
 #   MODE=full bash scripts/gpu_smoke.sh            # + the parts listed under "full" below
@@ -159,10 +160,16 @@ done
 VLLM_RUN=(--kl --gap --gap-max 0.05)
 VLLM_KEYS=("${COMMON[@]}" "${GRPO[@]}" autocast_bf16=true temperature=0.7)
 VLLM_MARK="Initializing a V1 LLM engine"
-VLLM_PARTS=(vllm_colocate vllm_colocate_torchrun vllm_server vllm_server_torchrun)
+VLLM_PARTS=(vllm_colocate vllm_colocate_tools vllm_colocate_torchrun vllm_server
+            vllm_server_torchrun)
 if VLLM_ERR=$("$PY" -c "import vllm" 2>&1); then
   train vllm_colocate "${VLLM_RUN[@]}" --log-has "$VLLM_MARK" -- grpo "${VLLM_KEYS[@]}" \
     rollout_engine=vllm_colocate
+  # multi-turn tool episodes on the colocated engine (token-id requests per turn, each with its
+  # own budget): the path runs on the real vLLM with the same checks; a random model seldom
+  # writes a call, so a second turn is shown only on the CPU (tests/rollout/test_vllm_episodes.py)
+  train vllm_colocate_tools "${VLLM_RUN[@]}" --log-has "$VLLM_MARK" -- grpo "${VLLM_KEYS[@]}" \
+    rollout_engine=vllm_colocate "tools=[posttrain.tasks.tool_world:calculator]"
   if [ "$NGPU" -ge 2 ]; then  # each rank its own engine (external_launcher) on its own GPU
     part vllm_colocate_torchrun "${CHECK[@]}" run --out "$W/vllm_colocate_torchrun" \
       "${VLLM_RUN[@]}" --log-has "$VLLM_MARK" -- "${TORCHRUN[@]}" grpo "${VLLM_KEYS[@]}" \

@@ -1,4 +1,4 @@
-"""Multi-turn episodes with tools and environments on the `hf` engine (docs/agents.md).
+"""Multi-turn episodes with tools and environments on every rollout engine (docs/agents.md).
 
 An episode: the prompt (the row's, with the tools' schemas through the chat template and the
 environment's `reset` text appended to the last user message) -> the model samples a turn
@@ -12,15 +12,19 @@ the tool answers in order, `completion_mask` marks every real token (what attent
 `response_mask` only the model's (what the loss, the KL, the entropy and the sampler's log-probs
 cover: the tool tokens have log-prob 0 and count nowhere).
 
-Simplification: each turn prefills the episode so far again (the KV cache is not carried over
-between turns); with the sampled ids as the context the samples are the same, only slower
-(docs/agents.md gives the cost). Notation: N sequences, T completion tokens.
+The episode loop is shared; each engine supplies one turn (`AgentEngine._turn_sampler`): `hf`
+samples the padded batch of contexts (each turn prefills the episode so far again: the KV cache
+is not carried over; docs/agents.md gives the cost), the vLLM engines send each context as
+token ids (vLLM's automatic prefix caching can reuse the earlier turns). Notation: N sequences,
+T completion tokens.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -42,6 +46,7 @@ from posttrain.rollout.tools import (
     parse_tool_calls,
     tool_schemas,
 )
+from posttrain.rollout.vllm_convert import cut_at_stop
 
 __all__ = ["AGENT_COUNTS", "AgentEngine", "Episode", "episode_metrics", "tool_turn_text"]
 
@@ -49,6 +54,9 @@ AGENT_COUNTS = frozenset({"agent/episodes", "agent/tool_calls", "agent/tool_erro
                           "agent/cut_by_turns", "agent/cut_by_length"})
 """The per-rank counts among `episode_metrics` (summed over ranks: `count_metrics`)."""
 _MARK = "\u2063ASSISTANT\u2063"
+Turn = tuple[list[int], list[float], bool]
+"""One episode's sampled turn: its ids (through the stop id, within its budget), their
+sampler log-probs, and whether it was cut (no stop id within the episode's budget)."""
 
 
 @dataclasses.dataclass
@@ -111,7 +119,7 @@ def tool_turn_text(tokenizer: Any, results: list[ToolResult], stop_text: str) ->
 
 
 class AgentEngine:
-    """The rollout-engine protocol over an `hf` engine, sampling multi-turn episodes.
+    """The rollout-engine protocol over an `hf` or vLLM engine, sampling multi-turn episodes.
 
     `render(messages, schemas)` renders a prompt (the trainer's system prompt and chat
     template); `generate` takes the rows (the rendered `prompts` are rebuilt from them with the
@@ -119,15 +127,14 @@ class AgentEngine:
     episode (`messages`, `environments`: the instance or None) for the reward functions and
     whose `episodes` hold each episode's counts (`episode_metrics`)."""
 
-    name = "hf"
-    runs_policy = True
-
     def __init__(self, inner: Any, spec: AgentSpec,
                  render: Callable[[list[dict[str, Any]], list[dict[str, Any]]], str]) -> None:
-        if getattr(inner, "name", None) != "hf" or not hasattr(inner, "sampler"):
-            raise ValueError("config key 'rollout_engine': multi-turn tool rollouts run on the "
-                             "hf engine only")
+        if not hasattr(inner, "sample_ids") and not (
+                getattr(inner, "name", None) == "hf" and hasattr(inner, "sampler")):
+            raise ValueError(f"config key 'rollout_engine': multi-turn tool rollouts run on the "
+                             f"hf and vLLM engines, not {getattr(inner, 'name', inner)!r}")
         self.inner, self.spec, self.render = inner, spec, render
+        self.name, self.runs_policy = inner.name, inner.runs_policy
         self.tokenizer = inner.tokenizer
 
     def update_weights(self, model: torch.nn.Module, version: int) -> None:
@@ -163,28 +170,45 @@ class AgentEngine:
         params = params or SamplingParams()
         rows = rows or [{"prompt": p} for p in prompts]
         eps = [self.start(r) for r in rows for _ in range(group_size)]
+        with self._turn_sampler(params, stop_ids, generator) as sample_turn:
+            for turn in range(self.spec.max_turns + 1):
+                live = [k for k, e in enumerate(eps) if not e.done]
+                if not live:
+                    break
+                now = [eps[k] for k in live]
+                turn_seeds = [sequence_seed(seeds[k], "turn", turn) for k in live] if seeds \
+                    else None
+                self._take_turn(now, sample_turn(now, turn_seeds), turn)
+                self._answer_calls(now, params.max_new_tokens)
+        return self._record(eps, rows, group_size)
+
+    @contextlib.contextmanager
+    def _turn_sampler(self, params: SamplingParams, stop_ids: list[int] | None,
+                      generator: torch.Generator | None
+                      ) -> Iterator[Callable[[list[Episode], list[int] | None], list[Turn]]]:
+        """The engine's side of a turn: `sample(live episodes, their seeds of this turn)` ->
+        one `Turn` each, continued from the episode's ids (prompt + so far) and within its own
+        remaining budget. vLLM: one request of token ids per episode, all in one call."""
+        if hasattr(self.inner, "sample_ids"):  # the vLLM engines
+            stops = list(stop_ids) if stop_ids is not None else self.inner.stops
+            yield functools.partial(self._vllm_turn, params, stops, generator)
+            return
         model, autocast = self.inner.sampler()
         was_training = model.training
         model.eval()
         try:
             stops = list(stop_ids) if stop_ids is not None else stop_token_ids(
                 model, self.tokenizer)
-            for turn in range(self.spec.max_turns + 1):
-                live = [k for k, e in enumerate(eps) if not e.done]
-                if not live:
-                    break
-                self._sample_turn(model, autocast, [eps[k] for k in live], params, stops,
-                                  [seeds[k] for k in live] if seeds else None, generator, turn)
-                self._answer_calls([eps[k] for k in live], params.max_new_tokens)
+            yield functools.partial(self._sample_turn, model, autocast, params, stops,
+                                    generator)
         finally:
             if was_training:
                 model.train()
-        return self._record(eps, rows, group_size)
 
-    def _sample_turn(self, model: torch.nn.Module, autocast: bool, eps: list[Episode],
-                     params: SamplingParams, stops: list[int], seeds: list[int] | None,
-                     generator: torch.Generator | None, turn: int) -> None:
-        """One model turn of every live episode, continued from its ids (prompt + so far)."""
+    def _sample_turn(self, model: torch.nn.Module, autocast: bool, params: SamplingParams,
+                     stops: list[int], generator: torch.Generator | None, eps: list[Episode],
+                     seeds: list[int] | None) -> list[Turn]:
+        """hf: one model turn of every live episode, continued from its ids (prompt + so far)."""
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else stops[0]
         room = [params.max_new_tokens - len(e.ids) for e in eps]
         ctx = [e.prompt + e.ids for e in eps]
@@ -195,21 +219,39 @@ class AgentEngine:
             ids[k, width - len(c):] = torch.tensor(c)
             mask[k, width - len(c):] = True
         T = max(room)
-        uniforms = (sequence_uniforms([sequence_seed(s, "turn", turn) for s in seeds], T)
+        uniforms = (sequence_uniforms(seeds, T)
                     if seeds is not None and not params.greedy else None)  # [n, T]
         device = next(model.parameters()).device
         toks, rmask, lps, trunc = sample_tokens(
             model, ids.to(device), mask.to(device), dataclasses.replace(params, max_new_tokens=T),
             stops, pad, autocast, generator, 1, uniforms)
         toks, rmask, lps, trunc = toks.cpu(), rmask.cpu(), lps.cpu(), trunc.cpu()
-        for k, e in enumerate(eps):
+        out = []
+        for k in range(len(eps)):
             n = int(rmask[k].sum())
-            take = min(n, room[k])
-            e.add(toks[k, :take].tolist(), lps[k, :take].tolist())
+            take = min(n, room[k])  # no stop id within the episode's budget: cut
+            out.append((toks[k, :take].tolist(), lps[k, :take].tolist(),
+                        take < n or bool(trunc[k])))
+        return out
+
+    def _vllm_turn(self, params: SamplingParams, stops: list[int],
+                   generator: torch.Generator | None, eps: list[Episode],
+                   seeds: list[int] | None) -> list[Turn]:
+        """vLLM: one request per live episode, its token ids so far (never re-tokenized text),
+        `max_tokens` its own remaining budget; all of them in one call."""
+        outs = self.inner.sample_ids([e.prompt + e.ids for e in eps], params, stops,
+                                     seeds=seeds, generator=generator,
+                                     max_tokens=[params.max_new_tokens - len(e.ids) for e in eps])
+        return [cut_at_stop(c, set(stops), i) for i, c in enumerate(outs)]
+
+    def _take_turn(self, eps: list[Episode], turns: list[Turn], turn: int) -> None:
+        """Append each episode's sampled turn and parse its tool calls (or end it)."""
+        for e, (ids, logprobs, cut) in zip(eps, turns, strict=True):
+            e.add(ids, logprobs)
             e.turns += 1
-            text = self.tokenizer.decode(toks[k, :take], skip_special_tokens=True)
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
             e.messages.append({"role": "assistant", "content": text})
-            if take < n or bool(trunc[k]):  # no stop id within the episode's budget
+            if cut:
                 e.cut, e.done = "length", True
                 continue
             calls = parse_tool_calls(self.tokenizer, text)
@@ -219,7 +261,7 @@ class AgentEngine:
                 e.cut, e.done = "turns", True
             else:
                 e.pending = calls
-                e.stop_text = self.tokenizer.decode(toks[k, take - 1:take])
+                e.stop_text = self.tokenizer.decode(ids[-1:])
 
     def _answer_calls(self, eps: list[Episode], max_new_tokens: int) -> None:
         """Run the pending calls of every episode (concurrently) and append the answers as

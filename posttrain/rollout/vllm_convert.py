@@ -20,7 +20,7 @@ from torch import Tensor
 
 from posttrain.rollout.record import Rollout
 
-__all__ = ["Completion", "completion_of", "sampled_logprob", "to_rollout"]
+__all__ = ["Completion", "completion_of", "cut_at_stop", "sampled_logprob", "to_rollout"]
 
 
 @dataclass
@@ -63,8 +63,10 @@ def completion_of(output: Any) -> Completion:
     return Completion(tokens, logprobs, getattr(output, "finish_reason", None))
 
 
-def _cut(c: Completion, stops: set[int], i: int) -> tuple[list[int], list[float], bool]:
-    """(tokens through the first stop id, their log-probs, truncated) of sequence `i`."""
+def cut_at_stop(c: Completion, stops: set[int], i: int
+                ) -> tuple[list[int], list[float], bool]:
+    """(tokens through the first stop id, their log-probs (0 without), truncated: no stop
+    id) of sequence `i`."""
     logprobs = c.logprobs if c.logprobs is not None else [0.0] * len(c.token_ids)
     for k, tok in enumerate(c.token_ids):
         if tok in stops:
@@ -96,7 +98,7 @@ def to_rollout(outputs: Sequence[Any], *, prompt_ids: Tensor, prompt_mask: Tenso
     if len(outputs) != B * group_size:
         raise ValueError(f"{len(outputs)} vLLM outputs for {B} prompts x {group_size} samples")
     stops = {int(s) for s in stop_ids}
-    cut = [_cut(o if isinstance(o, Completion) else completion_of(o), stops, i)
+    cut = [cut_at_stop(o if isinstance(o, Completion) else completion_of(o), stops, i)
            for i, o in enumerate(outputs)]
     N, T = len(cut), max((len(t) for t, _, _ in cut), default=0)
     completion_ids = torch.full((N, T), pad_token_id, dtype=torch.long)  # [N, T]

@@ -38,7 +38,7 @@ import torch
 
 from posttrain.rollout.hf import SamplingParams, stop_token_ids, tokenize_prompts
 from posttrain.rollout.record import Rollout
-from posttrain.rollout.vllm_convert import Completion, to_rollout
+from posttrain.rollout.vllm_convert import Completion, completion_of, to_rollout
 from posttrain.rollout.weights import DEFAULT_BUCKET_BYTES, iter_weights
 
 __all__ = ["VLLMColocateEngine", "VLLMServerEngine", "request_seeds"]
@@ -137,7 +137,48 @@ def _device(dist: Any) -> torch.device:
         else torch.device("cpu")
 
 
-class VLLMColocateEngine:
+class _Sampler:
+    """What both vLLM engines share: requests of token ids, one per sequence (`_run` sends
+    them: in-process or over HTTP)."""
+
+    tokenizer: Any
+    stops: list[int]
+
+    def generate(self, prompts: list[str], *, group_size: int = 1,
+                 params: SamplingParams | None = None, seeds: list[int] | None = None,
+                 stop_ids: list[int] | None = None, rows: list[dict[str, Any]] | None = None,
+                 batch_size: int = 0, generator: torch.Generator | None = None) -> Rollout:
+        params = params or SamplingParams()
+        stops = list(stop_ids) if stop_ids is not None else self.stops
+        prompt_ids, prompt_mask, requests = _requests(self.tokenizer, prompts, group_size)
+        outputs = self.sample_ids(requests, params, stops, seeds=seeds, generator=generator,
+                                  batch_size=batch_size)
+        return to_rollout(outputs, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+                          group_size=group_size, stop_ids=stops,
+                          pad_token_id=_pad_id(self.tokenizer, stops), tokenizer=self.tokenizer,
+                          rows=rows)
+
+    def sample_ids(self, contexts: list[list[int]], params: SamplingParams, stops: list[int], *,
+                   max_tokens: list[int] | None = None, seeds: list[int] | None = None,
+                   generator: torch.Generator | None = None,
+                   batch_size: int = 0) -> list[Completion]:
+        """One completion of each token-id list (never text: nothing is re-tokenized), in
+        order; `max_tokens`: each request's own budget (default `params.max_new_tokens`);
+        seeds as `request_seeds`. Multi-turn episodes continue from here
+        (`posttrain.rollout.episodes.AgentEngine`)."""
+        per_seq = request_seeds(seeds, len(contexts), generator, params.greedy)
+        budgets = max_tokens if max_tokens is not None else [params.max_new_tokens] * len(
+            contexts)
+        kwargs = [_sampling_kwargs(params, stops, s) | {"max_tokens": m}
+                  for s, m in zip(per_seq, budgets, strict=True)]
+        return self._run(contexts, kwargs, batch_size)
+
+    def _run(self, contexts: list[list[int]], kwargs: list[dict[str, Any]],
+             batch_size: int) -> list[Completion]:
+        raise NotImplementedError
+
+
+class VLLMColocateEngine(_Sampler):
     """A `vllm.LLM` in this process (see the module doc)."""
 
     name = "vllm_colocate"
@@ -229,26 +270,17 @@ class VLLMColocateEngine:
                                f"({weights[0][0]}, ...)")
 
     # ---- sampling -----------------------------------------------------------------------------
-    def generate(self, prompts: list[str], *, group_size: int = 1,
-                 params: SamplingParams | None = None, seeds: list[int] | None = None,
-                 stop_ids: list[int] | None = None, rows: list[dict[str, Any]] | None = None,
-                 batch_size: int = 0, generator: torch.Generator | None = None) -> Rollout:
+    def _run(self, contexts: list[list[int]], kwargs: list[dict[str, Any]],
+             batch_size: int) -> list[Completion]:
         vllm = _import_vllm(self.name)
-        params = params or SamplingParams()
         self.wake()
-        stops = list(stop_ids) if stop_ids is not None else self.stops
-        prompt_ids, prompt_mask, requests = _requests(self.tokenizer, prompts, group_size)
-        per_seq = request_seeds(seeds, len(requests), generator, params.greedy)
-        sampling = [vllm.SamplingParams(**_sampling_kwargs(params, stops, s)) for s in per_seq]
-        step = batch_size if batch_size > 0 else max(1, len(requests))
+        sampling = [vllm.SamplingParams(**kw) for kw in kwargs]
+        step = batch_size if batch_size > 0 else max(1, len(contexts))
         outputs: list[Any] = []
-        for start in range(0, len(requests), step):
-            batch = [{"prompt_token_ids": ids} for ids in requests[start:start + step]]
+        for start in range(0, len(contexts), step):
+            batch = [{"prompt_token_ids": ids} for ids in contexts[start:start + step]]
             outputs += self.llm.generate(batch, sampling[start:start + step], use_tqdm=False)
-        return to_rollout(outputs, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-                          group_size=group_size, stop_ids=stops,
-                          pad_token_id=_pad_id(self.tokenizer, stops), tokenizer=self.tokenizer,
-                          rows=rows)
+        return [completion_of(o) for o in outputs]
 
 
 def _sampling_kwargs(params: SamplingParams, stops: list[int], seed: int | None
@@ -273,7 +305,7 @@ top_p and repetition_penalty), which would truncate or penalise the samples and 
 log-probs away from the learner's."""
 
 
-class VLLMServerEngine:
+class VLLMServerEngine(_Sampler):
     """A `vllm serve` process reached over HTTP; weights over NCCL (see the module doc)."""
 
     name = "vllm_server"
@@ -399,30 +431,19 @@ class VLLMServerEngine:
         thread.join()
 
     # ---- sampling -----------------------------------------------------------------------------
-    def generate(self, prompts: list[str], *, group_size: int = 1,
-                 params: SamplingParams | None = None, seeds: list[int] | None = None,
-                 stop_ids: list[int] | None = None, rows: list[dict[str, Any]] | None = None,
-                 batch_size: int = 0, generator: torch.Generator | None = None) -> Rollout:
-        params = params or SamplingParams()
-        stops = list(stop_ids) if stop_ids is not None else self.stops
-        prompt_ids, prompt_mask, requests = _requests(self.tokenizer, prompts, group_size)
-        per_seq = request_seeds(seeds, len(requests), generator, params.greedy)
-        workers = min(64, batch_size if batch_size > 0 else len(requests)) or 1
+    def _run(self, contexts: list[list[int]], kwargs: list[dict[str, Any]],
+             batch_size: int) -> list[Completion]:
+        """Every request at once (up to 64 in flight; `batch_size` > 0 bounds it too)."""
+        workers = min(64, batch_size if batch_size > 0 else len(contexts)) or 1
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            outputs = list(pool.map(lambda a: self._complete(a[0], a[1], params, stops),
-                                    zip(requests, per_seq, strict=True)))
-        return to_rollout(outputs, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-                          group_size=group_size, stop_ids=stops,
-                          pad_token_id=_pad_id(self.tokenizer, stops), tokenizer=self.tokenizer,
-                          rows=rows)
+            return list(pool.map(self._complete, contexts, kwargs))
 
-    def _complete(self, ids: list[int], seed: int | None, params: SamplingParams,
-                  stops: list[int]) -> Completion:
-        kw = _sampling_kwargs(params, stops, seed)
+    def _complete(self, ids: list[int], kw: dict[str, Any]) -> Completion:
         body = {"model": self._served, "prompt": ids, "max_tokens": kw["max_tokens"],
-                "temperature": kw["temperature"], "n": 1, "seed": seed,
-                "logprobs": kw["logprobs"], "stop_token_ids": stops, "return_token_ids": True,
-                "return_tokens_as_token_ids": True, "skip_special_tokens": False, **NEUTRAL}
+                "temperature": kw["temperature"], "n": 1, "seed": kw["seed"],
+                "logprobs": kw["logprobs"], "stop_token_ids": kw["stop_token_ids"],
+                "return_token_ids": True, "return_tokens_as_token_ids": True,
+                "skip_special_tokens": False, **NEUTRAL}
         return server_choice(self._post("/v1/completions", body)["choices"][0])
 
 

@@ -71,8 +71,6 @@ class PromptRLTrainer(Trainer):
         tools and environment (imported now, before any model loads)."""
         cfg, key = self.cfg, "tools" if self.cfg.tools else "environment"
         refused = {key: not self.supports_tools and f"the {self.name} trainer",
-                   "rollout_engine": cfg.rollout_engine != "hf" and
-                   f"rollout_engine={cfg.rollout_engine} (the hf engine only)",
                    "fsdp": cfg.fsdp and "FSDP2",
                    "advantage": getattr(cfg, "advantage", "") == "grpo_process" and
                    "advantage=grpo_process"}

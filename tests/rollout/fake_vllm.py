@@ -21,7 +21,9 @@ checks the names, signatures and limits below against the pinned wheel):
   (`CompletionRequest._DEFAULT_SAMPLING_PARAMS`), and serves dev routes only in dev mode.
 
 Sampling: token t of a sequence is drawn from a generator seeded by the request's seed; its
-log-prob is `LOGPROB`.
+log-prob is `LOGPROB`. With `scripts` (id lists), the model is scripted instead: the token
+after a context is the next one of the script the context begins (its last once the context
+covers it), so a multi-turn episode whose tool answers are the script's goes on where it does.
 """
 
 from __future__ import annotations
@@ -121,18 +123,32 @@ class SamplingParams:
             raise ValueError("stop_token_ids must contain only integers")
 
 
-def sample(ids: list[int], sp: SamplingParams, vocab: int) -> CompletionOutput:
-    """One completion: tokens from the request's seed, ending at a stop id or max_tokens."""
+def sample(ids: list[int], sp: SamplingParams, vocab: int,
+           scripts: list[list[int]] | None = None) -> CompletionOutput:
+    """One completion: tokens from the request's seed (or the `scripts`), ending at a stop id
+    or max_tokens."""
+    if not all(isinstance(t, int) for t in ids):
+        raise TypeError("prompt: token ids expected (a TokensPrompt / a list of ints)")
     g = torch.Generator().manual_seed(sp.seed if sp.seed is not None else 12345)
     out: list[int] = []
     reason = "length"
     for _ in range(sp.max_tokens):
-        out.append(int(torch.randint(0, vocab, (1,), generator=g)))
+        out.append(int(torch.randint(0, vocab, (1,), generator=g)) if scripts is None
+                   else scripted(scripts, ids + out))
         if out[-1] in sp.stop_token_ids:
             reason = "stop"
             break
     lps = None if sp.logprobs is None else [{t: Logprob(LOGPROB, 1)} for t in out]
     return CompletionOutput(0, "", out, None, lps, reason, out[-1] if reason == "stop" else None)
+
+
+def scripted(scripts: list[list[int]], ctx: list[int]) -> int:
+    """The next token of the first script that `ctx` begins (or covers)."""
+    for script in scripts:
+        n = min(len(ctx), len(script))
+        if ctx[:n] == script[:n]:
+            return script[min(len(ctx), len(script) - 1)]
+    raise ValueError(f"scripted model: the context {ctx[:12]}... begins no script")
 
 
 class FakeModel(torch.nn.Module):
@@ -173,7 +189,10 @@ class LLMEngine:
 
 
 class LLM:
-    """`vllm.LLM` in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`); `log` records the calls."""
+    """`vllm.LLM` in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`); `log` records the calls,
+    `requests` each (prompt, SamplingParams) generated; `scripts`: see the module doc."""
+
+    scripts: list[list[int]] | None = None
 
     def __init__(self, model: str, **kw: Any) -> None:
         unknown = set(kw) - set(LLM_KWARGS)
@@ -198,6 +217,7 @@ class LLM:
         self.sleeping_tags: set[str] = set()
         self.paused = False
         self.log: list[tuple[Any, ...]] = []
+        self.requests: list[tuple[Any, SamplingParams]] = []
 
     def sleep(self, level: int = 1, mode: str = "abort") -> None:
         if not self.sleep_mode:
@@ -242,8 +262,9 @@ class LLM:
         if len(sps) != len(prompts) or not all(isinstance(s, SamplingParams) for s in sps):
             raise ValueError("sampling_params: one vllm.SamplingParams per prompt")
         self.log.append(("generate", len(prompts)))
+        self.requests += list(zip(prompts, sps, strict=True))
         return [RequestOutput(str(i), None, p["prompt_token_ids"], None,
-                              [sample(p["prompt_token_ids"], sp, self.model.vocab)])
+                              [sample(p["prompt_token_ids"], sp, self.model.vocab, self.scripts)])
                 for i, (p, sp) in enumerate(zip(prompts, sps, strict=True))]
 
 
@@ -261,12 +282,14 @@ def install(monkeypatch: Any) -> types.ModuleType:
 @dataclass
 class FakeServer:
     """`vllm serve MODEL` on 127.0.0.1 (a free port); `requests` / `resolved` / `calls` record
-    the completion bodies, the sampling params they resolved to, and the other POSTs."""
+    the completion bodies, the sampling params they resolved to, and the other POSTs;
+    `scripts`: see the module doc."""
 
     model_dir: str
     logprobs_mode: str = "processed_logprobs"
     generation_config: dict[str, Any] = field(default_factory=dict)
     dev_mode: bool = True
+    scripts: list[list[int]] | None = None
     requests: list[dict[str, Any]] = field(default_factory=list)
     resolved: list[SamplingParams] = field(default_factory=list)
     calls: list[tuple[str, Any]] = field(default_factory=list)
@@ -311,7 +334,7 @@ class FakeServer:
         except ValueError as err:
             return 400, {"error": {"message": str(err)}}
         self.resolved.append(sp)
-        out = sample(body["prompt"], sp, self.vocab)
+        out = sample(body["prompt"], sp, self.vocab, self.scripts)
         logprobs = None if sp.logprobs is None else {
             "tokens": [f"token_id:{t}" for t in out.token_ids],
             "token_logprobs": [LOGPROB] * len(out.token_ids)}

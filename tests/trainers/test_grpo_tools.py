@@ -132,9 +132,6 @@ def test_refused_where_not_implemented(tmp_path):
     with pytest.raises(ConfigError, match="config key 'tools'.*the ppo trainer"):
         PPOTrainer(model="x", train_data=[{"prompt": "a", "answer": "1"}], tools=[calc],
                    out_dir=str(tmp_path / "p"))
-    with pytest.raises(ConfigError, match="config key 'rollout_engine'"):
-        GRPOTrainer(model="x", train_data=[{"prompt": "a", "answer": "1"}], tools=[calc],
-                    rollout_engine="vllm_colocate", out_dir=str(tmp_path / "g"))
     with pytest.raises(ConfigError, match="config key 'tools': cannot import"):
         GRPOTrainer(model="x", train_data=[{"prompt": "a", "answer": "1"}],
                     tools=["nowhere.mod:calc"], out_dir=str(tmp_path / "h"))
