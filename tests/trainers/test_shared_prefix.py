@@ -124,6 +124,39 @@ def test_same_logprobs_and_gradients_as_the_plain_forward(family, fused, buckets
         assert (grads[1][k] - g).abs().max() <= 1e-5 * g.abs().max(), k
 
 
+def test_rows_split_over_two_ranks_match_one_micro_batch():
+    """1 rank == 2 ranks at the forward: the 9 rows in one micro-batch (3 prompts, 2 length
+    groups) or split as two ranks would get them (one row of each prompt: nothing shared, the
+    plain forward; the other 6: each prompt's rows on both sides) give the same log-probs and,
+    summed, the same gradient, up to float summation order. Which rows share a micro-batch
+    changes only the rounding (docs/distributed.md: a step whose exact gradient is 0 shows
+    it). A prompt's 3 rows hold one completion, as a deterministic model writes them."""
+    model = _model("llama").train()
+    p_ids, p_mask, c_ids, c_mask = _batch()
+    prompt = prefix_groups(p_ids, p_mask)[1]  # [9] each row's prompt
+    same = (prompt == 0).nonzero()[:, 0]  # [3]
+    c_ids[same], c_mask[same] = c_ids[same[0]].clone(), c_mask[same[0]].clone()
+    lone = torch.stack([(prompt == k).nonzero()[0, 0] for k in range(3)])  # [3]
+    rest = torch.tensor([i for i in range(9) if i not in lone.tolist()])  # [6]
+    with torch.no_grad():
+        assert shared_prefix_outputs(model, p_ids[lone], p_mask[lone], c_ids[lone],
+                                     c_mask[lone]) is None
+    runs = []
+    for parts in ([torch.arange(9)], [lone, rest]):
+        model.zero_grad()
+        lp = torch.zeros(9, 7)
+        for idx in parts:
+            out, _ = completion_logprobs(model, p_ids[idx], p_mask[idx], c_ids[idx],
+                                         c_mask[idx], share_prefix=True)
+            (out * c_mask[idx] * torch.linspace(0.5, 1.5, 7)).sum().backward()
+            lp[idx] = out.detach()
+        runs.append((lp, {k: p.grad.clone() for k, p in model.named_parameters()}))
+    (lp1, g1), (lp2, g2) = runs
+    assert (lp2 - lp1)[c_mask].abs().max() < 1e-5 and lp1[c_mask].std() > 0.3
+    for k, g in g1.items():
+        assert g.abs().max() > 0 and (g2[k] - g).abs().max() <= 1e-5 * g.abs().max(), k
+
+
 @pytest.mark.parametrize(("buckets", "passes"), [(1, 81), (4, 69)])
 def test_the_prompt_is_embedded_once_per_distinct_prompt(buckets, passes, monkeypatch):
     """3 prompts of 6 columns + 9 completions of 7: 3 x 6 + 9 x 7 = 81 token passes, against
