@@ -52,12 +52,6 @@ class PromptRLTrainer(Trainer):
                                      else _path(environment_factory))
         super().__init__(cfg, session, **kwargs)
 
-    @property
-    def shares_prompts(self) -> bool:  # type: ignore[override]
-        """Prompt sharing (`share_prompt_prefix`) is off for tool episodes: with it, 1 and 2
-        ranks trained apart after the first mini-batch (not yet explained; docs/agents.md)."""
-        return not self.cfg.agentic()
-
     def validate(self) -> None:
         world = self.dist.world
         if self.cfg.prompts_per_step % world:

@@ -3,6 +3,7 @@ the tool calls, the tiny Llama learns on the episodes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -158,3 +159,18 @@ def test_a_tool_failing_on_most_calls_stops_the_run(tmp_path, scripted):
     # scripted sampler garbles its second call
     with pytest.raises(ToolFailureError, match="'step' failed on 4 of its 4 calls.*down"):
         t.rollout_step()
+
+
+def test_episodes_share_the_prompt_with_the_same_logprobs(tmp_path, scripted):
+    """`share_prompt_prefix` holds for episodes: each prompt runs once and its episodes (tool
+    answers read through `attention_mask`) get the plain forward's log-probs."""
+    t = trainer(tmp_path, rewards=["math"], environment_factory=Counter)
+    assert t.forward.share_prefix
+    rollout, _ = t.rollout_step()
+    assert (rollout.attention_mask & ~rollout.response_mask).any()  # tool tokens are read
+    shared = t.policy_logprobs(rollout)
+    plain = dataclasses.replace(t.forward, share_prefix=False).batched(
+        t.learner(), rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+        rollout.attention_mask, 4)
+    mask = rollout.attention_mask
+    assert (shared - plain)[mask].abs().max() < 1e-5 and plain[mask].std() > 0
