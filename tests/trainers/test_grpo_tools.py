@@ -10,12 +10,14 @@ import pytest
 import torch
 
 from posttrain.config import ConfigError
+from posttrain.models.loading import save_checkpoint
 from posttrain.rollout.engine import ENGINES
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.grpo import GRPOTrainer
 from posttrain.trainers.ppo import PPOTrainer
 from tests.rollout.script_lm import ScriptedHF, ScriptLM, ids
+from tests.rollout.test_vllm_episodes import vllm  # noqa: F401 - the vLLM stand-in (a fixture)
 
 TOK = build_char_tokenizer()
 
@@ -211,3 +213,34 @@ def test_episodes_share_the_prompt_with_the_same_logprobs(tmp_path, scripted):
         rollout.attention_mask, 4)
     mask = rollout.attention_mask
     assert (shared - plain)[mask].abs().max() < 1e-5 and plain[mask].std() > 0
+
+
+def test_ppo_on_vllm_colocate_corrects_model_tokens_only(tmp_path, vllm):  # noqa: F811
+    """PPO's episodes from vLLM (the stand-in): the correction's weights are 0 on tool tokens
+    and pi_old / q on model tokens (q = fake_vllm.LOGPROB), the first update starts at ratio 1."""
+    from tests.rollout import fake_vllm
+    from tests.rollout.test_episodes import answer
+    model = build_tiny_llama(TOK, hidden_size=16, num_layers=1, num_heads=2,
+                             intermediate_size=32, max_position_embeddings=256, seed=0)
+    save_checkpoint(model, TOK, tmp_path / "model")
+    script = ("<s>Q start=4\n" + call("step", by=3) + answer("7") + call("step", by=3)
+              + answer("10") + "<answer>10</answer></s>")
+    rows = [{"prompt": "Q", "answer": "10", "start": 4}]
+    t = PPOTrainer(model=str(tmp_path / "model"), train_data=rows, eval_data=rows,
+                   environment_factory=Counter, rewards=["math"], rollout_engine="vllm_colocate",
+                   rollout_is="token_truncate", rollout_is_cap=1e6, group_size=2,
+                   prompts_per_step=1, max_new_tokens=200, eval_max_new_tokens=200, eval_size=1,
+                   max_steps=1, progress=False, report_to=[], threads=1, ppo_epochs=1,
+                   mini_batches=1, out_dir=str(tmp_path / "run"), temperature=0.7)
+    t.rollout_engine().inner.llm.scripts = [ids(TOK, script)]
+    rollout, scores, metrics = t.rollout_and_score()
+    assert metrics["agent/tool_calls"] == 4.0 and scores.tolist() == [2.0, 2.0]
+    batch = t.prepare(rollout, scores, metrics)
+    tool, m = batch.completion_mask & ~batch.response_mask, batch.response_mask
+    assert tool.any() and batch.is_weights[tool].eq(0).all()
+    torch.testing.assert_close(batch.is_weights[m], torch.exp(batch.old_logprobs[m]
+                                                              - fake_vllm.LOGPROB))
+    n = float(m.sum())
+    _, out = t.micro_loss(batch, {"tokens": n, "seqs": 2.0, "policy_tokens": n,
+                                  "policy_seqs": 2.0}, train_policy=True)
+    assert abs(float(out["policy/ratio_max"]) - 1) < 1e-5
