@@ -55,8 +55,8 @@ class PromptRLConfig(BaseConfig):
     # --- agents: multi-turn rollouts with tools (docs/agents.md) ---
     tools: list[str] = field(default_factory=list)
     """Tool functions `pkg.module:function` (typed, Google-style docstrings; TRL's `tools`) the
-    model may call during a rollout; `python` is the built-in sandboxed Python tool. GRPO, on
-    every rollout engine (docs/agents.md)."""
+    model may call during a rollout; `python` is the built-in sandboxed Python tool. GRPO and
+    PPO, on every rollout engine (docs/agents.md)."""
     environment: str | dict[str, str] = ""
     """`pkg.module:Class` (TRL's `environment_factory`), or {name: pkg.module:Class} picked by
     each row's `environment` field: one instance per rollout, `reset(**row)` before it, its

@@ -38,6 +38,9 @@ def gae(
     ``delta[t] = r[t] + gamma * V[next] - V[t]``, ``A[t] = delta[t] + gamma*lam*A[next]``, where
     ``next`` is the next REAL token of the row (padding on either side and holes are skipped)
     and ``V`` after the last real token is 0. ``lam=1`` is Monte Carlo, ``lam=0`` one-step TD.
+    The holes of a multi-turn episode are its tool answers: they are not actions, so a tool
+    token passes the next value and advantage through unchanged and the result equals GAE on
+    the episode with its tool tokens removed (verl's multi-turn GAE does the same).
 
     Args:
         rewards: [N, T] per-token rewards (e.g. -beta*KL plus the score on the last token).

@@ -1,5 +1,7 @@
 """PPO's per-token rewards and advantages (formulas §4): the score on the last real token plus
 ``-beta * KL`` on every token, then GAE with optional whitening over every rank's tokens.
+"Real" tokens are the model's (`response_mask`): in a multi-turn episode the tool answers are
+holes, so the score sits on the last MODEL token and GAE skips the tool spans.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ Deliberate choices (docs/ppo.md):
 - The old log-probs are recomputed with the training forward pass (not the sampler's decode
   numbers), so the first update's ratio is 1 up to float rounding and approx KL starts at 0.
 - A completion whose score is unscorable (NaN) is dropped and counted (`reward/unscorable`).
+- Multi-turn episodes (`tools` / `environment`, docs/agents.md): every forward (policy,
+  reference, critic) reads the whole episode (`attention_mask`); rewards, KL, GAE, losses and
+  entropy count the model's tokens only (`response_mask`): GAE skips tool tokens.
 - Early stop stops both the policy and the critic for the rest of the step.
 
 Notation: N sequences in the step, T completion tokens.
@@ -73,6 +76,7 @@ class PPOTrainer(PromptRLTrainer):
     progress_keys = ("reward/mean", "reward/accuracy", "response/truncated_frac",
                      "kl/coef")
     supports_fsdp = False  # the critic is not sharded; data parallel works
+    supports_tools = True  # episodes: tool tokens are read, never actions (docs/ppo.md)
     cfg: PPOConfig
 
     def setup(self) -> None:
@@ -157,6 +161,8 @@ class PPOTrainer(PromptRLTrainer):
         every, reward = self.reward_metrics(scores, rollout, verdicts)
         metrics = {**result.metrics, **reward,
                    "reward/unscorable_dropped": float(every.isnan().sum())}
+        if self.agent is not None:
+            metrics.update(self.agent_metrics(rollout))
         valid = ~scores.isnan()
         self.kept = valid.nonzero().squeeze(-1).tolist()
         self.n_sampled = int(valid.numel())
@@ -167,12 +173,14 @@ class PPOTrainer(PromptRLTrainer):
     @torch.no_grad()
     def prepare(self, rollout: Rollout, scores: Tensor, metrics: dict[str, float]) -> Rollout:
         """3 + 4: old log-probs (the training forward itself, so the first ratio is 1 in every
-        precision), reference KL, values, per-token rewards, GAE; all kept on the rollout."""
+        precision), reference KL, values, per-token rewards, GAE; all kept on the rollout.
+        Forwards read `attention_mask` (an episode's tool answers too), the rest takes only
+        `response_mask` (the model's tokens)."""
         cfg = self.cfg
         dev = self.device  # the rollout is there already (`sample_prompts` moved it)
         p_ids, p_mask = rollout.prompt_ids, rollout.prompt_mask
-        c_ids, mask = rollout.completion_ids, rollout.response_mask
-        args = (p_ids, p_mask, c_ids, mask, cfg.micro_batch_size)
+        c_ids, mask, attn = rollout.completion_ids, rollout.response_mask, rollout.attention_mask
+        args = (p_ids, p_mask, c_ids, attn, cfg.micro_batch_size)
         old_logprobs = self.forward.batched(self.model, *args)  # [n, T]
         correction = cfg.rollout_correction()
         sampled = rollout.logprobs  # [n, T] the sampler's log-probs
@@ -181,7 +189,7 @@ class PPOTrainer(PromptRLTrainer):
         n_tok = float(mask.sum())  # this rank's tokens: the weight of its token means
         metrics.update(weighted({k: float(v) for k, v in rollout_metrics(
             old_logprobs, sampled, mask, correction, cfg.rollout_is_cap).items()}, n_tok))
-        values = self.batched_values(p_ids, p_mask, c_ids, mask)  # [n, T]
+        values = keep(self.batched_values(p_ids, p_mask, c_ids, attn), mask)  # [n, T]
         beta, kl = self.kl_ctl.value, None
         if cfg.kl_coef > 0:
             with self.reference() as ref:
@@ -212,7 +220,7 @@ class PPOTrainer(PromptRLTrainer):
     @torch.no_grad()
     def batched_values(self, p_ids: Tensor, p_mask: Tensor, c_ids: Tensor,
                        mask: Tensor) -> Tensor:
-        """Critic values [N, T] in micro-batches, no gradients."""
+        """Critic values [N, T] in micro-batches, no gradients (`mask`: the tokens read)."""
         n, size = p_ids.shape[0], self.cfg.micro_batch_size
         return torch.cat([self.critic(p_ids[i:i + size], p_mask[i:i + size], c_ids[i:i + size],
                                       mask[i:i + size], self.forward.autocast)
@@ -282,7 +290,7 @@ class PPOTrainer(PromptRLTrainer):
         if train_policy:
             logprobs, entropy = self.forward.logprobs(
                 self.model, micro.prompt_ids, micro.prompt_mask, micro.completion_ids,
-                micro.response_mask, with_entropy=True, entropy_grad=cfg.ent_coef > 0)
+                micro.attention_mask, with_entropy=True, entropy_grad=cfg.ent_coef > 0)
             corrected = cfg.rollout_correction() != "none"
             p_mask = micro.response_mask & (micro.is_weights > 0)  # [n, T]
             p_loss, metrics = policy_loss(
@@ -298,7 +306,7 @@ class PPOTrainer(PromptRLTrainer):
             out.update({"loss/policy": p_loss.detach(), "loss/entropy": ent.detach(),
                         "policy/entropy": masked_mean(entropy.detach(), micro.response_mask)})
         values = self.critic(micro.prompt_ids, micro.prompt_mask, micro.completion_ids,
-                             micro.response_mask, self.forward.autocast)  # [n, T]
+                             micro.attention_mask, self.forward.autocast)  # [n, T]
         v_loss, v_metrics = value_loss(values, micro.values, micro.returns,
                                        micro.response_mask, cfg.value_clip, "token-mean",
                                        **norms)

@@ -1,4 +1,4 @@
-"""The tool of the conformance world's multi-turn case (`grpo_tools`)."""
+"""The tool of the conformance world's multi-turn cases (`grpo_tools`, `ppo_tools`)."""
 
 from __future__ import annotations
 

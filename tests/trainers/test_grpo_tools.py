@@ -10,12 +10,14 @@ import pytest
 import torch
 
 from posttrain.config import ConfigError
+from posttrain.models.loading import save_checkpoint
 from posttrain.rollout.engine import ENGINES
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.grpo import GRPOTrainer
 from posttrain.trainers.ppo import PPOTrainer
 from tests.rollout.script_lm import ScriptedHF, ScriptLM, ids
+from tests.rollout.test_vllm_episodes import vllm  # noqa: F401 - the vLLM stand-in (a fixture)
 
 TOK = build_char_tokenizer()
 
@@ -76,7 +78,7 @@ def scripted(monkeypatch):
     return script
 
 
-def trainer(tmp_path, **kw: object) -> GRPOTrainer:
+def trainer(tmp_path, cls: type = GRPOTrainer, **kw: object) -> GRPOTrainer | PPOTrainer:
     model = build_tiny_llama(TOK, hidden_size=32, num_layers=1, num_heads=2,
                              intermediate_size=64, max_position_embeddings=256, seed=0)
     rows = [{"prompt": "Q", "answer": "10", "start": 4}] * 4
@@ -84,8 +86,8 @@ def trainer(tmp_path, **kw: object) -> GRPOTrainer:
             "eval_max_new_tokens": 200,
             "kl_coef": 0.1, "progress": False, "report_to": [], "threads": 1,
             "out_dir": str(tmp_path / "run"), "eval_size": 2, "micro_batch_size": 4}
-    return GRPOTrainer(model=model, tokenizer=TOK, train_data=rows, eval_data=rows[:2],
-                       **{**keys, **kw})
+    return cls(model=model, tokenizer=TOK, train_data=rows, eval_data=rows[:2],
+               **{**keys, **kw})
 
 
 def test_trl_style_environment_script_runs_and_learns_on_model_tokens(tmp_path, scripted):
@@ -112,6 +114,41 @@ def test_trl_style_environment_script_runs_and_learns_on_model_tokens(tmp_path, 
     assert abs(out["kl/token_mean"]) < 1e-6
 
 
+def test_ppo_reads_tool_answers_and_trains_on_model_tokens_only(tmp_path, scripted):
+    """PPO on the same episodes: the policy's, the reference's and the critic's forwards read
+    the tool answers (values and log-probs equal a forward over the whole episode, not one
+    with the tool answers hidden), and advantages, returns and values are 0 on them."""
+    t = trainer(tmp_path, PPOTrainer, rewards=["math"], environment_factory=Counter,
+                ppo_epochs=1, mini_batches=2)
+    with torch.no_grad():  # a critic whose values depend on what it reads (zero head: all 0)
+        t.critic.head.weight.normal_(generator=torch.Generator().manual_seed(0))
+    rollout, scores, metrics = t.rollout_and_score()
+    assert metrics["agent/tool_calls"] == 8.0 and scores.tolist() == [2.0] * 4  # math + env
+    batch = t.prepare(rollout, scores, metrics)
+    model, tool = batch.response_mask, batch.completion_mask & ~batch.response_mask
+    assert int(tool.sum()) == 4 * (33 + 34)
+    for field in (batch.values, batch.advantages, batch.returns):
+        assert (field[tool] == 0).all() and (field[model] != 0).any()
+    args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids)
+    whole = t.forward.batched(t.model, *args, batch.completion_mask, 4)  # [4, T]
+    hidden = t.forward.batched(t.model, *args, batch.response_mask, 4)
+    torch.testing.assert_close(batch.old_logprobs[model], whole[model])
+    assert not torch.allclose(hidden[model], whole[model], atol=1e-3)
+    with torch.no_grad():
+        v_whole = t.critic(*args[:2], args[2], batch.completion_mask)  # [4, T]
+        v_hidden = t.critic(*args[:2], args[2], batch.response_mask)
+    torch.testing.assert_close(batch.values[model], v_whole[model])
+    assert not torch.allclose(v_hidden[model], v_whole[model], atol=1e-3)
+    # the first update: ratio 1, KL 0; the critic's loss is against the same values
+    n = float(model.sum())
+    _, m = t.micro_loss(batch, {"tokens": n, "seqs": 4.0, "policy_tokens": n,
+                                "policy_seqs": 4.0}, train_policy=True)
+    assert abs(float(m["policy/ratio_max"]) - 1) < 1e-5 and float(m["policy/clipfrac"]) == 0
+    assert abs(float(m["policy/ratio_min"]) - 1) < 1e-5 and metrics["kl/mean"] < 1e-5
+    expected = 0.5 * float(((batch.values - batch.returns)[model] ** 2).mean())
+    assert float(m["loss/value"]) == pytest.approx(expected, rel=1e-5)
+
+
 def test_train_logs_agent_metrics_and_evaluates_episodes(tmp_path, scripted):
     summary = trainer(tmp_path, rewards=["math"], environment_factory=Counter).train()
     assert summary["eval_before"] == 1.0  # greedy held-out episodes with the tools
@@ -130,9 +167,11 @@ def test_refused_where_not_implemented(tmp_path):
         """
         return expression
 
-    with pytest.raises(ConfigError, match="config key 'tools'.*the ppo trainer"):
-        PPOTrainer(model="x", train_data=[{"prompt": "a", "answer": "1"}], tools=[calc],
-                   out_dir=str(tmp_path / "p"))
+    # PPO runs episodes (test above); a prompt-RL trainer that does not declare it is refused
+    untested = type("Untested", (PPOTrainer,), {"supports_tools": False, "name": "untested"})
+    with pytest.raises(ConfigError, match="config key 'tools'.*the untested trainer"):
+        untested(model="x", train_data=[{"prompt": "a", "answer": "1"}], tools=[calc],
+                 out_dir=str(tmp_path / "p"))
     with pytest.raises(ConfigError, match="config key 'tools': cannot import"):
         GRPOTrainer(model="x", train_data=[{"prompt": "a", "answer": "1"}],
                     tools=["nowhere.mod:calc"], out_dir=str(tmp_path / "h"))
@@ -174,3 +213,34 @@ def test_episodes_share_the_prompt_with_the_same_logprobs(tmp_path, scripted):
         rollout.attention_mask, 4)
     mask = rollout.attention_mask
     assert (shared - plain)[mask].abs().max() < 1e-5 and plain[mask].std() > 0
+
+
+def test_ppo_on_vllm_colocate_corrects_model_tokens_only(tmp_path, vllm):  # noqa: F811
+    """PPO's episodes from vLLM (the stand-in): the correction's weights are 0 on tool tokens
+    and pi_old / q on model tokens (q = fake_vllm.LOGPROB), the first update starts at ratio 1."""
+    from tests.rollout import fake_vllm
+    from tests.rollout.test_episodes import answer
+    model = build_tiny_llama(TOK, hidden_size=16, num_layers=1, num_heads=2,
+                             intermediate_size=32, max_position_embeddings=256, seed=0)
+    save_checkpoint(model, TOK, tmp_path / "model")
+    script = ("<s>Q start=4\n" + call("step", by=3) + answer("7") + call("step", by=3)
+              + answer("10") + "<answer>10</answer></s>")
+    rows = [{"prompt": "Q", "answer": "10", "start": 4}]
+    t = PPOTrainer(model=str(tmp_path / "model"), train_data=rows, eval_data=rows,
+                   environment_factory=Counter, rewards=["math"], rollout_engine="vllm_colocate",
+                   rollout_is="token_truncate", rollout_is_cap=1e6, group_size=2,
+                   prompts_per_step=1, max_new_tokens=200, eval_max_new_tokens=200, eval_size=1,
+                   max_steps=1, progress=False, report_to=[], threads=1, ppo_epochs=1,
+                   mini_batches=1, out_dir=str(tmp_path / "run"), temperature=0.7)
+    t.rollout_engine().inner.llm.scripts = [ids(TOK, script)]
+    rollout, scores, metrics = t.rollout_and_score()
+    assert metrics["agent/tool_calls"] == 4.0 and scores.tolist() == [2.0, 2.0]
+    batch = t.prepare(rollout, scores, metrics)
+    tool, m = batch.completion_mask & ~batch.response_mask, batch.response_mask
+    assert tool.any() and batch.is_weights[tool].eq(0).all()
+    torch.testing.assert_close(batch.is_weights[m], torch.exp(batch.old_logprobs[m]
+                                                              - fake_vllm.LOGPROB))
+    n = float(m.sum())
+    _, out = t.micro_loss(batch, {"tokens": n, "seqs": 2.0, "policy_tokens": n,
+                                  "policy_seqs": 2.0}, train_policy=True)
+    assert abs(float(out["policy/ratio_max"]) - 1) < 1e-5
