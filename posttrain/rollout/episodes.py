@@ -12,9 +12,11 @@ the tool answers in order, `completion_mask` marks every real token (what attent
 `response_mask` only the model's (what the loss, the KL, the entropy and the sampler's log-probs
 cover: the tool tokens have log-prob 0 and count nowhere).
 
-Simplification: each turn prefills the episode so far again (the KV cache is not carried over
-between turns); with the sampled ids as the context the samples are the same, only slower
-(docs/agents.md gives the cost). Notation: N sequences, T completion tokens.
+Each turn continues on the KV cache of the last (`posttrain.rollout.hf.sample_turn`): only the
+tokens appended since (the turn's last sampled id and the tool answers) are prefilled, finished
+episodes free their rows, and each episode samples at most its own remaining budget. The samples
+are those of re-prefilling the whole episode at every turn (same ids, log-probs to float
+rounding). Notation: N sequences, T completion tokens.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ import torch
 
 from posttrain.core.runtime import sequence_seed
 from posttrain.rollout.hf import (
+    Carried,
     SamplingParams,
-    sample_tokens,
+    sample_turn,
     sequence_uniforms,
     stop_token_ids,
 )
@@ -169,12 +172,13 @@ class AgentEngine:
         try:
             stops = list(stop_ids) if stop_ids is not None else stop_token_ids(
                 model, self.tokenizer)
+            carried = None  # the KV cache of the live episodes, carried from turn to turn
             for turn in range(self.spec.max_turns + 1):
                 live = [k for k, e in enumerate(eps) if not e.done]
                 if not live:
                     break
-                self._sample_turn(model, autocast, [eps[k] for k in live], params, stops,
-                                  [seeds[k] for k in live] if seeds else None, generator, turn)
+                carried = self._sample_turn(model, autocast, eps, live, params, stops, seeds,
+                                            generator, turn, carried)
                 self._answer_calls([eps[k] for k in live], params.max_new_tokens)
         finally:
             if was_training:
@@ -182,34 +186,28 @@ class AgentEngine:
         return self._record(eps, rows, group_size)
 
     def _sample_turn(self, model: torch.nn.Module, autocast: bool, eps: list[Episode],
-                     params: SamplingParams, stops: list[int], seeds: list[int] | None,
-                     generator: torch.Generator | None, turn: int) -> None:
-        """One model turn of every live episode, continued from its ids (prompt + so far)."""
+                     live: list[int], params: SamplingParams, stops: list[int],
+                     seeds: list[int] | None, generator: torch.Generator | None, turn: int,
+                     carried: Carried | None) -> Carried | None:
+        """One model turn of the `live` episodes, continued on their KV cache (`carried`, the
+        last turn's: only the tokens appended since are prefilled), each within its own
+        budget; returns the cache to carry to the next turn."""
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else stops[0]
-        room = [params.max_new_tokens - len(e.ids) for e in eps]
-        ctx = [e.prompt + e.ids for e in eps]
-        width = max(map(len, ctx))
-        ids = torch.full((len(eps), width), pad, dtype=torch.long)  # [n, L] left padded
-        mask = torch.zeros((len(eps), width), dtype=torch.bool)
-        for k, c in enumerate(ctx):
-            ids[k, width - len(c):] = torch.tensor(c)
-            mask[k, width - len(c):] = True
-        T = max(room)
-        uniforms = (sequence_uniforms([sequence_seed(s, "turn", turn) for s in seeds], T)
+        room = [params.max_new_tokens - len(eps[k].ids) for k in live]
+        uniforms = (sequence_uniforms([sequence_seed(seeds[k], "turn", turn) for k in live],
+                                      max(room))
                     if seeds is not None and not params.greedy else None)  # [n, T]
-        device = next(model.parameters()).device
-        toks, rmask, lps, trunc = sample_tokens(
-            model, ids.to(device), mask.to(device), dataclasses.replace(params, max_new_tokens=T),
-            stops, pad, autocast, generator, 1, uniforms)
-        toks, rmask, lps, trunc = toks.cpu(), rmask.cpu(), lps.cpu(), trunc.cpu()
-        for k, e in enumerate(eps):
-            n = int(rmask[k].sum())
-            take = min(n, room[k])
-            e.add(toks[k, :take].tolist(), lps[k, :take].tolist())
+        toks, rmask, lps, trunc, carried = sample_turn(
+            model, [eps[k].prompt + eps[k].ids for k in live], live, room, params, stops, pad,
+            autocast, generator, uniforms, carried)
+        toks, lps, trunc = toks.cpu(), lps.cpu(), trunc.cpu()
+        for i, n in enumerate(rmask.sum(1).tolist()):
+            e = eps[live[i]]
+            e.add(toks[i, :n].tolist(), lps[i, :n].tolist())
             e.turns += 1
-            text = self.tokenizer.decode(toks[k, :take], skip_special_tokens=True)
+            text = self.tokenizer.decode(toks[i, :n], skip_special_tokens=True)
             e.messages.append({"role": "assistant", "content": text})
-            if take < n or bool(trunc[k]):  # no stop id within the episode's budget
+            if bool(trunc[i]):  # no stop id within the episode's budget
                 e.cut, e.done = "length", True
                 continue
             calls = parse_tool_calls(self.tokenizer, text)
@@ -219,7 +217,8 @@ class AgentEngine:
                 e.cut, e.done = "turns", True
             else:
                 e.pending = calls
-                e.stop_text = self.tokenizer.decode(toks[k, take - 1:take])
+                e.stop_text = self.tokenizer.decode(toks[i, n - 1:n])
+        return carried
 
     def _answer_calls(self, eps: list[Episode], max_new_tokens: int) -> None:
         """Run the pending calls of every episode (concurrently) and append the answers as
