@@ -4,7 +4,8 @@
 
 MODEL_DIR: a tool-world model (`python -m posttrain.tasks.tool_world`, or a GRPO run on it).
 Every side samples the same held-out prompts at temperature 1 with the `hf` engine on the CPU
-(one thread), interleaved (one run of each side per repeat, the best of each reported):
+(one thread), interleaved (one run of each side per repeat; reported: the best of each side,
+their ratios, and the median over repeats of each repeat's own ratio, steadier under load):
 `single_turn` with `tools=[]` (one completion, no tool); `multi_turn` through `AgentEngine` with
 the calculator, each turn continued on the KV cache of the last (only the tool answers are
 prefilled); `multi_turn_reprefill`, the same episodes with the cache dropped after every turn
@@ -69,18 +70,23 @@ def main() -> None:
     sides = {"single_turn": single, "multi_turn": multi,
              "multi_turn_reprefill": lambda g: multi(g, reprefill_turn)}
     out: dict[str, Any] = {name: {"model_tokens_per_sec": 0.0} for name in sides}
+    paired: dict[str, list[float]] = {name: [] for name in sides}
     for k in range(args.repeats):
         for name, run in sides.items():
             t0 = time.perf_counter()
             r = run(torch.Generator().manual_seed(k))
             dt = time.perf_counter() - t0
             tokens = int(r.response_mask.sum())
+            paired[name].append(tokens / dt)
             best = max(out[name]["model_tokens_per_sec"], round(tokens / dt, 1))
             out[name] = {"model_tokens_per_sec": best, "model_tokens": tokens,
                          "tool_calls": sum(e["calls"] for e in r.episodes or [])}
     single = out["single_turn"]["model_tokens_per_sec"]
     for name in ("multi_turn", "multi_turn_reprefill"):
         out[f"ratio_{name}"] = round(out[name]["model_tokens_per_sec"] / single, 3)
+        # the median of the repeats' own ratios: the sides of a repeat ran back to back
+        ratios = sorted(a / b for a, b in zip(paired[name], paired["single_turn"], strict=True))
+        out[f"median_paired_ratio_{name}"] = round(ratios[len(ratios) // 2], 3)
     print(json.dumps(out))
 
 
