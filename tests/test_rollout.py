@@ -246,6 +246,14 @@ def test_masks_end_at_the_first_stop_id():
     assert short[0].shape == (2, 3)
     cut = _finish(torch.tensor([[2, 5, 5]]), lp[:1, :3], torch.tensor([2]), pad_token_id=0)
     assert cut[0].tolist() == [[2]] and cut[1].tolist() == [[True]]
+    # own limits [1, 4, 2]: row 0 stops after 1 token (its stop id at 1 is past it: truncated),
+    # row 1 as before, row 2 after 2 tokens (truncated); the widest row uses 3 columns
+    ids, mask, logp, truncated = _finish(tokens, lp, torch.tensor([2, 9]), 0,
+                                         torch.tensor([1, 4, 2]))
+    assert mask.tolist() == [[True, False, False], [True, True, True], [True, True, False]]
+    assert ids.tolist() == [[5, 0, 0], [3, 4, 9], [3, 3, 0]]
+    assert logp[2].tolist() == [-9.0, -10.0, 0.0]
+    assert truncated.tolist() == [True, False, True]
 
 
 def test_ready_4d_step_mask_changes_no_sample(model_tok, monkeypatch):

@@ -13,10 +13,12 @@ the tool answers in order, `completion_mask` marks every real token (what attent
 cover: the tool tokens have log-prob 0 and count nowhere).
 
 The episode loop is shared; each engine supplies one turn (`AgentEngine._turn_sampler`): `hf`
-samples the padded batch of contexts (each turn prefills the episode so far again: the KV cache
-is not carried over; docs/agents.md gives the cost), the vLLM engines send each context as
-token ids (vLLM's automatic prefix caching can reuse the earlier turns). Notation: N sequences,
-T completion tokens.
+continues each episode on its KV cache of the last turn (`posttrain.rollout.hf.sample_turn`:
+only the tokens appended since, the turn's last sampled id and the tool answers, are
+prefilled; finished episodes free their rows; the samples are those of re-prefilling the whole
+episode, to float rounding); the vLLM engines send each context as token ids (vLLM's
+automatic prefix caching can reuse the earlier turns). Each episode samples at most its own
+remaining budget. Notation: N sequences, T completion tokens.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ import torch
 
 from posttrain.core.runtime import sequence_seed
 from posttrain.rollout.hf import (
+    Carried,
     SamplingParams,
-    sample_tokens,
+    sample_turn,
     sequence_uniforms,
     stop_token_ids,
 )
@@ -67,6 +70,8 @@ class Episode:
     messages: list[dict[str, Any]]
     tools: dict[str, Callable[..., Any]]
     env: Any = None
+    key: int = 0
+    """Its index in the step's episodes (the name of its rows in the carried KV cache)."""
     ids: list[int] = dataclasses.field(default_factory=list)
     model: list[bool] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
@@ -170,7 +175,9 @@ class AgentEngine:
         params = params or SamplingParams()
         rows = rows or [{"prompt": p} for p in prompts]
         eps = [self.start(r) for r in rows for _ in range(group_size)]
-        with self._turn_sampler(params, stop_ids, generator) as sample_turn:
+        for k, e in enumerate(eps):
+            e.key = k
+        with self._turn_sampler(params, stop_ids, generator) as sample:
             for turn in range(self.spec.max_turns + 1):
                 live = [k for k, e in enumerate(eps) if not e.done]
                 if not live:
@@ -178,7 +185,7 @@ class AgentEngine:
                 now = [eps[k] for k in live]
                 turn_seeds = [sequence_seed(seeds[k], "turn", turn) for k in live] if seeds \
                     else None
-                self._take_turn(now, sample_turn(now, turn_seeds), turn)
+                self._take_turn(now, sample(now, turn_seeds), turn)
                 self._answer_calls(now, params.max_new_tokens)
         return self._record(eps, rows, group_size)
 
@@ -199,40 +206,36 @@ class AgentEngine:
         try:
             stops = list(stop_ids) if stop_ids is not None else stop_token_ids(
                 model, self.tokenizer)
-            yield functools.partial(self._sample_turn, model, autocast, params, stops,
-                                    generator)
+            carried: list[Carried | None] = [None]  # the live episodes' KV cache, turn to turn
+
+            def sample(now: list[Episode], turn_seeds: list[int] | None) -> list[Turn]:
+                turns, carried[0] = self._sample_turn(model, autocast, params, stops, generator,
+                                                      now, turn_seeds, carried[0])
+                return turns
+
+            yield sample
         finally:
             if was_training:
                 model.train()
 
     def _sample_turn(self, model: torch.nn.Module, autocast: bool, params: SamplingParams,
                      stops: list[int], generator: torch.Generator | None, eps: list[Episode],
-                     seeds: list[int] | None) -> list[Turn]:
-        """hf: one model turn of every live episode, continued from its ids (prompt + so far)."""
+                     seeds: list[int] | None, carried: Carried | None
+                     ) -> tuple[list[Turn], Carried | None]:
+        """hf: one model turn of the live episodes, continued on their KV cache (`carried`, the
+        last turn's: only the tokens appended since are prefilled), each within its own budget;
+        also returns the cache to carry to the next turn."""
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else stops[0]
         room = [params.max_new_tokens - len(e.ids) for e in eps]
-        ctx = [e.prompt + e.ids for e in eps]
-        width = max(map(len, ctx))
-        ids = torch.full((len(eps), width), pad, dtype=torch.long)  # [n, L] left padded
-        mask = torch.zeros((len(eps), width), dtype=torch.bool)
-        for k, c in enumerate(ctx):
-            ids[k, width - len(c):] = torch.tensor(c)
-            mask[k, width - len(c):] = True
-        T = max(room)
-        uniforms = (sequence_uniforms(seeds, T)
+        uniforms = (sequence_uniforms(seeds, max(room))
                     if seeds is not None and not params.greedy else None)  # [n, T]
-        device = next(model.parameters()).device
-        toks, rmask, lps, trunc = sample_tokens(
-            model, ids.to(device), mask.to(device), dataclasses.replace(params, max_new_tokens=T),
-            stops, pad, autocast, generator, 1, uniforms)
-        toks, rmask, lps, trunc = toks.cpu(), rmask.cpu(), lps.cpu(), trunc.cpu()
-        out = []
-        for k in range(len(eps)):
-            n = int(rmask[k].sum())
-            take = min(n, room[k])  # no stop id within the episode's budget: cut
-            out.append((toks[k, :take].tolist(), lps[k, :take].tolist(),
-                        take < n or bool(trunc[k])))
-        return out
+        toks, rmask, lps, trunc, carried = sample_turn(
+            model, [e.prompt + e.ids for e in eps], [e.key for e in eps], room, params, stops,
+            pad, autocast, generator, uniforms, carried)
+        toks, lps, trunc = toks.cpu(), lps.cpu(), trunc.cpu()
+        turns = [(toks[i, :n].tolist(), lps[i, :n].tolist(), bool(trunc[i]))
+                 for i, n in enumerate(rmask.sum(1).tolist())]  # trunc: no stop id in budget
+        return turns, carried
 
     def _vllm_turn(self, params: SamplingParams, stops: list[int],
                    generator: torch.Generator | None, eps: list[Episode],

@@ -11,6 +11,7 @@ Notation: N sequences (B prompts x G samples), P prompt tokens, T new tokens, V 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,11 +21,11 @@ import torch
 from torch import Tensor
 
 from posttrain.models.logits import logits_context
-from posttrain.rollout.kv_cache import decode_cache
+from posttrain.rollout.kv_cache import RowsKV, cache_rows, can_carry, carry_rows, decode_cache
 from posttrain.rollout.record import Rollout
 
-__all__ = ["SamplingParams", "device_generator", "generate", "sample_tokens",
-           "stop_token_ids", "tokenize_prompts"]
+__all__ = ["Carried", "SamplingParams", "device_generator", "generate", "sample_tokens",
+           "sample_turn", "stop_token_ids", "tokenize_prompts"]
 
 
 @dataclass
@@ -173,21 +174,100 @@ def sample_tokens(
     (`device_generator`). `eos_token_id` may list several stop ids (`stop_token_ids`).
     Logits come from the model's own forward inside `logits_context` (as in the learner).
     """
+    # written in place, not grown by torch.cat (the copy was half of a decode step on the CPU)
+    cache = decode_cache(model, prompt_ids.shape[1] + params.max_new_tokens)
+    attn = prompt_mask.long()  # [B, P]
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, P]
+    return _sample(model, cache, prompt_ids, attn, pos, params, eos_token_id, pad_token_id,
+                   autocast, generator, group_size, uniforms)
+
+
+def _sample(model: torch.nn.Module, cache: Any, ids: Tensor, attn: Tensor, pos: Tensor,
+            params: SamplingParams, eos_token_id: int | list[int], pad_token_id: int,
+            autocast: bool, generator: torch.Generator | None, group_size: int,
+            uniforms: Tensor | None, limits: Tensor | None = None, parked: list | None = None
+            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`_decode` on `cache` with the stop ids as a tensor, the generator on the model's device
+    and the logits of `logits_context` (`sample_tokens`, `sample_turn`)."""
     if not params.greedy and params.temperature <= 0:
         raise ValueError(f"temperature must be > 0 when sampling, got {params.temperature}; "
                          "use greedy=True for argmax decoding")
-    device = prompt_ids.device
+    device = ids.device
     stops = eos_token_id if isinstance(eos_token_id, list) else [eos_token_id]
     eos = torch.as_tensor([i for i in stops if i is not None], dtype=torch.long, device=device)
     generator = None if params.greedy else device_generator(generator, device)
-    # written in place, not grown by torch.cat (the copy was half of a decode step on the CPU)
-    cache = decode_cache(model, prompt_ids.shape[1] + params.max_new_tokens)
     cache_kw = {cache_kwarg(model): cache}
-    attn = prompt_mask.long()  # [B, P]
     # one region for prefill and every decode step: bf16 weight casts are cached
     with logits_context(model, autocast, device):
-        return _decode(model, prompt_ids, attn, params, eos, pad_token_id, generator,
-                       group_size, cache, cache_kw, uniforms)
+        return _decode(model, ids, attn, pos, params, eos, pad_token_id, generator,
+                       group_size, cache, cache_kw, uniforms, limits, parked)
+
+
+Carried = list[tuple[Tensor, RowsKV, Tensor]]
+"""The cache of multi-turn sequences between turns (`sample_turn`): blocks of (the sequences'
+keys [m], each layer's keys/values [m, H, L, D], valid columns [m, L] bool)."""
+
+
+@torch.no_grad()
+def sample_turn(
+    model: torch.nn.Module,
+    contexts: list[list[int]],
+    keys: list[int],
+    limits: list[int],
+    params: SamplingParams,
+    eos_token_id: int | list[int],
+    pad_token_id: int,
+    autocast: bool = False,
+    generator: torch.Generator | None = None,
+    uniforms: Tensor | None = None,
+    carried: Carried | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Carried | None]:
+    """One turn of n multi-turn sequences, each continued on its KV cache of the last turn.
+
+    `contexts[i]`: sequence i's ids so far (prompt, earlier turns, appended tool answers);
+    `keys[i]`: its name from turn to turn; `limits[i]` >= 1: its most new tokens this turn;
+    `uniforms` [n, max(limits)] as in `sample_tokens`. Only the tokens of a context that
+    `carried` (the last turn's) does not hold are prefilled, on top of its cached rows; the
+    rows of sequences not in `keys` are freed. The samples are `sample_tokens`' on the whole
+    left-padded contexts, up to float rounding. A model whose cache cannot be carried
+    (`can_carry`: sliding-window or recurrent layers) prefills every context at every turn.
+
+    Returns `sample_tokens`' four (each row cut at its limit) and the cache for the next turn
+    (None where it cannot be carried): each sequence's context and this turn's tokens but the
+    last one, which the next turn prefills with what was appended after it. `carried` is
+    consumed (emptied), so that its memory is freed while this turn decodes.
+    """
+    device = next(model.parameters()).device
+    n, carried = len(contexts), carried or []
+    where = {k: (p, r) for p, (ks, _, _) in enumerate(carried) for r, k in enumerate(ks.tolist())}
+    picks = [where[k] for k in keys] if carried else []
+    held = [valid.sum(1).tolist() for _, _, valid in carried]
+    cached = [held[p][r] for p, r in picks] if carried else [0] * n
+    chunks = [c[k:] for c, k in zip(contexts, cached, strict=True)]
+    w = max(map(len, chunks))
+    ids = torch.full((n, w), pad_token_id, dtype=torch.long)  # [n, w] left padded
+    mask = torch.zeros((n, w), dtype=torch.long)
+    for i, c in enumerate(chunks):
+        ids[i, w - len(c):], mask[i, w - len(c):] = torch.tensor(c, dtype=torch.long), 1
+    capacity = max(cached) + w + max(limits)
+    if carried:
+        cache, old = carry_rows(model, [(kv, v) for _, kv, v in carried], picks, capacity)
+        carried.clear()  # consumed: the last turn's buffers are freed before this one decodes
+    else:
+        cache, old = decode_cache(model, capacity), torch.zeros((n, 0), dtype=torch.bool)
+    attn = torch.cat([old.to(device).long(), mask.to(device)], 1)  # [n, L + w]
+    pos = (torch.tensor(cached)[:, None] + mask.cumsum(1) - 1).clamp(min=0)  # [n, w]
+    parked: list | None = [] if can_carry(cache) else None
+    turn = dataclasses.replace(params, max_new_tokens=max(limits))
+    out = _sample(model, cache, ids.to(device), attn, pos.to(device), turn, eos_token_id,
+                  pad_token_id, autocast, generator, 1, uniforms,
+                  torch.tensor(limits, device=device), parked)
+    if parked is None:
+        return (*out, None)
+    fed = attn.shape[1] + out[1].sum(1) - 1  # [n] columns holding all but the last new token
+    names = torch.tensor(keys, device=device)
+    return (*out, [(names[r], kv, a.bool() & (torch.arange(a.shape[1], device=device)[None, :]
+                                              < fed[r][:, None])) for r, kv, a in parked])
 
 
 def sync_every(device: torch.device | str) -> int:
@@ -215,26 +295,34 @@ def step_mask_4d(model: torch.nn.Module, device: torch.device | str) -> bool:
     return not (getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True))
 
 
-def _decode(model: torch.nn.Module, prompt_ids: Tensor, attn: Tensor, params: SamplingParams,
-            eos: Tensor, pad_token_id: int, generator: torch.Generator | None, group_size: int,
-            cache: Any, cache_kw: dict[str, Any], uniforms: Tensor | None = None
+def _decode(model: torch.nn.Module, ids: Tensor, attn: Tensor, pos: Tensor,
+            params: SamplingParams, eos: Tensor, pad_token_id: int,
+            generator: torch.Generator | None, group_size: int, cache: Any,
+            cache_kw: dict[str, Any], uniforms: Tensor | None = None,
+            limits: Tensor | None = None, parked: list | None = None
             ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The prefill + decode loop of `sample_tokens` (runs inside its autocast region).
+
+    ids [B, P'], pos [B, P']: the tokens to prefill after the cached columns and their position
+    ids; attn [B, L + P']: the mask of the cached columns and of `ids`. `limits` [N]: each row's
+    most new tokens (default max_new_tokens). `parked`: keep the cache of the rows that leave
+    the batch, as (rows [m], their keys/values, attn [m, L']) blocks, the rows still running at
+    the end last (`sample_turn`); else they are dropped.
 
     No host sync per token: the uniforms live on the model's device, every step writes the
     running rows' tokens and log-probs by index, the finished-row count is read every
     `sync_every` steps only, the step's attention mask is handed over ready
     (`step_mask_4d`), and lengths and EOS flags come from the tokens at the end.
     """
-    device = prompt_ids.device
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, P]
-    out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=pos, use_cache=True,
+    device = ids.device
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
                 logits_to_keep=1, **cache_kw)
     logits = out.logits[:, -1, :].repeat_interleave(group_size, 0)  # [N, V]
     if group_size > 1:
         cache.batch_repeat_interleave(group_size)
         attn, pos = attn.repeat_interleave(group_size, 0), pos.repeat_interleave(group_size, 0)
     N, T = logits.shape[0], params.max_new_tokens
+    limits = torch.full((N,), T, device=device) if limits is None else limits.to(device)
     every, mask_4d = sync_every(device), step_mask_4d(model, device)
     tokens = torch.full((N, T), pad_token_id, dtype=torch.long, device=device)  # [N, T]
     logprobs = torch.zeros((N, T), device=device)  # [N, T]
@@ -242,11 +330,12 @@ def _decode(model: torch.nn.Module, prompt_ids: Tensor, attn: Tensor, params: Sa
     rows = torch.arange(N, device=device)  # [n] original index of each running row
     alive = torch.ones(N, dtype=torch.bool, device=device)  # [n] no EOS sampled yet
     pos = pos[:, -1:]  # [n, 1]
+    top = pos + limits[:, None] - 1  # [n, 1] the last position a row feeds (within its limit)
     for t in range(T):
         u = u_all[rows, t] if u_all is not None else None  # [n]
         tok, lp = _next_token(logits, params, generator, u)  # [n], [n]
         tokens[rows, t], logprobs[rows, t] = tok, lp
-        alive = alive & ~torch.isin(tok, eos)  # [n]
+        alive = alive & ~torch.isin(tok, eos) & (limits[rows] > t + 1)  # [n]
         if t == T - 1:
             break
         if (t + 1) % every == 0:  # the one host sync: stop, or drop the finished rows
@@ -254,32 +343,39 @@ def _decode(model: torch.nn.Module, prompt_ids: Tensor, attn: Tensor, params: Sa
             if n_alive == 0:
                 break
             if 4 * (rows.numel() - n_alive) >= rows.numel():
-                keep = alive.nonzero()[:, 0]  # [n']
+                keep, gone = alive.nonzero()[:, 0], (~alive).nonzero()[:, 0]  # [n'], [n - n']
+                if parked is not None:
+                    parked.append((rows[gone], cache_rows(cache, gone), attn[gone]))
                 cache.batch_select_indices(keep)
-                rows, tok, attn, pos, alive = (rows[keep], tok[keep], attn[keep], pos[keep],
-                                               alive[keep])
-        # finished rows not yet compacted away run on and their samples are masked out
+                rows, tok, attn, pos, top, alive = (rows[keep], tok[keep], attn[keep],
+                                                    pos[keep], top[keep], alive[keep])
+        # finished rows not yet compacted away run on (not past their last position) and
+        # their samples are masked out
         attn = torch.cat([attn, torch.ones_like(tok)[:, None]], dim=1)  # [n, P+t+1]
-        pos = pos + 1
+        pos = torch.minimum(pos + 1, top)
         mask = attn.bool()[:, None, None, :] if mask_4d else attn  # [n, 1, 1, L] or [n, L]
         out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos,
                     use_cache=True, **cache_kw)
         logits = out.logits[:, -1, :]  # [n, V]
-    return _finish(tokens, logprobs, eos, pad_token_id)
+    if parked is not None:
+        parked.append((rows, cache_rows(cache), attn))
+    return _finish(tokens, logprobs, eos, pad_token_id, limits)
 
 
-def _finish(tokens: Tensor, logprobs: Tensor, eos: Tensor, pad_token_id: int
-            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Masks from the sampled tokens [N, T]: each row ends at its first stop id (inclusive).
+def _finish(tokens: Tensor, logprobs: Tensor, eos: Tensor, pad_token_id: int,
+            limits: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Masks from the sampled tokens [N, T]: each row ends at its first stop id (inclusive) or
+    after its limit [N] of tokens (default T).
 
     Returns tokens and log-probs (pad / 0 outside the mask) and the mask, cut to the longest
-    row, and truncated [N] (no stop id sampled)."""
+    row, and truncated [N] (no stop id sampled within the limit)."""
     N, T = tokens.shape
+    limits = torch.full((N,), T, device=tokens.device) if limits is None else limits
     steps = torch.arange(T, device=tokens.device)[None, :]  # [1, T]
     first = torch.where(torch.isin(tokens, eos), steps, T).amin(1) if T else \
         torch.zeros(N, dtype=torch.long, device=tokens.device)  # [N] first stop (T: none)
-    ended = first < T  # [N]
-    response_mask = steps <= first[:, None]  # [N, T] through the stop id (all when none)
+    ended = first < limits  # [N]
+    response_mask = (steps <= first[:, None]) & (steps < limits[:, None])  # [N, T]
     tokens = tokens.masked_fill(~response_mask, pad_token_id)
     logprobs = logprobs.masked_fill(~response_mask, 0.0)
     used = int(response_mask.any(0).sum()) if N else 0

@@ -3,16 +3,20 @@ every failure kind as data, the limits, environments, the sandboxed python tool.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
 import pytest
 import torch
 
+import posttrain.rollout.episodes as episodes
 from posttrain.data import render_prompt
+from posttrain.rollout.engine import HFEngine
 from posttrain.rollout.episodes import AgentEngine, episode_metrics, tool_turn_text
-from posttrain.rollout.hf import SamplingParams
-from posttrain.rollout.tools import AgentSpec, ToolResult, parse_tool_calls
+from posttrain.rollout.hf import SamplingParams, sample_tokens
+from posttrain.rollout.tools import AgentSpec, ToolCall, ToolResult, parse_tool_calls
+from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.prompt_rl import ToolFailureError, check_failing_tools
 from tests.rollout.script_lm import ScriptedHF, ScriptLM, ids
@@ -94,6 +98,65 @@ def test_token_in_token_out_and_masks_golden() -> None:
     assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant"]
     assert msgs[2]["content"] == "5" and r.completions[0].endswith("<answer>5</answer>")
     assert r.attention_mask is r.completion_mask
+
+
+def reprefill_turn(model, contexts, keys, limits, params, eos, pad, autocast, generator,
+                   uniforms, carried):  # noqa: ANN001, ANN201
+    """A turn as episodes ran it before the cache was carried: `sample_tokens` on the whole
+    left-padded contexts for as many tokens as the most budget left, each row cut at its own."""
+    width = max(map(len, contexts))
+    ids = torch.full((len(contexts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(contexts), width), dtype=torch.bool)
+    for i, c in enumerate(contexts):
+        ids[i, width - len(c):], mask[i, width - len(c):] = torch.tensor(c), True
+    toks, rmask, lps, _ = sample_tokens(
+        model, ids, mask, dataclasses.replace(params, max_new_tokens=max(limits)), eos, pad,
+        autocast, generator, 1, uniforms)
+    rmask = rmask & (torch.arange(toks.shape[1])[None, :] < torch.tensor(limits)[:, None])
+    ended = (torch.isin(toks, torch.tensor(eos)) & rmask).any(1)
+    return toks, rmask, lps * rmask, ~ended, None
+
+
+def test_episodes_on_the_carried_cache_equal_reprefilling_each_turn(monkeypatch) -> None:
+    """Episodes of a tiny Llama (a turn that ends with a stop id calls `add` unless its text
+    has a length divisible by 5: 1 to 4 turns, some cut at the budget) continued on the KV
+    cache: the ids, masks and log-probs (to 1e-5) of re-prefilling every episode at every
+    turn, and no position past the prompt + `max_new_tokens` (re-prefilling went past it)."""
+    model = build_tiny_llama(TOK, hidden_size=32, num_layers=2, num_heads=2,
+                             intermediate_size=64, seed=1).eval()
+    with torch.no_grad():  # EOS likely: turns end at different steps
+        model.get_output_embeddings().weight[TOK.eos_token_id] = 0.6
+    positions: list[int] = []
+    model.register_forward_pre_hook(
+        lambda m, a, kw: positions.append(int(kw["position_ids"].max())), with_kwargs=True)
+    monkeypatch.setattr(episodes, "parse_tool_calls", lambda tok, text: [] if len(text) % 5 == 0
+                        else [ToolCall("add", {"a": len(text), "b": 1})])
+    inner = HFEngine(TOK)
+    inner.update_weights(model, 0)
+    eng = AgentEngine(inner, AgentSpec({"add": add}, None, 3, 5.0),
+                      lambda msgs, schemas: render_prompt(TOK, msgs, "auto"))
+    rows = [{"prompt": p} for p in ["12+7", "3*41", "abcd", "wxyz"]]  # one length
+
+    def sample() -> tuple[object, int]:
+        positions.clear()
+        r = eng.generate([], rows=rows, group_size=4, params=SamplingParams(80),
+                         seeds=list(range(16)))
+        return r, max(positions)
+
+    ours, ours_pos = sample()
+    monkeypatch.setattr(episodes, "sample_turn", reprefill_turn)
+    ref, ref_pos = sample()
+    assert torch.equal(ours.completion_ids, ref.completion_ids)
+    for key in ("response_mask", "completion_mask", "truncated", "prompt_ids"):
+        assert torch.equal(getattr(ours, key), getattr(ref, key)), key
+    assert torch.allclose(ours.logprobs, ref.logprobs, atol=1e-5, rtol=0)
+    assert ours.episodes == ref.episodes
+    turns = [e["turns"] for e in ours.episodes]
+    assert max(turns) == 3 and min(turns) == 1 and 0 < sum(e["cut"] == "length"
+                                                           for e in ours.episodes) < 16
+    assert ours.completion_mask.sum(1).max() <= 80
+    bound = ours.prompt_mask.sum(1).max() + 80  # positions 0 .. prompt + budget - 1
+    assert ours_pos < bound <= ref_pos
 
 
 @pytest.mark.parametrize(("turn", "kind", "message"), [
