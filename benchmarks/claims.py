@@ -1,6 +1,6 @@
 """Every claim of docs/results.md, with >= 3 seeds: mean, standard deviation and per-seed values.
 
-    python benchmarks/claims.py --quick --out runs/claims_quick    # < 30 min on 2 idle cores
+    python benchmarks/claims.py --quick --out runs/claims_quick    # sized for < 30 min, 2 cores
     python benchmarks/claims.py --out runs/claims                  # larger budgets, 3 seeds
     python benchmarks/claims.py --quick --out DIR --only dpo,ppo   # some claims (table: all done)
 
@@ -490,7 +490,7 @@ def shared_world(out: Path, demo: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--quick", action="store_true", help="the smallest budgets (< 30 min)")
+    ap.add_argument("--quick", action="store_true", help="the smallest budgets")
     ap.add_argument("--only", default=",".join(JOBS), help=f"jobs, comma-separated: {JOBS}")
     ap.add_argument("--demo", default="", help="reuse `posttrain demo --out DIR`'s SFT + data")
     ap.add_argument("--seeds", default="", help="comma-separated (default 0,1,2)")
