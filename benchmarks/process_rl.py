@@ -34,8 +34,9 @@ ARMS = ("outcome", "process", "prm_rlvr")
 TARGET = 0.9
 
 
-def build_sft(out: Path, seed: int) -> dict[str, str]:
-    """The demo's world and SFT warm start (posttrain.demo settings) under `out`."""
+def build_sft(out: Path, seed: int, threads: int = 0) -> dict[str, str]:
+    """The demo's world and SFT warm start (posttrain.demo settings) under `out`; `threads`
+    0: the demo's (2)."""
     from posttrain.config import SFTConfig, build_config
     from posttrain.core.io import finished
     from posttrain.demo import _settings, build_world
@@ -46,7 +47,8 @@ def build_sft(out: Path, seed: int) -> dict[str, str]:
     keys = {k: v for k, v in s["sft"].items() if k not in ("rows", "flaw_rate")}
     cfg = build_config(SFTConfig, overrides={
         "model": str(out / "init"), "out_dir": str(out / "sft"), "train_data": paths["sft"],
-        "seed": seed, "max_seq_len": 128, "threads": s["threads"], "progress": False, **keys})
+        "seed": seed, "max_seq_len": 128, "threads": threads or s["threads"], "progress": False,
+        **keys})
     finished(SFTTrainer(cfg).train(), "the SFT stage")  # a stopped run has no final/
     return {"sft": str(out / "sft" / "final"), "data": str(out / "data")}
 
