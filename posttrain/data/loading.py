@@ -35,6 +35,9 @@ class DataError(ValueError):
         head = f"{where}: {message}" if field is None else f"{where}: field '{field}': {message}"
         super().__init__("\n".join([head, *self.more]))
 
+    def __reduce__(self) -> tuple:  # crosses process pools with its message intact
+        return type(self), (self.source, self.line, self.field, self.message, self.more)
+
 
 def read_jsonl(path: str | Path) -> list[tuple[int, Any]]:
     """``(line number, parsed object)`` for each non-blank line; a JSON array file works too."""

@@ -27,3 +27,7 @@ class RewardFunctionError(RuntimeError):
         self.name = name
         self.index = index
         self.completion = completion
+        self._args = (name, index, exc, completion, note)
+
+    def __reduce__(self) -> tuple:  # crosses process pools with its message intact
+        return type(self), self._args

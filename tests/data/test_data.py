@@ -156,3 +156,18 @@ def test_render_prompt_str_and_messages():
     assert render_prompt(tok, "7*3") == "<s>7*3\n"
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "7*3"}]
     assert render_prompt(tok, msgs) == "<s>s\n7*3\n"
+
+
+def test_data_and_reward_errors_cross_process_pools_intact():
+    """A worker's error reaches the parent with its message (pickling needs all fields)."""
+    import pickle
+
+    from posttrain.data.loading import DataError
+    from posttrain.rewards.errors import RewardFunctionError
+
+    err = DataError("d.jsonl", 3, "answer", "expected a string, got list", ["d.jsonl:4: x"])
+    back = pickle.loads(pickle.dumps(err))
+    assert str(back) == str(err) and (back.line, back.field) == (3, "answer")
+    err = RewardFunctionError("math", 2, ValueError("bad"), "12+", note="n")
+    back = pickle.loads(pickle.dumps(err))
+    assert str(back) == str(err) and (back.name, back.index) == ("math", 2)
