@@ -73,7 +73,8 @@ def kto_loss(
     Returns:
         (loss [B] per row -- take the mean over rows, metrics) with detached
         "rewards/accuracy" (fraction of rows on their side of the reference point: desirable
-        r > beta*z0, undesirable r < beta*z0; ties count as wrong) and "kto/reference_point".
+        r > beta*z0, undesirable r < beta*z0; a difference within float32 rounding of the log-probs
+        is a tie and counts as wrong, as in ``dpo_loss``) and "kto/reference_point".
     """
     if loss_type not in KTO_LOSSES:
         raise ValueError(f"kto_loss: unknown loss_type {loss_type!r}; valid: {sorted(KTO_LOSSES)}")
@@ -82,6 +83,7 @@ def kto_loss(
     good, bad = KTO_LOSSES[loss_type][0](r, z)  # [B], [B]
     loss = torch.where(desirable, desirable_weight * good, undesirable_weight * bad)  # [B]
     with torch.no_grad():
-        right = torch.where(desirable, r > z, r < z)  # [B]
+        tie = beta * 1e-6 * (logps.abs() + ref_logps.abs())  # [B] float32 rounding of r
+        right = torch.where(desirable, r - z > tie, z - r > tie)  # [B]
         metrics = {"rewards/accuracy": right.float().mean(), "kto/reference_point": z / beta}
     return loss, metrics
