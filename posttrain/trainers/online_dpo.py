@@ -43,6 +43,7 @@ class OnlineDPOTrainer(PromptRLTrainer):
 
     name = "online_dpo"
     supports_bf16_compute = True
+    supports_fsdp = False  # ranks holding no pair would skip the sharded reference's passes
     config_class = OnlineDPOConfig
     progress_keys = ("reward/mean", "reward/accuracy", "rewards/accuracy")
     count_metrics = PromptRLTrainer.count_metrics | {"pairs/trained"}
