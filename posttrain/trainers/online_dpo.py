@@ -24,6 +24,7 @@ from torch import Tensor
 
 from posttrain.config.dpo import OnlineDPOConfig
 from posttrain.data.pairs import PairTensors
+from posttrain.engine.distributed import weighted
 from posttrain.engine.update import local_plan
 from posttrain.ops.preference import DPO_LOSSES, best_worst_pairs
 from posttrain.rollout import Rollout
@@ -69,11 +70,11 @@ class OnlineDPOTrainer(PromptRLTrainer):
         t1 = time.time()
         prompts = (chosen // cfg.group_size).tolist()  # this rank's prompt of each pair
         metrics.update(self.update(pairs, ref, prompts))  # 5
-        metrics.update({"pairs/trained": float(len(prompts)),
-                        "pairs/score_margin": float(margin.mean()) if len(prompts) else 0.0,
-                        "perf/gen_seconds": seconds["gen"], "perf/score_seconds":
-                        seconds["score"], "perf/train_seconds": time.time() - t1,
-                        "perf/rollout_seconds": t1 - t0})
+        metrics.update(weighted({"pairs/score_margin": float(margin.mean()) if len(prompts)
+                                 else 0.0}, len(prompts)))  # a mean over every rank's pairs
+        metrics.update({"pairs/trained": float(len(prompts)), "perf/gen_seconds": seconds["gen"],
+                        "perf/score_seconds": seconds["score"],
+                        "perf/train_seconds": time.time() - t1, "perf/rollout_seconds": t1 - t0})
         return metrics
 
     @torch.no_grad()
