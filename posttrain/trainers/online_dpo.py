@@ -17,6 +17,7 @@ truncated completion is scored by the rewards like any other (TRL: ``missing_eos
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -69,6 +70,9 @@ class OnlineDPOTrainer(PromptRLTrainer):
         ref = self.reference_pairs(pairs)  # 4
         t1 = time.time()
         prompts = (chosen // cfg.group_size).tolist()  # this rank's prompt of each pair
+        if self.dist.sum(float(len(prompts))) == 0 and self.dist.is_main:  # loud, not silent
+            print(f"[{self.name}] warning: step {step}: every group's scores are tied or "
+                  "unscorable: no pair, no update (see reward/std)", file=sys.stderr)
         metrics.update(self.update(pairs, ref, prompts))  # 5
         metrics.update(weighted({"pairs/score_margin": float(margin.mean()) if len(prompts)
                                  else 0.0}, len(prompts)))  # a mean over every rank's pairs

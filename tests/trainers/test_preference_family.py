@@ -107,3 +107,13 @@ def test_online_dpo_trains_on_best_vs_worst_with_a_frozen_reference(world, tmp_p
     assert metrics["pairs/trained"] > 0 and metrics["pairs/score_margin"] > 0
     assert any(not torch.equal(before[k], v) for k, v in t.model.state_dict().items())
     assert all(torch.equal(ref[k], v) for k, v in t.ref.model.state_dict().items())
+
+
+def test_online_dpo_says_when_a_step_has_no_pair(world, tmp_path, capsys):
+    t = OnlineDPOTrainer(model=world["model"], train_data=world["prompts"], group_size=2,
+                         prompts_per_step=2, max_new_tokens=4, micro_batch_size=4,
+                         rewards=["tests.trainers.toy_rewards:always_one"],
+                         out_dir=str(tmp_path / "c"), **COMMON)
+    metrics = t.step(1)
+    assert metrics["pairs/trained"] == 0 and "train/grad_norm" not in metrics
+    assert "step 1: every group's scores are tied" in capsys.readouterr().err
