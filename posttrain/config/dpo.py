@@ -1,4 +1,4 @@
-"""DPO config: preference optimisation without a reward model."""
+"""Preference configs: DPO (and SimPO) and KTO on offline rows, online DPO on prompts."""
 
 from __future__ import annotations
 
@@ -6,29 +6,53 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from posttrain.config.base import BaseConfig, ConfigError, check_generation_budget, math_and_format
+from posttrain.config.rl import PromptRLConfig
+
+
+def _check(cfg: Any, checks: dict[str, tuple[bool, str]]) -> None:
+    for key, (ok, msg) in checks.items():
+        if not ok:
+            raise ConfigError(f"config key '{key}'={getattr(cfg, key)!r}: {msg}")
 
 
 @dataclass
-class DPOConfig(BaseConfig):
+class DPOLossConfig:
+    """The DPO-family loss keys, shared by `posttrain dpo` and `posttrain online_dpo`."""
+
+    beta: float = 0.1
+    """DPO beta: strength of the implicit KL anchor to the reference (SimPO: the reward scale)."""
+    loss_type: Literal["sigmoid", "cdpo", "robust", "ipo", "hinge", "simpo"] = "sigmoid"
+    """Preference loss (docs/algorithms.md); ipo averages log-probs over tokens; simpo averages
+    them and uses no reference model (none is loaded or precomputed)."""
+    label_smoothing: float = 0.0
+    """Assumed label-noise rate s for cdpo / robust / simpo; sigmoid honours it too (then = cdpo,
+    as in OpenRLHF; TRL 1.16's sigmoid ignores it: docs/algorithms.md)."""
+    gamma: float = 0.0
+    """SimPO's target reward margin (TRL's simpo_gamma; the paper uses 0.5-1.6 with beta 2-2.5);
+    the other losses take none (a nonzero value is refused)."""
+    rpo_alpha: float = 0.0
+    """Weight of the chosen completion's NLL (mean over its tokens) added to each pair's loss:
+    RPO, Pang et al. 2024 (arXiv:2404.19733) eq. 1 (CPO's BC term with simpo). Keeps the chosen
+    log-probs from falling; 0 disables."""
+
+    def check_loss(self) -> None:
+        _check(self, {
+            "beta": (self.beta > 0, "expected > 0"),
+            "label_smoothing": (0.0 <= self.label_smoothing < 0.5, "expected in [0, 0.5)"),
+            "rpo_alpha": (self.rpo_alpha >= 0, "expected >= 0 (0 disables the NLL term)"),
+        })
+
+
+@dataclass
+class PairsConfig(BaseConfig):
+    """Offline preference training on a fixed dataset (DPO, KTO)."""
+
     train_data: str = ""
     """Preference rows {"prompt", "chosen", "rejected"} (JSONL path or `datasets` name)."""
     train_split: str = "train"
     """Split name when `train_data` is a `datasets` name."""
-    eval_pref_data: str = ""
-    """Held-out preference rows for implicit-reward accuracy; empty: none."""
-    beta: float = 0.1
-    """DPO beta: strength of the implicit KL anchor to the reference."""
-    loss_type: Literal["sigmoid", "cdpo", "robust", "ipo", "hinge"] = "sigmoid"
-    """Preference loss (docs/algorithms.md); ipo averages log-probs over tokens."""
-    label_smoothing: float = 0.0
-    """Assumed label-noise rate s for cdpo / robust; sigmoid honours it too (then = cdpo, as in
-    OpenRLHF; TRL 1.16's sigmoid ignores it: docs/algorithms.md)."""
-    rpo_alpha: float = 0.0
-    """Weight of the chosen completion's NLL (mean over its tokens) added to each pair's loss:
-    RPO, Pang et al. 2024 (arXiv:2404.19733) eq. 1. Keeps the chosen log-probs from falling;
-    0 disables."""
     batch_size: int = 32
-    """Preference pairs per optimizer step."""
+    """Preference pairs (KTO: rows) per optimizer step."""
     micro_batch_size: int = 16
     """Sequences per forward/backward (gradient accumulation), as in every trainer: a pair is
     two sequences (chosen and rejected in one forward), so a micro-batch holds half as many
@@ -53,16 +77,77 @@ class DPOConfig(BaseConfig):
     def validate(self) -> None:
         super().validate()
         check_generation_budget(self, "max_new_tokens")
-        checks = {
-            "beta": (self.beta > 0, "expected > 0"),
+        _check(self, {
             "batch_size": (self.batch_size >= 1, "expected >= 1"),
             "micro_batch_size": (self.micro_batch_size >= 2,
                                  "expected >= 2 (sequences; one pair is 2 sequences)"),
-            "label_smoothing": (0.0 <= self.label_smoothing < 0.5, "expected in [0, 0.5)"),
             "lora_r": (self.lora_r >= 0, "expected >= 0 (0 trains all weights)"),
-            "rpo_alpha": (self.rpo_alpha >= 0, "expected >= 0 (0 disables the NLL term)"),
-        }
-        for key, (ok, msg) in checks.items():
-            if not ok:
-                raise ConfigError(f"config key '{key}'={getattr(self, key)!r}: {msg}")
+        })
 
+
+@dataclass
+class DPOConfig(DPOLossConfig, PairsConfig):
+    eval_pref_data: str = ""
+    """Held-out preference rows for implicit-reward accuracy; empty: none."""
+
+    def validate(self) -> None:
+        super().validate()
+        self.check_loss()
+
+
+@dataclass
+class KTOConfig(PairsConfig):
+    train_data: str = ""
+    """Unpaired rows {"prompt", "completion", "label": true | false} (TRL's shape; strings or
+    chat messages), JSONL path or `datasets` name."""
+    loss_type: Literal["kto", "apo_zero_unpaired"] = "kto"
+    """kto: KTO paper eq. 7 with the reference point from mismatched pairs; apo_zero_unpaired:
+    APO-zero without a reference point (as TRL's KTO trainer)."""
+    beta: float = 0.1
+    """KTO beta: scale of the implicit reward beta * (logp - logp_ref)."""
+    desirable_weight: float = 1.0
+    """lambda_D: weight of a desirable row's loss (raise it when desirable rows are rarer)."""
+    undesirable_weight: float = 1.0
+    """lambda_U: weight of an undesirable row's loss."""
+
+    def validate(self) -> None:
+        super().validate()
+        _check(self, {
+            "beta": (self.beta > 0, "expected > 0"),
+            "desirable_weight": (self.desirable_weight >= 0, "expected >= 0"),
+            "undesirable_weight": (self.undesirable_weight >= 0, "expected >= 0"),
+            "batch_size": (self.batch_size >= 2 or self.loss_type != "kto",
+                           "expected >= 2: KTO's reference point needs mismatched pairs"),
+        })
+
+
+@dataclass
+class OnlineDPOConfig(DPOLossConfig, PromptRLConfig):
+    group_size: int = 2
+    """G: completions sampled per prompt (>= 2); the best and the worst by `rewards` form the
+    pair (TRL samples 2)."""
+    prompts_per_step: int = 8
+    """B: prompts per step; at most B pairs train per step (a group of ties gives none)."""
+    micro_batch_size: int = 16
+    """Sequences per forward/backward (a pair is two)."""
+    eval_max_new_tokens: int = 64
+    """Generation budget for held-out greedy evaluation."""
+    lr: float = 5e-7
+    """Peak learning rate (AdamW; TRL's online DPO default)."""
+
+    def validate(self) -> None:
+        super().validate()
+        self.check_loss()
+        _check(self, {
+            "group_size": (self.group_size >= 2, "expected >= 2 (a pair per prompt)"),
+            "prompts_per_step": (self.prompts_per_step >= 1, "expected >= 1"),
+            "micro_batch_size": (self.micro_batch_size >= 2,
+                                 "expected >= 2 (sequences; one pair is 2 sequences)"),
+            "rollout_is": (self.rollout_is in ("auto", "none"),
+                           "online DPO has no importance ratio: leave it at auto / none"),
+        })
+        unused = ("clip_eps_low", "clip_eps_high", "dual_clip", "kl_clamp")
+        for key in unused:  # PromptRLConfig's policy-gradient keys: not part of this loss
+            if getattr(self, key) != PromptRLConfig.__dataclass_fields__[key].default:
+                raise ConfigError(f"config key '{key}': not used by online DPO (no importance "
+                                  "ratio or per-token KL); leave it at its default")

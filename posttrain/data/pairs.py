@@ -1,6 +1,6 @@
 """Preference pairs as tensors: chat-templated prompts (left padded) and chosen / rejected
-completions (right padded, ``completion + EOS`` as SFT trains them), shared by DPO and the
-pairwise reward model.
+completions (right padded, ``completion + EOS`` as SFT trains them), shared by DPO, KTO (a row's
+completion and a mismatched one) and the pairwise reward model.
 """
 
 from __future__ import annotations
@@ -49,16 +49,37 @@ def tokenize_pairs(tokenizer: Any, rows: list[dict[str, Any]], max_len: int,
                    source: str, template: str = "auto") -> PairTensors:
     """Chat-template the prompts and tokenize ``completion + EOS`` (a conversational side: the
     template's rendering of its messages after the prompt); bad rows raise DataError."""
-    try:
-        p_ids, c_ids = tokenize_completions(tokenizer, rows, "chosen", template)
-        _, r_ids = tokenize_completions(tokenizer, rows, "rejected", template)
-    except TemplateError as err:
-        raise DataError(source, (err.row or 0) + 1, err.field, str(err)) from err
-    for i, (row, p, c, r) in enumerate(zip(rows, p_ids, c_ids, r_ids, strict=True)):
+    for i, row in enumerate(rows):
         if row["chosen"] == row["rejected"]:
             raise DataError(source, i + 1, "rejected", "identical to 'chosen'; a preference "
                             "pair needs two different completions")
-        for name, comp in (("chosen", c), ("rejected", r)):
+    return _pair_tensors(tokenizer, rows, max_len, source, template, ("chosen", "rejected"))
+
+
+def tokenize_unpaired(tokenizer: Any, rows: list[dict[str, Any]], max_len: int,
+                      source: str, template: str = "auto") -> PairTensors:
+    """KTO's unpaired rows as pairs: ``chosen`` is each row's own completion, ``rejected`` a
+    MISMATCHED one for KTO's reference point: the completion of another row under this row's
+    prompt, the rows taken round one fixed seeded cycle (TRL rotates completions by one within a
+    batch; a fixed pairing lets the reference's log-probs be precomputed and cached)."""
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(0)).tolist()
+    other = {order[k]: order[k - 1] for k in range(len(rows))}  # row -> the row it borrows from
+    shifted = [{"prompt": r["prompt"], "completion": r["completion"],
+                "mismatched": rows[other[i]]["completion"]} for i, r in enumerate(rows)]
+    return _pair_tensors(tokenizer, shifted, max_len, source, template,
+                         ("completion", "mismatched"))
+
+
+def _pair_tensors(tokenizer: Any, rows: list[dict[str, Any]], max_len: int, source: str,
+                  template: str, sides: tuple[str, str]) -> PairTensors:
+    """Tokenize and pad the two completion fields ``sides`` of each row (with its prompt)."""
+    try:
+        p_ids, c_ids = tokenize_completions(tokenizer, rows, sides[0], template)
+        _, r_ids = tokenize_completions(tokenizer, rows, sides[1], template)
+    except TemplateError as err:
+        raise DataError(source, (err.row or 0) + 1, err.field, str(err)) from err
+    for i, (p, c, r) in enumerate(zip(p_ids, c_ids, r_ids, strict=True)):
+        for name, comp in zip(sides, (c, r), strict=True):
             if not comp:  # EOS is already on each side
                 raise DataError(source, i + 1, name, "empty, and the tokenizer has no EOS token")
             if len(p) + len(comp) > max_len:
@@ -71,13 +92,13 @@ def tokenize_pairs(tokenizer: Any, rows: list[dict[str, Any]], max_len: int,
     M = len(rows)
     prompt_ids = torch.full((M, P), pad, dtype=torch.long)  # [M, P]
     prompt_mask = torch.zeros((M, P), dtype=torch.bool)  # [M, P]
-    comp = {k: torch.full((M, T), pad, dtype=torch.long) for k in ("chosen", "rejected")}
-    mask = {k: torch.zeros((M, T), dtype=torch.bool) for k in ("chosen", "rejected")}
+    comp = {k: torch.full((M, T), pad, dtype=torch.long) for k in sides}
+    mask = {k: torch.zeros((M, T), dtype=torch.bool) for k in sides}
     for i, p in enumerate(p_ids):
         prompt_ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
         prompt_mask[i, P - len(p):] = True
-        for k, ids in (("chosen", c_ids[i]), ("rejected", r_ids[i])):
+        for k, ids in zip(sides, (c_ids[i], r_ids[i]), strict=True):
             comp[k][i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             mask[k][i, : len(ids)] = True
-    return PairTensors(prompt_ids, prompt_mask, comp["chosen"], mask["chosen"],
-                       comp["rejected"], mask["rejected"])
+    return PairTensors(prompt_ids, prompt_mask, comp[sides[0]], mask[sides[0]],
+                       comp[sides[1]], mask[sides[1]])

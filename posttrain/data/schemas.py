@@ -13,6 +13,8 @@ Kinds (``design.md``, "Data formats"):
   "test_imports"?: [str, ...]}`` (MBPP's import lines, put before every assert test)
 * ``outcomes``: ``{"prompt", "completion": str, "label": 1 | 0 | true | false}`` (outcome reward
   model rows: is the completion correct)
+* ``unpaired``: ``{"prompt", "completion": str | list[chat message], "label": true | false}``
+  (KTO's unpaired preferences, TRL's shape: is the completion desirable)
 
 A chat message is ``{"role": str, "content": str}``. Integer or float answers are accepted and
 turned into strings (JSON writers often emit ``"answer": 42``). Extra fields pass through
@@ -177,6 +179,8 @@ SCHEMAS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     "code": ({"prompt": check_prompt, "tests": check_tests},
              {"test_imports": check_test_imports}),
     "outcomes": ({"prompt": check_prompt, "completion": check_str, "label": check_binary}, {}),
+    "unpaired": ({"prompt": check_prompt, "completion": check_completion, "label": check_binary},
+                 {}),
 }
 
 

@@ -1,21 +1,30 @@
-"""Preference and reward-model losses: DPO and variants, Bradley-Terry, token-level outcome BCE.
+"""Preference and reward-model losses: DPO and variants, SimPO, online DPO's pairs,
+Bradley-Terry, token-level outcome BCE (KTO: ``posttrain.ops.kto``).
 
-Papers: DPO (Rafailov et al. 2023) and variants, Bradley-Terry RM (Ouyang et al. 2022, eq. 1),
-the token-level verifier objective (Cobbe et al. 2021); the paper index is docs/algorithms.md.
+Papers: DPO (Rafailov et al. 2023) and variants, SimPO (Meng et al. 2024), Bradley-Terry RM
+(Ouyang et al. 2022, eq. 1), the token-level verifier objective
+(Cobbe et al. 2021); the paper index is docs/algorithms.md.
 
-Notation: B preference pairs (chosen y_w, rejected y_l), T response tokens, V vocab.
+Notation: B preference pairs (chosen y_w, rejected y_l), T response tokens, V vocab, G samples
+per prompt.
 
 Implicit reward margin ``h = beta * [(logp(y_w) - logp_ref(y_w)) - (logp(y_l) - logp_ref(y_l))]``
-with sequence log-probs ``logp(y|x) = sum_t m * logp`` (see ``sequence_logprobs``):
+with sequence log-probs ``logp(y|x) = sum_t m * logp`` (see ``sequence_logprobs``). Each entry of
+``DPO_LOSSES`` declares what it needs from the caller (``PreferenceLoss``): reference log-probs,
+token-AVERAGED instead of summed log-probs, the target margin gamma. A trainer reads these flags
+and never branches on the loss name.
 
 - ``sigmoid`` (DPO, Rafailov et al. 2023, arXiv:2305.18290 eq. 7): ``-log sigmoid(h)``.
 - ``cdpo`` (conservative DPO, label smoothing s):
   ``-(1-s) log sigmoid(h) - s log sigmoid(-h)``.
 - ``robust`` (rDPO, Chowdhury et al. 2024, arXiv:2403.00409):
   ``[-(1-s) log sigmoid(h) + s log sigmoid(-h)] / (1 - 2s)``; needs s < 1/2.
-- ``ipo`` (Azar et al. 2023, arXiv:2310.12036): ``(h/beta - 1/(2*beta))^2``. The CALLER passes
-  token-AVERAGED log-probs here (``sequence_logprobs(..., average=True)``), not sums.
+- ``ipo`` (Azar et al. 2023, arXiv:2310.12036): ``(h/beta - 1/(2*beta))^2`` on token-averaged
+  log-probs.
 - ``hinge`` (SLiC-style): ``relu(1 - h)``.
+- ``simpo`` (Meng et al. 2024, arXiv:2405.14734 eq. 6): reference-free, token-averaged,
+  ``cdpo(h - gamma)`` with ``h = beta * (avg logp(y_w) - avg logp(y_l))`` and the target margin
+  gamma (TRL's CPO trainer writes it as ``beta * (h/beta - gamma/beta)``, the same number).
 
 Deliberate choice: ``sigmoid`` also honours ``label_smoothing`` (as OpenRLHF's DPO loss does),
 which makes it identical to ``cdpo``; with the default s = 0 it is plain DPO. TRL 1.16's
@@ -26,6 +35,7 @@ plain DPO there and cDPO here.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -50,33 +60,50 @@ def _hinge(h: Tensor, beta: float, s: float) -> Tensor:
     return torch.relu(1.0 - h)  # [B]
 
 
-DPO_LOSSES: dict[str, Callable[[Tensor, float, float], Tensor]] = {
-    "sigmoid": _cdpo,
-    "cdpo": _cdpo,
-    "robust": _robust,
-    "ipo": _ipo,
-    "hinge": _hinge,
+@dataclass(frozen=True)
+class PreferenceLoss:
+    """A DPO-family loss ``fn(h - gamma, beta, s) -> [B]`` and what it needs from the caller."""
+
+    fn: Callable[[Tensor, float, float], Tensor]
+    reference: bool = True
+    """Reference log-probs enter h (False: reference-free, none is loaded or precomputed)."""
+    average: bool = False
+    """Sequence log-probs are token-averaged (``sequence_logprobs(..., average=True)``)."""
+    margin: bool = False
+    """The loss takes the target margin gamma."""
+
+
+DPO_LOSSES: dict[str, PreferenceLoss] = {
+    "sigmoid": PreferenceLoss(_cdpo),
+    "cdpo": PreferenceLoss(_cdpo),
+    "robust": PreferenceLoss(_robust),
+    "ipo": PreferenceLoss(_ipo, average=True),
+    "hinge": PreferenceLoss(_hinge),
+    "simpo": PreferenceLoss(_cdpo, reference=False, average=True, margin=True),
 }
 
 
 def dpo_loss(
     chosen_logps: Tensor,
     rejected_logps: Tensor,
-    ref_chosen_logps: Tensor,
-    ref_rejected_logps: Tensor,
+    ref_chosen_logps: Tensor | None,
+    ref_rejected_logps: Tensor | None,
     *,
     beta: float = 0.1,
     loss_type: str = "sigmoid",
     label_smoothing: float = 0.0,
+    gamma: float = 0.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Per-pair DPO-family loss.
 
     Args:
-        chosen_logps / rejected_logps: [B] policy sequence log-probs of y_w / y_l.
+        chosen_logps / rejected_logps: [B] policy sequence log-probs of y_w / y_l (token
+            averages where the loss's ``average`` flag says so).
         ref_chosen_logps / ref_rejected_logps: [B] reference sequence log-probs (these can be
-            precomputed once for the whole dataset).
+            precomputed once for the whole dataset); None for a reference-free loss (simpo).
         beta: KL strength. loss_type: see the module docstring.
-        label_smoothing: s, the assumed label-flip rate (cdpo / robust / sigmoid).
+        label_smoothing: s, the assumed label-flip rate (cdpo / robust / sigmoid / simpo).
+        gamma: target reward margin subtracted from h (simpo only).
 
     Returns:
         (loss [B] per pair -- take ``.mean()``, metrics) with detached means
@@ -88,13 +115,22 @@ def dpo_loss(
     """
     if loss_type not in DPO_LOSSES:
         raise ValueError(f"dpo_loss: unknown loss_type {loss_type!r}; valid: {sorted(DPO_LOSSES)}")
-    chosen_rewards = beta * (chosen_logps - ref_chosen_logps)  # [B]
-    rejected_rewards = beta * (rejected_logps - ref_rejected_logps)  # [B]
+    entry = DPO_LOSSES[loss_type]
+    if (ref_chosen_logps is None or ref_rejected_logps is None) == entry.reference:
+        raise ValueError(f"dpo_loss({loss_type}): reference log-probs must be "
+                         f"{'given' if entry.reference else 'None (reference-free loss)'}")
+    if gamma and not entry.margin:
+        raise ValueError(f"dpo_loss({loss_type}): takes no target margin gamma, got {gamma}")
+    zero = torch.zeros_like(chosen_logps)  # [B] the reference of a reference-free loss
+    ref_chosen = zero if ref_chosen_logps is None else ref_chosen_logps  # [B]
+    ref_rejected = zero if ref_rejected_logps is None else ref_rejected_logps  # [B]
+    chosen_rewards = beta * (chosen_logps - ref_chosen)  # [B]
+    rejected_rewards = beta * (rejected_logps - ref_rejected)  # [B]
     h = chosen_rewards - rejected_rewards  # [B]
-    loss = DPO_LOSSES[loss_type](h, beta, label_smoothing)  # [B]
+    loss = entry.fn(h - gamma, beta, label_smoothing)  # [B]
     with torch.no_grad():
-        tie = beta * 1e-6 * (chosen_logps.abs() + rejected_logps.abs() + ref_chosen_logps.abs()
-                             + ref_rejected_logps.abs())  # [B]
+        tie = beta * 1e-6 * (chosen_logps.abs() + rejected_logps.abs() + ref_chosen.abs()
+                             + ref_rejected.abs())  # [B]
         metrics = {
             "rewards/chosen": chosen_rewards.mean(),
             "rewards/rejected": rejected_rewards.mean(),
@@ -102,6 +138,25 @@ def dpo_loss(
             "rewards/accuracy": (h > tie).float().mean(),
         }
     return loss, metrics
+
+
+def best_worst_pairs(scores: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
+    """Online DPO's pairs: the best and the worst of each group of G samples.
+
+    Args:
+        scores: [N] sequence scores, N = B*G, group-contiguous; NaN marks an unscorable sample.
+
+    Returns:
+        (chosen [P], rejected [P]) row indices into the N samples, one pair per group whose
+        scores are all finite and not all equal (a group of ties has no preference: it gives no
+        pair, where TRL's online DPO, G = 2, takes the first sample as chosen). Among equal
+        best (worst) scores the first sample is taken.
+    """
+    s = scores.view(-1, group_size)  # [B, G]
+    ok = ~s.isnan().any(1)  # [B]
+    ok &= s.nan_to_num().amax(1) > s.nan_to_num().amin(1)  # [B] at least two distinct scores
+    base = torch.arange(s.shape[0], device=s.device) * group_size  # [B]
+    return (base + s.argmax(1))[ok], (base + s.argmin(1))[ok]  # [P], [P]
 
 
 def bradley_terry_loss(

@@ -21,8 +21,12 @@ Rows carry two extra fields, ``answer`` and ``source`` (``offline:<kind>`` or ``
 which the data loader passes through. Held-out pairs come from the held-out problem split
 (``split="heldout"``), which training generators never emit.
 
-Command line (writes ``pref_train.jsonl`` and ``pref_heldout.jsonl`` under ``--out``; with
-``--model`` also ``pref_onpolicy.jsonl`` and ``pref_onpolicy_heldout.jsonl``)::
+:func:`unpaired_rows` turns pairs into KTO's unpaired rows ``{"prompt", "completion", "label"}``:
+the chosen completion labelled true and the rejected one false, in a seeded random order.
+
+Command line (writes ``pref_train.jsonl``, ``pref_heldout.jsonl`` and KTO's ``kto_train.jsonl``
+(the training pairs, unpaired) under ``--out``; with ``--model`` also ``pref_onpolicy.jsonl``
+and ``pref_onpolicy_heldout.jsonl``)::
 
     python -m posttrain.tasks.preferences --out runs/demo/data --model runs/demo/sft/final
 """
@@ -140,6 +144,16 @@ def offline_pairs(n: int, seed: int = 0, *, kind: str = "mixed",
     return rows
 
 
+def unpaired_rows(pairs: list[dict[str, Any]], seed: int = 0) -> list[dict[str, Any]]:
+    """KTO's unpaired rows from pairs: chosen -> label true, rejected -> label false (extra
+    fields kept), shuffled with ``seed`` so the two halves of a pair are not neighbours."""
+    rows = [{**{k: v for k, v in pair.items() if k not in ("chosen", "rejected")},
+             "completion": pair[side], "label": side == "chosen"}
+            for pair in pairs for side in ("chosen", "rejected")]
+    random.Random(f"unpaired:{seed}").shuffle(rows)
+    return rows
+
+
 def onpolicy_pairs(
     model: Any,
     tokenizer: Any,
@@ -226,9 +240,10 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     ap.add_argument("--temperature", type=float, default=1.0)
     args = ap.parse_args(argv)
     out = Path(args.out)
+    train = offline_pairs(args.n, args.seed, kind=args.kind)
     written = {
-        "train": str(write_jsonl(offline_pairs(args.n, args.seed, kind=args.kind),
-                                 out / "pref_train.jsonl")),
+        "train": str(write_jsonl(train, out / "pref_train.jsonl")),
+        "kto_train": str(write_jsonl(unpaired_rows(train, args.seed), out / "kto_train.jsonl")),
         "heldout": str(write_jsonl(offline_pairs(args.heldout, args.seed, kind=args.kind,
                                                  split="heldout"), out / "pref_heldout.jsonl")),
     }

@@ -1,4 +1,4 @@
-"""DPO and its variants (cDPO, robust DPO, IPO, hinge) on preference pairs.
+"""DPO and its variants (cDPO, robust DPO, IPO, hinge, SimPO) on preference pairs.
 
 One step: 1 next batch of pairs -> 2 policy sequence log-probs of chosen and rejected (one forward
 pass over both) -> 3 reference log-probs (precomputed table or on the fly) -> 4 the loss from
@@ -9,6 +9,10 @@ Where the reference comes from:
 - Full fine-tune with ``precompute_ref``: the policy before its first update IS the reference, so
   the table for the whole dataset is computed with it once and no reference model is loaded.
 - Full fine-tune without ``precompute_ref``: a frozen copy loaded from ``cfg.model``.
+
+What the loss needs comes from its ``DPO_LOSSES`` entry (``posttrain.ops.preference``): a
+reference-free loss (``simpo``) loads and precomputes no reference; ``average`` losses (ipo,
+simpo) use token-averaged log-probs.
 
 Reference cache (``posttrain.engine.reference``): per-pair summed AND token-averaged log-probs
 of chosen and rejected, under ``ref_cache_dir`` (default ``out_dir/refcache``). Deliberate
@@ -39,6 +43,7 @@ from posttrain.engine.reference import ref_cache_path
 from posttrain.engine.trainer import Trainer
 from posttrain.engine.update import shard_plan
 from posttrain.ops import dpo_loss, sequence_logprobs
+from posttrain.ops.preference import DPO_LOSSES, PreferenceLoss
 
 REF_KEYS = ("chosen_sum", "rejected_sum", "chosen_mean", "rejected_mean")
 
@@ -64,6 +69,27 @@ def pair_logprobs(model: torch.nn.Module, pairs: PairTensors,
             "chosen_mean": means[:n], "rejected_mean": means[n:]}
 
 
+def preference_loss(cfg: Any, policy: dict[str, Tensor],
+                    ref: tuple[Tensor, Tensor] | None) -> tuple[Tensor, dict[str, Tensor]]:
+    """The DPO-family loss [n] of ``cfg`` (its ``DPOLossConfig`` keys) on the policy's
+    ``pair_logprobs`` and the reference's (chosen, rejected) log-probs (None: reference-free),
+    plus RPO's NLL term, with detached metrics. Shared by DPO and online DPO."""
+    kind = "mean" if DPO_LOSSES[cfg.loss_type].average else "sum"
+    chosen, rejected = policy[f"chosen_{kind}"], policy[f"rejected_{kind}"]  # [n], [n]
+    loss, metrics = dpo_loss(chosen, rejected, *(ref or (None, None)), beta=cfg.beta,
+                             loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing,
+                             gamma=cfg.gamma)  # [n]
+    if cfg.rpo_alpha > 0:  # RPO: + alpha * NLL of the chosen completion (token mean)
+        nll = -policy["chosen_mean"]  # [n]
+        loss = loss + cfg.rpo_alpha * nll  # [n]
+        metrics["loss/nll_chosen"] = nll.detach().mean()
+    metrics["logps/chosen"] = policy["chosen_sum"].detach().mean()
+    metrics["logps/rejected"] = policy["rejected_sum"].detach().mean()
+    if ref is not None:
+        metrics["rewards/ref_accuracy"] = (ref[0] > ref[1]).float().mean()
+    return loss, metrics
+
+
 class DPOTrainer(Trainer):
     """Direct preference optimisation on {prompt, chosen, rejected} rows."""
 
@@ -73,7 +99,14 @@ class DPOTrainer(Trainer):
     config_class = DPOConfig
     data_kind = "preferences"
     progress_keys = ("loss/dpo", "rewards/accuracy")
+    tokenize = staticmethod(tokenize_pairs)
+    """(tokenizer, rows, max_len, source, template) -> PairTensors of the training rows."""
     cfg: DPOConfig
+
+    @property
+    def needs(self) -> PreferenceLoss:
+        """What the configured loss needs (reference, averaged log-probs, margin)."""
+        return DPO_LOSSES[self.cfg.loss_type]
 
     def validate(self) -> None:
         # held-out pairs are validated before any model loads, like the training rows
@@ -81,17 +114,21 @@ class DPOTrainer(Trainer):
         if cfg.batch_size % self.dist.world:
             raise ConfigError(f"config key 'batch_size'={cfg.batch_size}: must be a multiple "
                               f"of the {self.dist.world} torchrun processes")
-        self.eval_rows = (load_rows(cfg.eval_pref_data, kind="preferences", split=cfg.eval_split)
-                          if cfg.eval_pref_data else [])
+        if getattr(cfg, "gamma", 0.0) and not self.needs.margin:
+            raise ConfigError(f"config key 'gamma'={cfg.gamma}: loss_type={cfg.loss_type} takes "
+                              "no target margin (simpo does)")
+        source = getattr(cfg, "eval_pref_data", "")  # KTO has none
+        self.eval_rows = (load_rows(source, kind="preferences", split=cfg.eval_split)
+                          if source else [])
 
     def setup(self) -> None:
         cfg, tok = self.cfg, self.tokenizer
-        self.pairs = tokenize_pairs(tok, self.s.train_rows, cfg.max_seq_len, cfg.train_data,
-                                    cfg.chat_template)
+        self.pairs = self.tokenize(tok, self.s.train_rows, cfg.max_seq_len, cfg.train_data,
+                                   cfg.chat_template)
         self.eval_pairs = (tokenize_pairs(tok, self.eval_rows, cfg.max_seq_len,
                                           cfg.eval_pref_data, cfg.chat_template)
                            if self.eval_rows else None)
-        if cfg.lora_r == 0 and not cfg.precompute_ref:
+        if cfg.lora_r == 0 and not cfg.precompute_ref and self.needs.reference:
             self.load_reference()
         self.ref.policy_before_update = True  # precompute_ref: the policy before any update
         self.micro_pairs = max(1, cfg.micro_batch_size // 2)  # a pair is two sequences
@@ -99,7 +136,7 @@ class DPOTrainer(Trainer):
         self.ref_cache: dict[str, str] = {}
         self._implicit_acc: dict[str, float | None] = {}
         # 0. reference log-probs for the whole dataset, once, before any update
-        if cfg.precompute_ref:
+        if cfg.precompute_ref and self.needs.reference:
             self.ref_tables["train"] = self.reference_table(self.pairs, cfg.train_data, "train")
             if self.eval_pairs is not None:
                 self.ref_tables["eval"] = self.reference_table(self.eval_pairs,
@@ -146,8 +183,9 @@ class DPOTrainer(Trainer):
         return table
 
     def reference_logps(self, pairs: PairTensors, idx: Tensor, table: str) -> tuple[Tensor, Tensor]:
-        """3: reference log-probs [n] of chosen and rejected (table lookup or a forward pass)."""
-        kind = "mean" if self.cfg.loss_type == "ipo" else "sum"
+        """3: reference log-probs [n] of chosen and rejected (table lookup or a forward pass),
+        token-averaged where the loss says so."""
+        kind = "mean" if self.needs.average else "sum"
         if table in self.ref_tables:
             ref, device = self.ref_tables[table], next(self.model.parameters()).device
             return ref[f"chosen_{kind}"][idx].to(device), ref[f"rejected_{kind}"][idx].to(device)
@@ -158,22 +196,9 @@ class DPOTrainer(Trainer):
     def pair_loss(self, pairs: PairTensors, idx: Tensor,
                   table: str) -> tuple[Tensor, dict[str, Tensor]]:
         """2-4 for the pairs ``idx``: per-pair loss [n] and detached metrics."""
-        cfg = self.cfg
-        kind = "mean" if cfg.loss_type == "ipo" else "sum"
         policy = pair_logprobs(self.learner(), pairs.select(idx), self.forward)  # 2
-        ref_chosen, ref_rejected = self.reference_logps(pairs, idx, table)  # 3
-        chosen, rejected = policy[f"chosen_{kind}"], policy[f"rejected_{kind}"]  # [n], [n]
-        loss, metrics = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=cfg.beta,
-                                 loss_type=cfg.loss_type,
-                                 label_smoothing=cfg.label_smoothing)  # 4, [n]
-        if cfg.rpo_alpha > 0:  # RPO: + alpha * NLL of the chosen completion (token mean)
-            nll = -policy["chosen_mean"]  # [n]
-            loss = loss + cfg.rpo_alpha * nll  # [n]
-            metrics["loss/nll_chosen"] = nll.detach().mean()
-        metrics["logps/chosen"] = policy["chosen_sum"].detach().mean()
-        metrics["logps/rejected"] = policy["rejected_sum"].detach().mean()
-        metrics["rewards/ref_accuracy"] = (ref_chosen > ref_rejected).float().mean()
-        return loss, metrics
+        ref = self.reference_logps(pairs, idx, table) if self.needs.reference else None  # 3
+        return preference_loss(self.cfg, policy, ref)  # 4
 
     def update(self, idx: Tensor | list[int]) -> dict[str, float]:
         """One optimizer step over the batch ``idx`` through the one engine; the loss is the

@@ -1,7 +1,8 @@
 """The conformance world: one tiny model and one small data file per data kind, and a case
 for every registered trainer (`posttrain.trainers.TRAINERS`).
 
-A trainer's case is derived from its data kind (prompts, sft, preferences, steps), so a trainer
+A trainer's case is derived from its data kind (prompts, sft, preferences, unpaired, steps), so a
+trainer
 added to the registry is covered by every conformance test without writing one; `VARIANTS`
 adds set-ups of the same trainer that keep different state (PPO's LoRA critic).
 """
@@ -21,7 +22,7 @@ import torch
 from posttrain.config import build_config
 from posttrain.models.loading import save_checkpoint
 from posttrain.tasks.arithmetic import sft_rows, step_rows, write_jsonl
-from posttrain.tasks.preferences import offline_pairs
+from posttrain.tasks.preferences import offline_pairs, unpaired_rows
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers import TRAINERS, trainer_class
@@ -39,6 +40,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
                           "max_tool_calling_iterations": 2, "max_new_tokens": 120,
                           "eval_max_new_tokens": 120, "lr": 3e-4, "critic_lr": 3e-4,
                           "temperature": 1.2, "rewards": [{"name": "math", "weight": 1.0}]}),
+    # SimPO: the DPO trainer with a reference-free loss (no reference loaded or precomputed)
+    "dpo_simpo": ("dpo", {"loss_type": "simpo", "beta": 2.0, "gamma": 0.5}),
 }
 CASES = sorted(TRAINERS) + sorted(VARIANTS)
 RL = [c for c in CASES if c in ("grpo", "ppo") or VARIANTS.get(c, ("",))[0] in ("grpo", "ppo")]
@@ -54,9 +57,11 @@ BY_KIND: dict[str, dict[str, Any]] = {
                 "ppo_epochs": 2, "mini_batches": 2, "kl_coef": 0.05, "temperature": 1.0},
     "sft": {"batch_size": 4, "micro_batch_size": 2, "rewards": []},
     "preferences": {"batch_size": 4, "micro_batch_size": 4, "rewards": []},
+    "unpaired": {"batch_size": 4, "micro_batch_size": 4, "rewards": []},
     "steps": {"batch_size": 4, "micro_batch_size": 2, "rewards": []},
 }
-DATA = {"prompts": "prompts", "sft": "sft", "preferences": "pairs", "steps": "steps"}
+DATA = {"prompts": "prompts", "sft": "sft", "preferences": "pairs", "unpaired": "unpaired",
+        "steps": "steps"}
 
 
 def command_of(case: str) -> str:
@@ -79,7 +84,8 @@ def data_kind(command: str) -> str:
 def world(tmp_path_factory) -> dict[str, str]:
     """A 2-layer tiny Llama (FSDP2 shards per layer) whose EOS logit depends strongly on the
     context, so sampled completions have uneven lengths; 18 prompts, 17 SFT rows (the last
-    batch of 4 has one row: one of two ranks gets none), 18 pairs, 18 step rows."""
+    batch of 4 has one row: one of two ranks gets none), 18 pairs, 18 unpaired rows (9 pairs
+    split), 18 step rows."""
     root = tmp_path_factory.mktemp("conformance")
     tok = build_char_tokenizer()
     model = build_tiny_llama(tok, hidden_size=32, num_layers=2, num_heads=2,
@@ -97,6 +103,8 @@ def world(tmp_path_factory) -> dict[str, str]:
             "sft": str(write_jsonl(sft_rows(17, seed=0), root / "sft.jsonl")),
             "pairs": str(write_jsonl(offline_pairs(18, seed=0, kind="flaw"),
                                      root / "pairs.jsonl")),
+            "unpaired": str(write_jsonl(unpaired_rows(offline_pairs(9, seed=0, kind="flaw")),
+                                        root / "unpaired.jsonl")),
             "steps": str(write_jsonl(step_rows(18, seed=0, error_rate=0.3),
                                      root / "steps.jsonl"))}
 

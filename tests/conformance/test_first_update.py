@@ -47,3 +47,17 @@ def test_first_update_has_ratio_one_and_zero_kl(world, tmp_path, case, precision
     assert kls, sorted(metrics)
     for k, v in kls.items():
         assert abs(v) < 1e-5, (k, v)
+
+
+@pytest.mark.parametrize("precision", sorted(PRECISIONS))
+def test_first_online_dpo_update_starts_at_the_reference(world, tmp_path, precision):
+    """Online DPO's analogue: before any update the policy is the frozen reference, so every
+    pair's implicit rewards and their margin are 0 (the two forwards are one forward)."""
+    keys = case_keys(world, "online_dpo", tmp_path, **PRECISIONS[precision])
+    trainer = build("online_dpo", keys)
+    trainer.model.train()
+    metrics = trainer.step(1)
+    assert metrics["pairs/trained"] > 0, metrics
+    for k in ("rewards/chosen", "rewards/rejected", "rewards/margin"):
+        assert abs(metrics[k]) < 1e-5, (k, metrics[k])
+    assert metrics["rewards/accuracy"] == 0.0  # ties count as wrong

@@ -37,7 +37,7 @@ def _first_step(world, tmp_path, case, micro: int, monkeypatch) -> tuple[list, d
 def test_micro_batch_1_equals_one_micro_batch(world, tmp_path, case, monkeypatch):
     # the smallest micro-batch each config allows: 1 row, or 2 sequences (a DPO / Bradley-Terry
     # pair; the RM and PRM configs count sequences too)
-    smallest = 2 if command_of(case) in ("dpo", "rm", "prm") else 1
+    smallest = 2 if command_of(case) in ("dpo", "kto", "online_dpo", "rm", "prm") else 1
     one = _first_step(world, tmp_path, case, smallest, monkeypatch)
     whole = _first_step(world, tmp_path, case, 64, monkeypatch)
     (g1, m1), (g2, m2) = one, whole

@@ -4,8 +4,10 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from posttrain.ops import bradley_terry_loss, dpo_loss, token_outcome_loss
+from posttrain.ops import bradley_terry_loss, dpo_loss, sequence_logprobs, token_outcome_loss
+from posttrain.ops.preference import DPO_LOSSES, best_worst_pairs
 
 # chosen -1 vs ref -2, rejected -3 vs ref -2, beta 0.5:
 # chosen reward 0.5*(+1) = 0.5, rejected reward 0.5*(-1) = -0.5, h = 1
@@ -62,7 +64,7 @@ def test_dpo_metrics_and_gradient_sign():
 
 
 def test_dpo_bad_keys():
-    with pytest.raises(ValueError, match=r"'cdpo', 'hinge', 'ipo', 'robust', 'sigmoid'"):
+    with pytest.raises(ValueError, match=r"'cdpo', 'hinge', 'ipo', 'robust', 'sigmoid', 'simpo'"):
         dpo_loss(*ARGS, loss_type="kto")
     with pytest.raises(ValueError, match="label_smoothing"):
         dpo_loss(*ARGS, loss_type="robust", label_smoothing=0.5)
@@ -124,3 +126,115 @@ def test_dpo_accuracy_counts_margins_within_rounding_as_ties():
     assert m["rewards/accuracy"].item() == pytest.approx(0.5)
     _, m = dpo_loss(ref, ref, ref, ref, beta=0.1)  # exact ties
     assert m["rewards/accuracy"].item() == 0.0
+
+
+# SimPO: token-averaged chosen -1, rejected -3, no reference, beta 2, gamma 0.5:
+# h = 2 * (-1 - (-3)) = 4 ; h - gamma = 3.5
+# -log sigmoid(3.5) = log(1 + e^-3.5) = log(1.030197) = 0.029750
+# s = 0.1: 0.9 * 0.029750 + 0.1 * (3.5 + 0.029750) = 0.026775 + 0.352975 = 0.379750
+@pytest.mark.parametrize("s, want", [(0.0, 0.029750), (0.1, 0.379750)])
+def test_simpo_golden(s, want):
+    loss, m = dpo_loss(torch.tensor([-1.0]), torch.tensor([-3.0]), None, None, beta=2.0,
+                       loss_type="simpo", label_smoothing=s, gamma=0.5)
+    assert loss.item() == pytest.approx(want, abs=1e-6)
+    assert m["rewards/chosen"].item() == pytest.approx(-2.0)  # beta * avg logp, no reference
+    assert m["rewards/margin"].item() == pytest.approx(4.0)
+
+
+def test_registry_declares_what_each_loss_needs():
+    assert not DPO_LOSSES["simpo"].reference and DPO_LOSSES["simpo"].average
+    assert DPO_LOSSES["ipo"].average and DPO_LOSSES["ipo"].reference
+    assert all(DPO_LOSSES[k].reference and not DPO_LOSSES[k].average
+               for k in ("sigmoid", "cdpo", "robust", "hinge"))
+    with pytest.raises(ValueError, match="reference-free"):
+        dpo_loss(*ARGS, loss_type="simpo")  # a reference passed to a reference-free loss
+    with pytest.raises(ValueError, match="must be given"):
+        dpo_loss(ARGS[0], ARGS[1], None, None, loss_type="sigmoid")
+    with pytest.raises(ValueError, match="no target margin"):
+        dpo_loss(*ARGS, loss_type="sigmoid", gamma=0.5)
+
+
+def _trl_simpo(chosen_avg, rejected_avg, beta, gamma, s):
+    """TRL 1.16's SimPO loss as written in trl/experimental/cpo/cpo_trainer.py,
+    CPOTrainer.cpo_loss (loss_type="simpo", alpha 0; read there, re-typed here), on the
+    token-averaged log-probs of CPOTrainer.get_batch_logps(average_log_prob=True):
+    logits = (chosen - rejected) - gamma / beta; -(1-s) logsigmoid(beta*logits)
+    - s logsigmoid(-beta*logits), mean over the batch (cpo_alpha 0: no NLL term)."""
+    logits = (chosen_avg - rejected_avg) - gamma / beta
+    losses = (-F.logsigmoid(beta * logits) * (1 - s) - F.logsigmoid(-beta * logits) * s)
+    return losses.mean()
+
+
+@pytest.mark.parametrize("s", [0.0, 0.15])
+def test_simpo_parity_with_trl_value_and_gradient(s):
+    g = torch.Generator().manual_seed(1)
+    logp = torch.randn(2, 5, 9, generator=g, dtype=torch.float64) - 2  # [2 sides, B, T]
+    mask = torch.rand(2, 5, 9, generator=g) > 0.3
+    mask[..., 0] = True
+    a, b = logp.clone().requires_grad_(True), logp.clone().requires_grad_(True)
+    # TRL's average: (per_token_logps * loss_mask).sum(-1) / loss_mask.sum(-1)
+    trl_avg = (a * mask).sum(-1) / mask.sum(-1)
+    want = _trl_simpo(trl_avg[0], trl_avg[1], 2.5, 1.4, s)
+    ours = sequence_logprobs(b.flatten(0, 1), mask.flatten(0, 1), average=True).view(2, 5)
+    got, _ = dpo_loss(ours[0], ours[1], None, None, beta=2.5, loss_type="simpo",
+                      label_smoothing=s, gamma=1.4)
+    got = got.mean()
+    assert got.item() == pytest.approx(want.item(), abs=1e-6)
+    want.backward()
+    got.backward()
+    torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=0)
+    assert b.grad[~mask].abs().sum() == 0 and b.grad.abs().sum() > 0
+
+
+def test_best_worst_pairs_golden():
+    nan = float("nan")
+    # G = 3: group 0 best row 0 (1.0), worst row 1 (0.0); group 1 all 2.0: ties, no pair;
+    # group 2 has a NaN: no pair; group 3 best 3.0 at rows 10 and 11 -> the first (10), worst 9
+    scores = torch.tensor([1.0, 0.0, 0.5, 2.0, 2.0, 2.0, nan, 1.0, 0.0, 0.0, 3.0, 3.0])
+    chosen, rejected = best_worst_pairs(scores, 3)
+    assert chosen.tolist() == [0, 10] and rejected.tolist() == [1, 9]
+    chosen, rejected = best_worst_pairs(torch.tensor([2.0, 2.0]), 2)
+    assert chosen.numel() == 0 and rejected.numel() == 0
+
+
+def _trl_online_dpo(logprobs, ref_logprobs, completion_mask, rewards, beta):
+    """TRL 1.16's online DPO loss as written in
+    trl/experimental/online_dpo/online_dpo_trainer.py, OnlineDPOTrainer.training_step
+    (loss_type="sigmoid"; read there, re-typed here): 2 completions per prompt, the first B
+    rows the first samples and the next B the second ones; mask = first >= second picks the
+    chosen; summed log-probs over the completion mask; -logsigmoid(beta * logits), mean."""
+    B = rewards.shape[0] // 2
+    first, second = rewards.split(B)
+    mask = first >= second
+    rng = torch.arange(B)
+    chosen_idx = rng + (~mask * B)
+    rejected_idx = rng + (mask * B)
+    cr = torch.cat((chosen_idx, rejected_idx))
+    sums = (logprobs[cr] * completion_mask[cr]).sum(1)
+    ref_sums = (ref_logprobs[cr] * completion_mask[cr]).sum(1)
+    c, r = sums.split(B)
+    rc, rr = ref_sums.split(B)
+    logits = (c - r) - (rc - rr)
+    return (-F.logsigmoid(beta * logits)).mean()
+
+
+def test_online_dpo_parity_with_trl_value_and_gradient():
+    g = torch.Generator().manual_seed(2)
+    B, T = 6, 7
+    logp = torch.randn(2 * B, T, generator=g, dtype=torch.float64) - 1  # TRL's layout
+    ref = logp.detach() + 0.3 * torch.randn(2 * B, T, generator=g, dtype=torch.float64)
+    mask = torch.rand(2 * B, T, generator=g) > 0.2
+    rewards = torch.randperm(2 * B, generator=g).double()  # distinct: no ties
+    a, b = logp.clone().requires_grad_(True), logp.clone().requires_grad_(True)
+    want = _trl_online_dpo(a, ref, mask, rewards, 0.1)
+    # ours: group-contiguous rows (prompt i: its two samples at 2i, 2i+1)
+    order = torch.stack([torch.arange(B), torch.arange(B) + B], 1).flatten()  # [2B]
+    chosen, rejected = best_worst_pairs(rewards[order], 2)
+    seq, ref_seq = sequence_logprobs(b[order], mask[order]), sequence_logprobs(ref[order],
+                                                                               mask[order])
+    got, _ = dpo_loss(seq[chosen], seq[rejected], ref_seq[chosen], ref_seq[rejected], beta=0.1)
+    got = got.mean()
+    assert got.item() == pytest.approx(want.item(), abs=1e-6)
+    want.backward()
+    got.backward()
+    torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=0)

@@ -129,3 +129,19 @@ def test_cli_writes_offline_files(tmp_path, capsys):
     assert set(train[0]) == {"prompt", "chosen", "rejected", "answer", "source"}
     P.check_pairs(train + held)
     assert "wrote train" in capsys.readouterr().out
+
+
+def test_cli_writes_kto_unpaired_rows(tmp_path):
+    written = P.main(["--out", str(tmp_path), "--n", "20", "--heldout", "5", "--kind", "sign"])
+    train = [json.loads(line) for line in Path(written["train"]).read_text().splitlines()]
+    rows = [json.loads(line) for line in Path(written["kto_train"]).read_text().splitlines()]
+    assert len(rows) == 40 and set(rows[0]) == {"prompt", "completion", "label", "answer",
+                                                "source"}
+    want = sorted((p["prompt"], p[side], side == "chosen") for p in train
+                  for side in ("chosen", "rejected"))
+    assert sorted((r["prompt"], r["completion"], r["label"]) for r in rows) == want
+    # shuffled: the two rows of a pair are not all neighbours
+    assert any(a["prompt"] != b["prompt"] for a, b in zip(rows[::2], rows[1::2], strict=True))
+    from posttrain.data import load_rows
+
+    assert len(load_rows(written["kto_train"], kind="unpaired")) == 40
