@@ -49,3 +49,16 @@ def test_the_recipe_loads_with_its_tool() -> None:
     assert AgentSpec.build(cfg).tools == {"calculator": calculator}
     off = build_config(GRPOConfig, recipe, overrides={"tools": []})
     assert not off.agentic()  # the control run of docs/results.md
+
+
+def test_quick_build_runs_phase_two_from_phase_one_at_a_constant_lr(tmp_path) -> None:
+    import yaml
+
+    from posttrain.tasks.tool_world import WORLD, build_tool_world
+
+    summary = build_tool_world(tmp_path, quick=True, progress=False)
+    cfg = yaml.safe_load((tmp_path / "sft" / "config.yaml").read_text())
+    assert cfg["model"] == str(tmp_path / "sft_phase1" / "final")
+    # the copy needs many high-lr steps: a cosine decay over phase 2 never learned it
+    assert cfg["lr_schedule"] == "constant" and cfg["lr"] == WORLD["sft_more"]["lr"]
+    assert summary["paths"]["sft_model"] == str(tmp_path / "sft" / "final")
