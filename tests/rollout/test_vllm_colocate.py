@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from posttrain.config import GRPOConfig, build_config
-from posttrain.config import engine as engine_checks
 from posttrain.models.loading import save_checkpoint
 from posttrain.rollout import SamplingParams, generate, vllm_engine
 from posttrain.rollout.weights import iter_weights
@@ -36,14 +35,6 @@ def world(tmp_path_factory) -> dict:
     data = root / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": c, "answer": "7"}) + "\n" for c in "abcdef"))
     return {"model": model, "tok": tok, "dir": str(root / "model"), "data": str(data)}
-
-
-@pytest.fixture
-def vllm(monkeypatch):
-    monkeypatch.setattr(engine_checks, "vllm_available", lambda: True)
-    monkeypatch.setattr(engine_checks, "_cuda", lambda: True)
-    monkeypatch.setattr(vllm_engine, "_KEPT", [], raising=False)
-    return fake_vllm.install(monkeypatch)
 
 
 def _engine(world, **kw) -> vllm_engine.VLLMColocateEngine:

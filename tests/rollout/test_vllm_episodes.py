@@ -11,7 +11,6 @@ import json
 import pytest
 import torch
 
-from posttrain.config import engine as engine_checks
 from posttrain.core.runtime import sequence_seed
 from posttrain.data import render_prompt
 from posttrain.models.loading import save_checkpoint
@@ -45,14 +44,6 @@ def world(tmp_path_factory) -> dict:
                              intermediate_size=32, max_position_embeddings=256, seed=0)
     save_checkpoint(model, TOK, root / "model")
     return {"model": model, "dir": str(root / "model"), "root": root}
-
-
-@pytest.fixture
-def vllm(monkeypatch):
-    monkeypatch.setattr(engine_checks, "vllm_available", lambda: True)
-    monkeypatch.setattr(engine_checks, "_cuda", lambda: True)
-    monkeypatch.setattr(vllm_engine, "_KEPT", [], raising=False)
-    return fake_vllm.install(monkeypatch)
 
 
 def scripts() -> list[list[int]]:

@@ -16,8 +16,8 @@ from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.grpo import GRPOTrainer
 from posttrain.trainers.ppo import PPOTrainer
+from tests.rollout.conftest import vllm  # noqa: F401 - the vLLM stand-in (a fixture)
 from tests.rollout.script_lm import ScriptedHF, ScriptLM, ids
-from tests.rollout.test_vllm_episodes import vllm  # noqa: F401 - the vLLM stand-in (a fixture)
 
 TOK = build_char_tokenizer()
 
