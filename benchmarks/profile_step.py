@@ -4,7 +4,8 @@
         [--bf16 | --bf16-compute [--compile]] [--ops 15]
 
 Runs our GRPOTrainer on the work of `benchmarks/vs_trl.py` (G=8 x 8 prompts, 32 new tokens, beta
-0.04 k3 in the loss, models built there under --root) and times each phase by wrapping the
+0.04 k3 in the loss; `--model qwen152k`: 8 samples of one prompt, `--new-tokens`; models built
+there under --root) and times each phase by wrapping the
 functions the trainer calls, each inside a ``torch.profiler.record_function`` label:
 
     prefill    the first model call of a generation (the prompt, once per distinct prompt)
@@ -101,7 +102,9 @@ def _timed_forward(inner_forward, clock: PhaseClock):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", default="/tmp/vs_trl_models")
-    ap.add_argument("--model", default="19M", choices=list(vs_trl.LLAMAS))
+    ap.add_argument("--model", default="19M", choices=[*vs_trl.LLAMAS, "qwen152k"])
+    ap.add_argument("--new-tokens", type=int, default=256,
+                    help="qwen152k: new tokens of its 8 samples of one prompt (vs_trl's rows)")
     ap.add_argument("--beta", type=float, default=0.04)
     ap.add_argument("--bf16", action="store_true", help="autocast_bf16")
     ap.add_argument("--bf16-compute", action="store_true", help="bf16_compute (implies --bf16)")
@@ -119,12 +122,14 @@ def main() -> None:
     from posttrain.config import GRPOConfig, build_config
     from posttrain.trainers.grpo import GRPOTrainer
 
+    w = vs_trl._work({"model": args.model, "new_tokens": args.new_tokens})
     cfg = build_config(GRPOConfig, overrides={
         "model": str(root / args.model), "train_data": str(root / "prompts.jsonl"),
         "out_dir": tempfile.mkdtemp(prefix="profile_step_"), "threads": args.threads,
-        "rewards": [{"name": "vs_trl:parity_reward"}], "group_size": 8, "prompts_per_step": 8,
-        "max_new_tokens": 32, "kl_coef": args.beta, "kl_estimator": "k3", "lr": 1e-6,
-        "micro_batch_size": 64, "autocast_bf16": args.bf16 or args.bf16_compute,
+        "rewards": [{"name": "vs_trl:parity_reward"}], "group_size": w["G"],
+        "prompts_per_step": w["prompts"], "max_new_tokens": w["new"], "kl_coef": args.beta,
+        "kl_estimator": "k3", "lr": 1e-6, "micro_batch_size": w["micro"],
+        "autocast_bf16": args.bf16 or args.bf16_compute,
         "bf16_compute": args.bf16_compute, "torch_compile": args.compile, "max_steps": 1,
         "share_prompt_prefix": not args.no_share_prefix,
         "progress": False})
