@@ -3,9 +3,9 @@
     python benchmarks/profile_step.py --model 19M --steps 3 --threads 1 \
         [--bf16 | --bf16-compute [--compile]] [--ops 15]
 
-Runs our GRPOTrainer on the work of `benchmarks/vs_trl.py` (G=8 x 8 prompts, 32 new tokens, beta
-0.04 k3 in the loss; `--model qwen152k`: 8 samples of one prompt, `--new-tokens`; models built
-there under --root) and times each phase by wrapping the
+Runs our GRPOTrainer on the work of `benchmarks/vs_trl.py` (G=8 x 8 prompts, 32 new tokens or
+`--new-tokens`, beta 0.04 k3 in the loss; `--model qwen152k`: 8 samples of one prompt, 256 new
+tokens or `--new-tokens`; models built there under --root) and times each phase by wrapping the
 functions the trainer calls, each inside a ``torch.profiler.record_function`` label:
 
     prefill    the first model call of a generation (the prompt, once per distinct prompt)
@@ -103,8 +103,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", default="/tmp/vs_trl_models")
     ap.add_argument("--model", default="19M", choices=[*vs_trl.LLAMAS, "qwen152k"])
-    ap.add_argument("--new-tokens", type=int, default=256,
-                    help="qwen152k: new tokens of its 8 samples of one prompt (vs_trl's rows)")
+    ap.add_argument("--new-tokens", type=int, default=None,
+                    help="most new tokens: qwen152k's 8 samples of one prompt (default 256), "
+                    "a Llama's 8 x 8 (default 32)")
     ap.add_argument("--beta", type=float, default=0.04)
     ap.add_argument("--bf16", action="store_true", help="autocast_bf16")
     ap.add_argument("--bf16-compute", action="store_true", help="bf16_compute (implies --bf16)")
@@ -122,7 +123,8 @@ def main() -> None:
     from posttrain.config import GRPOConfig, build_config
     from posttrain.trainers.grpo import GRPOTrainer
 
-    w = vs_trl._work({"model": args.model, "new_tokens": args.new_tokens})
+    new = args.new_tokens or (256 if args.model == "qwen152k" else 32)
+    w = vs_trl._work({"model": args.model, "new_tokens": new})
     cfg = build_config(GRPOConfig, overrides={
         "model": str(root / args.model), "train_data": str(root / "prompts.jsonl"),
         "out_dir": tempfile.mkdtemp(prefix="profile_step_"), "threads": args.threads,

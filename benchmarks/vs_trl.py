@@ -3,7 +3,8 @@
     pip install -e '.[bench]'            # or TRL in a separate venv, passed as --trl-python
     python benchmarks/vs_trl.py --trl-python /work/venv_trl/bin/python --reps 2
 
-Work (issue 14): GRPO with G=8 samples x 8 prompts per step, <= 32 new tokens, 16-token prompts,
+Work (issue 14): GRPO with G=8 samples x 8 prompts per step, <= 32 new tokens (`--new-tokens`),
+16-token prompts,
 beta 0.04 with the k3 estimator in the loss, the same length-parity reward, one optimizer step
 per rollout, lr 1e-6, temperature 1, one micro-batch of 64; DPO (sigmoid, beta 0.1) on 8 pairs of
 ~66 tokens per sequence with the reference forward every step. Models are built once, locally,
@@ -109,7 +110,7 @@ def _work(spec: dict) -> dict:
     """The shared work of a spec: model dir, group size, prompts per step, new tokens."""
     if spec["model"] == "qwen152k":
         return {"G": 8, "prompts": 1, "new": spec["new_tokens"], "micro": spec.get("micro", 8)}
-    return {"G": 8, "prompts": 8, "new": 32, "micro": 64}
+    return {"G": 8, "prompts": 8, "new": spec.get("new_tokens", 32), "micro": 64}
 
 
 def run_ours(spec: dict, root: Path, out: Path) -> list[float]:
@@ -235,7 +236,10 @@ def _rows(args: argparse.Namespace) -> list[tuple[str, dict, list[tuple[str, str
                     [("trl", s) for s in args.trl_settings if "compile" not in s]
                     + [("ours", s) for s in args.our_settings if s.startswith("fp32")]))
         elif args.grpo:
-            rows.append((f"GRPO {name}", {"algo": "grpo", "model": name, "beta": 0.04}, trl + ours))
+            for n in args.new_tokens:
+                label = f"GRPO {name}" + ("" if n == 32 else f", {n} tokens")
+                rows.append((label, {"algo": "grpo", "model": name, "beta": 0.04,
+                                     "new_tokens": n}, trl + ours))
     if args.dpo:
         rows += [(f"DPO {name}", {"algo": "dpo", "model": name}, trl + ours)
                  for name in args.models if name in LLAMAS]
@@ -259,6 +263,8 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=["0.55M", "19M", "qwen152k"],
                     choices=[*LLAMAS, "qwen152k"])
     ap.add_argument("--real-vocab-tokens", nargs="+", type=int, default=[256, 1024])
+    ap.add_argument("--new-tokens", nargs="+", type=int, default=[32],
+                    help="the Llama GRPO rows' most new tokens (one row each)")
     ap.add_argument("--trl-settings", nargs="*",  # none: only our runs
                     default=["bf16", "fp32", "fp32_nockpt", "bf16_nockpt"])
     ap.add_argument("--our-settings", nargs="+", default=["fp32", "bf16"],

@@ -16,6 +16,13 @@ pre-packed into oneDNN's blocked layout (`torch.ops.mkldnn._linear_pointwise`, r
 every `sync`): an ``nn.Linear`` call re-packs its weight every time, half the cost of the
 matrix multiply at decode's few rows (19M Llama, 64 rows: 80 -> about 40 us per 512 x 512
 layer). The outputs are bit-identical to ``nn.Linear`` (checked once per process, else unused).
+On a CPU without AMX (e.g. an AVX-512 BF16 EPYC) its KV cache is kept in fp32
+(``kv_cache_dtype``, read by `posttrain.rollout.kv_cache.decode_cache`) and its attention runs
+PyTorch's fp32 kernel on it (`DECODE_ATTENTION`: queries cast up, outputs cast back to bf16):
+there the CPU flash kernel in bf16 cost 2-4x the fp32 one at decode's single query position
+(64 rows, 8 heads, 20-150 cached positions). On an AMX Xeon the bf16 kernel was the fast one
+of those tried (round 4 of benchmarks/performance_history.md; fp32 not measured there), so it
+stays (`fp32_decode_attention_pays`).
 
 **The learner and the reference** (`BF16Copy`; mixed precision with a bf16 model copy,
 Micikevicius et al. 2018, arXiv:1710.03740, bf16 so no loss scaling). With `trainable`, every
@@ -43,7 +50,12 @@ import torch
 
 from posttrain.models.logits import embeddings, patched_forward
 
-__all__ = ["BF16Copy", "BF16Sampler", "bf16_copy_supported"]
+__all__ = ["DECODE_ATTENTION", "BF16Copy", "BF16Sampler", "bf16_copy_supported"]
+
+DECODE_ATTENTION = "posttrain_fp32_kv"
+"""The sampler copy's attention implementation on a CPU without AMX: sdpa in the KV cache's
+dtype (registered with transformers' ``AttentionInterface`` and, with sdpa's masks,
+``AttentionMaskInterface``)."""
 
 
 def bf16_copy_supported(model: torch.nn.Module) -> bool:
@@ -128,6 +140,42 @@ class BF16Sampler(BF16Copy):
 
     def __init__(self, policy: torch.nn.Module) -> None:
         super().__init__(policy, packed=True, eager=False)
+        on_cpu = next(policy.parameters()).device.type == "cpu"
+        if on_cpu and sdpa_switchable(self.model) and fp32_decode_attention_pays():
+            _register_decode_attention()
+            self.model.set_attn_implementation(DECODE_ATTENTION)
+            self.model.kv_cache_dtype = torch.float32
+
+
+def kv_dtype_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                       value: torch.Tensor, attention_mask: torch.Tensor | None,
+                       **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """transformers' ``sdpa`` attention in the dtype of the keys and values it is given (the
+    cache's): query [n, H, q, D] cast to it, the output [n, q, H, D] cast back to the query's."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    out, weights = sdpa_attention_forward(module, query.to(key.dtype), key, value.to(key.dtype),
+                                          attention_mask, **kwargs)
+    return out.to(query.dtype), weights
+
+
+def fp32_decode_attention_pays() -> bool:
+    """Whether the sampler copy should keep an fp32 KV cache and attend in fp32 on this CPU:
+    one without AMX tiles. Measured per call, 64 rows x 8 heads, 20 / 49
+    / 150 cached positions, 2 threads, AVX-512 BF16 EPYC: fp32 0.31 / 0.90 / 3.9 ms, bf16 1.3 /
+    3.0 / 7.0 ms. On an AMX Xeon (round 4, benchmarks/performance_history.md) the bf16 kernel
+    took 0.45-0.55 ms at 40 positions, 2-4x faster than the alternatives tried there."""
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return amx is not None and not amx()
+
+
+@functools.cache
+def _register_decode_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(DECODE_ATTENTION, kv_dtype_attention)
+    AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)
 
 
 def _bf16_clone(source: torch.nn.Module) -> torch.nn.Module:

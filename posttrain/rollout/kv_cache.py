@@ -42,9 +42,10 @@ class PreallocatedLayer(_dynamic_layer_class()):  # type: ignore[misc]
     ``batch_select_indices``) sees the same thing. Writing past `capacity` raises.
     """
 
-    def __init__(self, capacity: int, **kwargs: Any) -> None:
+    def __init__(self, capacity: int, dtype: torch.dtype | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.capacity = int(capacity)
+        self.dtype = dtype  # the buffers' dtype (None: the first keys/values'); writes cast
         self.length = 0
         self._k: Tensor | None = None
         self._v: Tensor | None = None
@@ -52,8 +53,9 @@ class PreallocatedLayer(_dynamic_layer_class()):  # type: ignore[misc]
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         B, H, _, Dk = key_states.shape
         self.device = key_states.device
-        self._k = key_states.new_empty((B, H, self.capacity, Dk))
-        self._v = value_states.new_empty((B, H, self.capacity, value_states.shape[-1]))
+        self._k = key_states.new_empty((B, H, self.capacity, Dk), dtype=self.dtype)
+        self._v = value_states.new_empty((B, H, self.capacity, value_states.shape[-1]),
+                                         dtype=self.dtype)
         self.length = 0
         self._refresh()
         self.is_initialized = True
@@ -132,7 +134,8 @@ def decode_cache(model: torch.nn.Module, capacity: int) -> Any:
 
     A ``DynamicCache`` built from the model's config, with every plain full-attention
     ``DynamicLayer`` replaced by a `PreallocatedLayer`; other layer kinds (sliding window,
-    linear attention) are kept as transformers builds them.
+    linear attention) are kept as transformers builds them. A model with a ``kv_cache_dtype``
+    attribute (the bf16 sampler copy on a CPU without AMX) has its keys/values kept in it.
     """
     from transformers import DynamicCache
 
@@ -140,7 +143,8 @@ def decode_cache(model: torch.nn.Module, capacity: int) -> Any:
     dynamic = _dynamic_layer_class()
     if not cache.layers:  # no config-derived layers: transformers would add them lazily
         return cache
-    cache.layers = [PreallocatedLayer(capacity) if type(layer) is dynamic else layer
+    dtype = getattr(model, "kv_cache_dtype", None)
+    cache.layers = [PreallocatedLayer(capacity, dtype) if type(layer) is dynamic else layer
                     for layer in cache.layers]
     return cache
 

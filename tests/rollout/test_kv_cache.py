@@ -42,6 +42,29 @@ def test_layer_matches_dynamic_layer_through_repeat_select_and_updates():
         ours.update(*kv(3, 2))
 
 
+def test_layer_of_another_dtype_keeps_the_upcast_states():
+    """A layer with a dtype (the bf16 sampler copy's fp32 cache) holds every written state
+    exactly, upcast, through repeat and select; a model's ``kv_cache_dtype`` reaches it."""
+    gen = torch.Generator().manual_seed(0)
+    ours, ref = PreallocatedLayer(capacity=6, dtype=torch.float32), DynamicLayer()
+    k, v = (torch.randn(2, 2, 3, 4, generator=gen).bfloat16() for _ in range(2))
+    k1, _ = ours.update(k, v)
+    ref.update(k, v)
+    ours.batch_repeat_interleave(2)
+    ref.batch_repeat_interleave(2)
+    k2, v2 = (torch.randn(4, 2, 1, 4, generator=gen).bfloat16() for _ in range(2))
+    keys, values = ours.update(k2, v2)
+    want_k, want_v = ref.update(k2, v2)
+    assert k1.dtype == keys.dtype == torch.float32
+    assert torch.equal(keys, want_k.float()) and torch.equal(values, want_v.float())
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(tok, hidden_size=16, num_layers=1, num_heads=2,
+                             intermediate_size=32)
+    assert decode_cache(model, 4).layers[0].dtype is None
+    model.kv_cache_dtype = torch.float32
+    assert decode_cache(model, 4).layers[0].dtype is torch.float32
+
+
 def test_decode_cache_replaces_only_full_attention_layers():
     tok = build_char_tokenizer()
     model = build_tiny_llama(tok, hidden_size=16, num_layers=3, num_heads=2,

@@ -108,3 +108,36 @@ def test_packed_linears_sample_exactly_what_plain_linears_do():
         m.forward = fwd
     assert torch.equal(packed.completion_ids, unpacked.completion_ids)
     assert torch.equal(packed.logprobs, unpacked.logprobs)
+
+
+def test_fp32_kv_cache_where_it_pays_scores_like_the_bf16_cache(monkeypatch):
+    """On a CPU where it pays (no AMX) the copy keeps its KV cache in fp32 and attends in fp32
+    (the prefill too): the cache holds fp32 and every step's log-probs match the same copy on
+    bf16 sdpa to bf16 rounding, with left padding and grouped-query heads. Where it does not
+    pay, the copy keeps sdpa and a bf16 cache."""
+    import posttrain.models.bf16_copy as bf16_copy
+    from posttrain.models.bf16_copy import DECODE_ATTENTION
+    from posttrain.rollout.kv_cache import decode_cache
+
+    tok = build_char_tokenizer()
+    policy = build_tiny_llama(tok, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                              intermediate_size=64, seed=0)
+    monkeypatch.setattr(bf16_copy, "fp32_decode_attention_pays", lambda: False)
+    amx = BF16Sampler(policy).model  # as on an AMX CPU
+    assert amx.config._attn_implementation == "sdpa"
+    assert getattr(amx, "kv_cache_dtype", None) is None
+    monkeypatch.setattr(bf16_copy, "fp32_decode_attention_pays", lambda: True)
+    sampler = BF16Sampler(policy)
+    assert sampler.model.config._attn_implementation == DECODE_ATTENTION
+    cache = decode_cache(sampler.model, 16)
+    with torch.no_grad():
+        sampler.model(input_ids=torch.tensor([[5, 6, 7]]), use_cache=True,
+                      past_key_values=cache)
+    assert cache.layers[0].keys.dtype == torch.float32 and cache.layers[0].length == 3
+    prompts = ["12+7\n", "5\n"]  # different lengths: the shorter one is left padded
+    ours = generate(sampler.model, tok, prompts, group_size=3,
+                    params=SamplingParams(max_new_tokens=8), seeds=list(range(6)))
+    lp, _ = completion_logprobs(amx, ours.prompt_ids, ours.prompt_mask,
+                                ours.completion_ids, ours.response_mask)
+    assert ((lp - ours.logprobs) * ours.response_mask).abs().max() < 0.02
+    assert ours.response_mask.sum() > 6  # it decoded past the first token
