@@ -32,16 +32,6 @@ import vs_trl  # noqa: E402
 MODES = ("bf16 cache", "fp32 cache")
 
 
-def set_mode(model: torch.nn.Module, mode: str) -> None:
-    """Switch the sampler copy between the two attention set-ups (`MODES`)."""
-    if mode == "fp32 cache":
-        model.set_attn_implementation(DECODE_ATTENTION)
-        model.kv_cache_dtype = torch.float32
-    else:
-        model.set_attn_implementation("sdpa")
-        model.__dict__.pop("kv_cache_dtype", None)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", default="/tmp/vs_trl_models")
@@ -68,7 +58,7 @@ def main() -> None:
         tokens: dict[str, int] = {}
         for rep in range(args.reps + 1):
             for mode in MODES:
-                set_mode(sampler.model, mode)
+                sampler.fp32_kv_cache(mode == "fp32 cache")
                 t0 = time.perf_counter()
                 out = generate(sampler.model, tok, prompts, group_size=8, params=params,
                                seeds=list(range(64)))
@@ -100,11 +90,11 @@ def trainer_steps(model_dir: Path, root: Path, new: int, threads: int, steps: in
         "max_steps": 2 * steps + 1, "progress": False})
     trainer = GRPOTrainer(cfg)
     trainer.step(1)  # warm-up; builds the sampler copy
-    sampler, _ = trainer.rollout_engine().sampler()
+    sampler = trainer.rollout_engine()._copy  # the engine's BF16Sampler
     seconds: dict[str, list[float]] = {m: [] for m in MODES}
     for i in range(steps):
         for j, mode in enumerate(MODES):
-            set_mode(sampler, mode)
+            sampler.fp32_kv_cache(mode == "fp32 cache")
             t0 = time.perf_counter()
             trainer.step(2 + 2 * i + j)
             seconds[mode].append(time.perf_counter() - t0)

@@ -47,6 +47,7 @@ import functools
 from typing import Any
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from posttrain.models.logits import embeddings, patched_forward
 
@@ -105,7 +106,7 @@ class BF16Copy:
         # kept for the copy's lifetime: the head runs on the hidden state cast to fp32
         self._head_ctx = patched_forward(head, lambda inner: _fp32_input(inner, head.weight))
         self._head_ctx.__enter__()
-        on_cpu = next(source.parameters()).device.type == "cpu"
+        self.on_cpu = on_cpu = next(source.parameters()).device.type == "cpu"
         if eager and on_cpu and sdpa_switchable(self.model):
             self.model.set_attn_implementation("eager")
         self.model.train(source.training)
@@ -140,11 +141,19 @@ class BF16Sampler(BF16Copy):
 
     def __init__(self, policy: torch.nn.Module) -> None:
         super().__init__(policy, packed=True, eager=False)
-        on_cpu = next(policy.parameters()).device.type == "cpu"
-        if on_cpu and sdpa_switchable(self.model) and fp32_decode_attention_pays():
+        if self.on_cpu and sdpa_switchable(self.model) and fp32_decode_attention_pays():
+            self.fp32_kv_cache(True)
+
+    def fp32_kv_cache(self, on: bool) -> None:
+        """Keep the KV cache in fp32 and attend in fp32 (`DECODE_ATTENTION`), or the model's
+        bf16 cache and sdpa (off)."""
+        if on:
             _register_decode_attention()
             self.model.set_attn_implementation(DECODE_ATTENTION)
             self.model.kv_cache_dtype = torch.float32
+        else:
+            self.model.set_attn_implementation("sdpa")
+            self.model.__dict__.pop("kv_cache_dtype", None)
 
 
 def kv_dtype_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -152,9 +161,7 @@ def kv_dtype_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
                        **kwargs: Any) -> tuple[torch.Tensor, Any]:
     """transformers' ``sdpa`` attention in the dtype of the keys and values it is given (the
     cache's): query [n, H, q, D] cast to it, the output [n, q, H, D] cast back to the query's."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    out, weights = sdpa_attention_forward(module, query.to(key.dtype), key, value.to(key.dtype),
+    out, weights = sdpa_attention_forward(module, query.to(key.dtype), key, value,
                                           attention_mask, **kwargs)
     return out.to(query.dtype), weights
 
