@@ -53,6 +53,7 @@ def _config_command(command: str, argv: list[str]) -> int:
     if command == "eval" and not any(o.startswith("train_data=") for o in overrides):
         # eval reads eval_data; train_data is only required by the trainers
         overrides.append("train_data=__unused__")
+    from posttrain.engine.distributed import close_process_group
     from posttrain.models.loading import ModelLoadError
     from posttrain.rewards.errors import RewardFunctionError
 
@@ -75,7 +76,7 @@ def _config_command(command: str, argv: list[str]) -> int:
         print(f"posttrain {command}: reward error: {err}", file=sys.stderr)
         return 1
     finally:
-        _close_process_group(finished)
+        close_process_group(finished)
     if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
         return 0
     keys = ("eval_before", "eval_after", "accuracy", "seconds", "stopped_at_step")
@@ -117,28 +118,6 @@ def _accelerate_warning() -> str | None:
     return ("posttrain: warning: started by `accelerate launch`, which posttrain does not use: "
             "this is one process; for N processes run `torchrun --nproc_per_node N -m posttrain "
             "<command> ...` (docs/distributed.md)")
-
-
-def _close_process_group(finished: bool) -> None:
-    """Leave torchrun's process group cleanly (a no-op when it was never started).
-
-    The trainer's FSDP2 modules and DTensors hold the group; they are collected first, while the
-    interpreter is fully alive, and after a finished run the ranks meet once more, so no rank
-    shuts its sockets while the other still talks and no gloo worker outlives the group into
-    interpreter teardown (a rank aborted there once: 'terminate called without an active
-    exception' after a finished run). After an error there is no meeting: the other rank may be
-    inside a collective this one never joins.
-    """
-    import gc
-
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        gc.collect()
-        if finished:
-            dist.barrier()
-        dist.destroy_process_group()
-        gc.collect()
 
 
 def _data_error() -> type[Exception]:

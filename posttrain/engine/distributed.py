@@ -155,9 +155,10 @@ class Dist:
         if self.enabled:
             dist.barrier()
 
-    def close(self) -> None:
-        if self.enabled and dist.is_initialized():
-            dist.destroy_process_group()
+    def close(self, finished: bool = True) -> None:
+        """Leave the process group (`close_process_group`)."""
+        if self.enabled:
+            close_process_group(finished)
 
     # ---- models ------------------------------------------------------------------------------
     def wrap(self, model: torch.nn.Module, fsdp: bool, device: torch.device | None = None,
@@ -244,3 +245,22 @@ class Dist:
         dist.all_gather_object(out, obj)
         return out
 
+
+def close_process_group(finished: bool) -> None:
+    """Leave torchrun's process group cleanly (a no-op when it was never started).
+
+    The FSDP2 modules and DTensors that hold the group are collected first, while the
+    interpreter is fully alive, and after a finished run the ranks meet once more, so no rank
+    shuts its sockets while the other still talks and no gloo worker outlives the group into
+    interpreter teardown (a rank aborts there otherwise, now and then: 'terminate called without
+    an active exception'). After an error there is no meeting: the other rank may be inside a
+    collective this one never joins.
+    """
+    import gc
+
+    if dist.is_available() and dist.is_initialized():
+        gc.collect()
+        if finished:
+            dist.barrier()
+        dist.destroy_process_group()
+        gc.collect()

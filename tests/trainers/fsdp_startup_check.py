@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
 from posttrain.config import GRPOConfig, build_config
+from posttrain.engine.distributed import close_process_group
 from posttrain.engine.fsdp import full_weights
 from posttrain.trainers.grpo import GRPOTrainer
 
@@ -67,7 +68,6 @@ def main(model_dir: str, prompts: str, out: str) -> None:
         assert torch.equal(trainer.model(input_ids=ids).logits, want)
     check_mixed_precision(trainer, plain, ids)
     print(f"startup ok {rank}", flush=True)
-    trainer.dist.barrier()
 
 
 def check_mixed_precision(trainer: GRPOTrainer, plain: torch.nn.Module,
@@ -92,3 +92,4 @@ def check_mixed_precision(trainer: GRPOTrainer, plain: torch.nn.Module,
 
 if __name__ == "__main__":
     main(*sys.argv[1:4])
+    close_process_group(finished=True)  # the trainer is gone; the ranks meet and leave (cli.py)
