@@ -24,6 +24,7 @@ Start-up from rank 0's weights, bf16 mixed precision and sharded checkpoints:
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -155,11 +156,6 @@ class Dist:
         if self.enabled:
             dist.barrier()
 
-    def close(self, finished: bool = True) -> None:
-        """Leave the process group (`close_process_group`)."""
-        if self.enabled:
-            close_process_group(finished)
-
     # ---- models ------------------------------------------------------------------------------
     def wrap(self, model: torch.nn.Module, fsdp: bool, device: torch.device | None = None,
              bf16: bool = False) -> torch.nn.Module:
@@ -256,8 +252,6 @@ def close_process_group(finished: bool) -> None:
     an active exception'). After an error there is no meeting: the other rank may be inside a
     collective this one never joins.
     """
-    import gc
-
     if dist.is_available() and dist.is_initialized():
         gc.collect()
         if finished:
