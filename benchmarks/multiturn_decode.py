@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-import posttrain.rollout.episodes as episodes
+import posttrain.rollout.engine as engine_module
 from posttrain.data import render_prompt
 from posttrain.models import load_model_and_tokenizer
 from posttrain.rollout.engine import HFEngine
@@ -52,8 +52,7 @@ def main() -> None:
     rows = [json.loads(x) for x in Path(heldout).read_text().splitlines()][: args.rows]
     inner = HFEngine(tok)
     inner.update_weights(model, 0)
-    agent = AgentEngine(inner, AgentSpec({"calculator": calculator}, None, 2, 5.0),
-                        lambda msgs, schemas: render_prompt(tok, msgs, "auto"))
+    agent = AgentEngine(inner, AgentSpec({"calculator": calculator}, None, 2, 5.0))
     params = SamplingParams(160, temperature=1.0)
 
     def single(g: torch.Generator) -> Any:  # rendered here, as `AgentEngine` renders its own
@@ -61,11 +60,11 @@ def main() -> None:
         return inner.generate(prompts, rows=rows, params=params, generator=g)
 
     def multi(g: torch.Generator, turn: Any = sample_turn) -> Any:
-        episodes.sample_turn = turn
+        engine_module.sample_turn = turn
         try:
             return agent.generate([], rows=rows, params=params, generator=g)
         finally:
-            episodes.sample_turn = sample_turn
+            engine_module.sample_turn = sample_turn
 
     sides = {"single_turn": single, "multi_turn": multi,
              "multi_turn_reprefill": lambda g: multi(g, reprefill_turn)}

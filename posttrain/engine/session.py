@@ -70,10 +70,8 @@ class Session:
             return {}
         cfg = self.cfg
         rows = self.eval_rows[: cfg.eval_size]
-        prompts = [self.render(r["prompt"]) for r in rows]  # `prompt_field` maps to "prompt"
         max_new = getattr(cfg, "eval_max_new_tokens", getattr(cfg, "max_new_tokens", 64))
-        completions, first, scores, fmt, lengths = self._greedy_scored(model, rows, prompts,
-                                                                       max_new)
+        completions, first, scores, fmt, lengths = self._greedy_scored(model, rows, max_new)
         valid = [v for v in first if v == v]  # drop NaN (unscorable)
         out: dict[str, Any] = {
             f"{prefix}accuracy": sum(v >= 1.0 for v in valid) / max(1, len(valid)),
@@ -96,10 +94,10 @@ class Session:
                                         default=str) + "\n")
         return out
 
-    def _greedy_scored(self, model: Any, rows: list[dict[str, Any]], prompts: list[str],
-                       max_new: int) -> tuple[list[str], list[float], list[float],
-                                              list[float] | None, list[float]]:
-        """Greedy completions of `prompts`, scored: (completions, first reward function,
+    def _greedy_scored(self, model: Any, rows: list[dict[str, Any]], max_new: int
+                       ) -> tuple[list[str], list[float], list[float], list[float] | None,
+                                  list[float]]:
+        """Greedy completions of the `rows`' prompts, scored: (completions, first reward function,
         weighted scores, format reward or None, lengths), in row order. Under torchrun each
         rank decodes and scores every `world`-th row and the results are gathered."""
         cfg = self.cfg
@@ -110,7 +108,9 @@ class Session:
             engine = self.engine or build_engine(cfg, self.tokenizer, role="eval", model=model)
             if not engine.runs_policy:  # a vLLM engine loaded from `model`: kept for next time
                 self.engine = engine
-            rollout = engine.generate([prompts[i] for i in mine], rows=[rows[i] for i in mine],
+            prompts = [] if getattr(engine, "renders_rows", False) else [
+                self.render(rows[i]["prompt"]) for i in mine]  # episodes render their own
+            rollout = engine.generate(prompts, rows=[rows[i] for i in mine],
                                       params=SamplingParams(max_new_tokens=max_new, greedy=True),
                                       batch_size=cfg.eval_batch_size)
             result = self.scorer.score(rollout.completions,  # episodes: + messages, env

@@ -99,6 +99,9 @@ class Trainer:
     """Schema kind that `train_data` rows are validated against (posttrain.data.schemas)."""
     progress_keys: ClassVar[tuple[str, ...]] = ("reward/mean",)
     """Metrics shown next to the progress bar."""
+    agent: Any = None
+    """The tools and environment of multi-turn episodes (`posttrain.rollout.tools.AgentSpec`,
+    set by `validate`), or None: `build_engine` wraps the engine in an `AgentEngine`."""
     count_metrics: ClassVar[frozenset[str]] = frozenset()
     """Step metrics that are this rank's counts (summed over ranks; every other key is a mean
     or, ending in ``_max`` / ``_min``, an extreme: `posttrain.engine.distributed.metric_kind`)."""
@@ -233,6 +236,8 @@ class Trainer:
         (`accuracy`, `reward_mean`, ...), with per-sample dumps before and after.
         """
         dump = None if when == "during" else f"eval_{when}.jsonl"
+        if self.agent is not None:  # greedy episodes through the training engine
+            self.s.engine = self.rollout_engine()
         return self.s.evaluate(self.model, dump=dump)
 
     def summary_fields(self) -> dict[str, Any]:
@@ -328,7 +333,8 @@ class Trainer:
         `bf16_compute` samples from a bf16 copy of the policy with its fp32 head, re-synced
         whenever the weights changed, run without autocast; else from the policy itself."""
         if self._engine is None:
-            self._engine = build_engine(self.cfg, self.tokenizer, role="train", dist=self.dist)
+            self._engine = build_engine(self.cfg, self.tokenizer, role="train", dist=self.dist,
+                                        agent=self.agent)
         self._engine.update_weights(self.model, self._weights_version)
         return self._engine
 

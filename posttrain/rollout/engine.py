@@ -23,8 +23,18 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 
 from posttrain.models.bf16_copy import BF16Sampler, bf16_copy_supported
-from posttrain.rollout.hf import SamplingParams, generate
-from posttrain.rollout.record import Rollout
+from posttrain.rollout.episodes import AgentEngine
+from posttrain.rollout.hf import (
+    Carried,
+    SamplingParams,
+    generate,
+    sample_turn,
+    sequence_uniforms,
+    stop_token_ids,
+)
+from posttrain.rollout.record import Rollout, pad_id
+from posttrain.rollout.tools import AgentSpec
+from posttrain.rollout.vllm_convert import Completion
 
 __all__ = ["ENGINES", "EngineFactory", "HFEngine", "Role", "RolloutEngine", "build_engine",
            "model_engine", "on_device", "register_engine"]
@@ -92,6 +102,7 @@ class HFEngine:
         self.version: int | None = None
         self._copy: BF16Sampler | None = None
         self._copy_of: torch.nn.Module | None = None
+        self._carried: Carried | None = None
 
     def update_weights(self, model: torch.nn.Module, version: int) -> None:
         if model is self.model and version == self.version:
@@ -124,6 +135,41 @@ class HFEngine:
                         params=params, autocast=autocast, generator=generator,
                         batch_size=batch_size, seeds=seeds, stop_ids=stop_ids)
 
+    @property
+    def stops(self) -> list[int]:
+        """The ids that end a completion (`stop_token_ids` of the sampling model)."""
+        return stop_token_ids(self.sampler()[0], self.tokenizer)
+
+    def sample_ids(self, contexts: list[list[int]], params: SamplingParams, stops: list[int], *,
+                   max_tokens: list[int] | None = None, seeds: list[int] | None = None,
+                   generator: torch.Generator | None = None, keys: list[int] | None = None
+                   ) -> list[Completion]:
+        """One completion of each token-id list, as the vLLM engines' `sample_ids`. `keys`
+        (multi-turn episodes): each context's episode; one seen in the last call continues on
+        the KV cache carried from it (only the ids appended since are prefilled), the rows of
+        the others are freed; `end_turns` frees the cache."""
+        model, autocast = self.sampler()
+        budgets = max_tokens or [params.max_new_tokens] * len(contexts)
+        uniforms = (sequence_uniforms(seeds, max(budgets))
+                    if seeds is not None and not params.greedy else None)  # [n, T]
+        was_training = model.training
+        model.eval()
+        try:
+            toks, mask, lps, trunc, carried = sample_turn(
+                model, contexts, keys or list(range(len(contexts))), budgets, params, stops,
+                pad_id(self.tokenizer, stops), autocast, generator, uniforms,
+                self._carried if keys is not None else None)
+        finally:
+            model.train(was_training)
+        self._carried = carried if keys is not None else None
+        toks, lps, trunc = toks.tolist(), lps.tolist(), trunc.tolist()
+        return [Completion(toks[i][:n], lps[i][:n], "length" if trunc[i] else "stop")
+                for i, n in enumerate(mask.sum(1).tolist())]  # length: no stop id in budget
+
+    def end_turns(self) -> None:
+        """Free the KV cache carried between the turns of multi-turn episodes."""
+        self._carried = None
+
     def sleep(self) -> None:
         """Nothing to free: the sampler is the policy (or a copy that stays)."""
 
@@ -132,6 +178,7 @@ class HFEngine:
 
     def close(self) -> None:
         self.model, self.version, self._copy, self._copy_of = None, None, None, None
+        self._carried = None
 
 
 def model_engine(model: torch.nn.Module, tokenizer: Any, autocast: bool = False) -> HFEngine:
@@ -195,9 +242,14 @@ def register_engine(name: str, factory: EngineFactory) -> EngineFactory | None:
 
 
 def build_engine(cfg: Any, tokenizer: Any, *, role: Role = "eval", dist: Any = None,
-                 model: torch.nn.Module | None = None) -> RolloutEngine:
-    """The engine `cfg.rollout_engine` names (default `hf`), built for `role`."""
+                 model: torch.nn.Module | None = None, agent: AgentSpec | None = None
+                 ) -> RolloutEngine:
+    """The engine `cfg.rollout_engine` names (default `hf`), built for `role`; with `agent`
+    (tools / an environment), the multi-turn `AgentEngine` over it."""
     name = getattr(cfg, "rollout_engine", "hf")
     if name not in ENGINES:
         raise ValueError(f"rollout_engine={name!r}: no such engine; known: {sorted(ENGINES)}")
-    return ENGINES[name](cfg, tokenizer, role=role, dist=dist, model=model)
+    engine = ENGINES[name](cfg, tokenizer, role=role, dist=dist, model=model)
+    if agent is None:
+        return engine
+    return AgentEngine(engine, agent, cfg.chat_template, getattr(cfg, "system_prompt", ""))

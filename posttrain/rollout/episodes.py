@@ -12,34 +12,26 @@ the tool answers in order, `completion_mask` marks every real token (what attent
 `response_mask` only the model's (what the loss, the KL, the entropy and the sampler's log-probs
 cover: the tool tokens have log-prob 0 and count nowhere).
 
-The episode loop is shared; each engine supplies one turn (`AgentEngine._turn_sampler`): `hf`
-continues each episode on its KV cache of the last turn (`posttrain.rollout.hf.sample_turn`:
-only the tokens appended since, the turn's last sampled id and the tool answers, are
-prefilled; finished episodes free their rows; the samples are those of re-prefilling the whole
-episode, to float rounding); the vLLM engines send each context as token ids (vLLM's
-automatic prefix caching can reuse the earlier turns). Each episode samples at most its own
-remaining budget. Notation: N sequences, T completion tokens.
+The episode loop is shared; a turn is one `sample_ids` call of the engine: `hf` continues each
+episode on its KV cache of the last turn (`posttrain.rollout.hf.sample_turn`: only the ids
+appended since are prefilled; the samples are those of re-prefilling the whole episode, to
+float rounding); the vLLM engines send each context as token ids (vLLM's prefix caching reuses
+the earlier turns). Each episode samples at most its own remaining budget. Notation: N
+sequences, T completion tokens.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from posttrain.core.runtime import sequence_seed
-from posttrain.rollout.hf import (
-    Carried,
-    SamplingParams,
-    sample_turn,
-    sequence_uniforms,
-    stop_token_ids,
-)
-from posttrain.rollout.record import Rollout
+from posttrain.data.prompts import as_messages, render_prompt
+from posttrain.rollout.hf import SamplingParams
+from posttrain.rollout.record import Rollout, pad_id
 from posttrain.rollout.tools import (
     ERROR_KINDS,
     AgentSpec,
@@ -51,7 +43,8 @@ from posttrain.rollout.tools import (
 )
 from posttrain.rollout.vllm_convert import cut_at_stop
 
-__all__ = ["AGENT_COUNTS", "AgentEngine", "Episode", "episode_metrics", "tool_turn_text"]
+__all__ = ["AGENT_COUNTS", "AgentEngine", "Episode", "ToolFailureError", "agent_keys",
+           "check_failing_tools", "episode_metrics", "render_episode", "tool_turn_text"]
 
 AGENT_COUNTS = frozenset({"agent/episodes", "agent/tool_calls", "agent/tool_errors/",
                           "agent/cut_by_turns", "agent/cut_by_length"})
@@ -123,22 +116,39 @@ def tool_turn_text(tokenizer: Any, results: list[ToolResult], stop_text: str) ->
     return tail[len(stop_text):] if stop_text and tail.startswith(stop_text) else tail
 
 
+def render_episode(tokenizer: Any, messages: list[dict[str, Any]],
+                   schemas: list[dict[str, Any]], chat_template: str = "auto",
+                   system_prompt: str = "") -> str:
+    """An episode's prompt: the system prompt, then the chat template with the tools' schemas
+    where the tokenizer's template takes them (`chat_template: auto`), else `render_prompt`."""
+    if system_prompt:
+        messages = [{"role": "system", "content": system_prompt}, *messages]
+    template = tokenizer.chat_template or ""
+    if schemas and "tools" in template and chat_template == "auto":
+        return tokenizer.apply_chat_template(messages, tools=schemas, tokenize=False,
+                                             add_generation_prompt=True)
+    return render_prompt(tokenizer, messages, chat_template)
+
+
 class AgentEngine:
     """The rollout-engine protocol over an `hf` or vLLM engine, sampling multi-turn episodes.
 
-    `render(messages, schemas)` renders a prompt (the trainer's system prompt and chat
-    template); `generate` takes the rows (the rendered `prompts` are rebuilt from them with the
-    tools and the environment's `reset` text) and returns a `Rollout` whose `rows` carry the
-    episode (`messages`, `environments`: the instance or None) for the reward functions and
-    whose `episodes` hold each episode's counts (`episode_metrics`)."""
+    `generate` renders each episode's prompt from its row (`renders_rows`: the callers pass no
+    rendered prompts), with the tools' schemas, the environment's `reset` text, `chat_template`
+    and `system_prompt`, and returns a `Rollout` whose `rows` carry the episode (`messages`,
+    `environments`: the instance or None) for the reward functions and whose `episodes` hold
+    each episode's counts (`episode_metrics`). Each turn is one `sample_ids` call of the inner
+    engine (`hf` carries its KV cache from turn to turn; vLLM's prefix cache does the same)."""
 
-    def __init__(self, inner: Any, spec: AgentSpec,
-                 render: Callable[[list[dict[str, Any]], list[dict[str, Any]]], str]) -> None:
-        if not hasattr(inner, "sample_ids") and not (
-                getattr(inner, "name", None) == "hf" and hasattr(inner, "sampler")):
+    renders_rows = True
+
+    def __init__(self, inner: Any, spec: AgentSpec, chat_template: str = "auto",
+                 system_prompt: str = "") -> None:
+        if not hasattr(inner, "sample_ids"):
             raise ValueError(f"config key 'rollout_engine': multi-turn tool rollouts run on the "
                              f"hf and vLLM engines, not {getattr(inner, 'name', inner)!r}")
-        self.inner, self.spec, self.render = inner, spec, render
+        self.inner, self.spec = inner, spec
+        self.chat_template, self.system_prompt = chat_template, system_prompt
         self.name, self.runs_policy = inner.name, inner.runs_policy
         self.tokenizer = inner.tokenizer
 
@@ -157,95 +167,47 @@ class AgentEngine:
     def start(self, row: dict[str, Any]) -> Episode:
         """A new episode of `row`: its environment reset, its prompt rendered and tokenized."""
         env = self.spec.new_environment(row)
-        prompt = row["prompt"]
-        messages = ([dict(m) for m in prompt] if isinstance(prompt, list)
-                    else [{"role": "user", "content": prompt}])
+        messages = [dict(m) for m in as_messages(row["prompt"])]
         obs = env.reset(**row) if env is not None else None
         if obs:
             messages[-1]["content"] = str(messages[-1]["content"]) + str(obs)
         tools = self.spec.episode_tools(env)
-        text = self.render(messages, tool_schemas(list(tools.values())))
+        text = render_episode(self.tokenizer, messages, tool_schemas(list(tools.values())),
+                              self.chat_template, self.system_prompt)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return Episode(list(ids), messages, tools, env)
 
-    def generate(self, prompts: list[str], *, group_size: int = 1,
+    def generate(self, prompts: list[str] | None = None, *, group_size: int = 1,
                  params: SamplingParams | None = None, seeds: list[int] | None = None,
                  stop_ids: list[int] | None = None, rows: list[dict[str, Any]] | None = None,
                  batch_size: int = 0, generator: torch.Generator | None = None) -> Rollout:
+        """`group_size` episodes per row (`prompts` without `rows`: one user message each)."""
         params = params or SamplingParams()
-        rows = rows or [{"prompt": p} for p in prompts]
+        rows = rows or [{"prompt": p} for p in prompts or []]
         eps = [self.start(r) for r in rows for _ in range(group_size)]
-        for k, e in enumerate(eps):
-            e.key = k
-        with self._turn_sampler(params, stop_ids, generator) as sample:
-            for turn in range(self.spec.max_turns + 1):
-                live = [k for k, e in enumerate(eps) if not e.done]
-                if not live:
-                    break
-                now = [eps[k] for k in live]
-                turn_seeds = [sequence_seed(seeds[k], "turn", turn) for k in live] if seeds \
-                    else None
-                self._take_turn(now, sample(now, turn_seeds), turn)
-                self._answer_calls(now, params.max_new_tokens)
-        return self._record(eps, rows, group_size)
-
-    @contextlib.contextmanager
-    def _turn_sampler(self, params: SamplingParams, stop_ids: list[int] | None,
-                      generator: torch.Generator | None
-                      ) -> Iterator[Callable[[list[Episode], list[int] | None], list[Turn]]]:
-        """The engine's side of a turn: `sample(live episodes, their seeds of this turn)` ->
-        one `Turn` each, continued from the episode's ids (prompt + so far) and within its own
-        remaining budget. vLLM: one request of token ids per episode, all in one call."""
-        if hasattr(self.inner, "sample_ids"):  # the vLLM engines
-            stops = list(stop_ids) if stop_ids is not None else self.inner.stops
-            yield functools.partial(self._vllm_turn, params, stops, generator)
-            return
-        model, autocast = self.inner.sampler()
-        was_training = model.training
-        model.eval()
+        stops = list(stop_ids) if stop_ids is not None else self.inner.stops
         try:
-            stops = list(stop_ids) if stop_ids is not None else stop_token_ids(
-                model, self.tokenizer)
-            carried: list[Carried | None] = [None]  # the live episodes' KV cache, turn to turn
-
-            def sample(now: list[Episode], turn_seeds: list[int] | None) -> list[Turn]:
-                turns, carried[0] = self._sample_turn(model, autocast, params, stops, generator,
-                                                      now, turn_seeds, carried[0])
-                return turns
-
-            yield sample
+            for turn in range(self.spec.max_turns + 1):
+                now = [(k, e) for k, e in enumerate(eps) if not e.done]
+                if not now:
+                    break
+                outs = self.inner.sample_ids(
+                    [e.prompt + e.ids for _, e in now], params, stops, generator=generator,
+                    seeds=[sequence_seed(seeds[k], "turn", turn) for k, _ in now] if seeds
+                    else None, max_tokens=[params.max_new_tokens - len(e.ids) for _, e in now],
+                    keys=[k for k, _ in now])  # each within its own remaining budget
+                self._take_turn([e for _, e in now], [cut_at_stop(c, set(stops), k) for (k, _), c
+                                                      in zip(now, outs, strict=True)], turn)
+                self._answer_calls([e for _, e in now], params.max_new_tokens)
         finally:
-            if was_training:
-                model.train()
-
-    def _sample_turn(self, model: torch.nn.Module, autocast: bool, params: SamplingParams,
-                     stops: list[int], generator: torch.Generator | None, eps: list[Episode],
-                     seeds: list[int] | None, carried: Carried | None
-                     ) -> tuple[list[Turn], Carried | None]:
-        """hf: one model turn of the live episodes, continued on their KV cache (`carried`, the
-        last turn's: only the tokens appended since are prefilled), each within its own budget;
-        also returns the cache to carry to the next turn."""
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else stops[0]
-        room = [params.max_new_tokens - len(e.ids) for e in eps]
-        uniforms = (sequence_uniforms(seeds, max(room))
-                    if seeds is not None and not params.greedy else None)  # [n, T]
-        toks, rmask, lps, trunc, carried = sample_turn(
-            model, [e.prompt + e.ids for e in eps], [e.key for e in eps], room, params, stops,
-            pad, autocast, generator, uniforms, carried)
-        toks, lps, trunc = toks.cpu(), lps.cpu(), trunc.cpu()
-        turns = [(toks[i, :n].tolist(), lps[i, :n].tolist(), bool(trunc[i]))
-                 for i, n in enumerate(rmask.sum(1).tolist())]  # trunc: no stop id in budget
-        return turns, carried
-
-    def _vllm_turn(self, params: SamplingParams, stops: list[int],
-                   generator: torch.Generator | None, eps: list[Episode],
-                   seeds: list[int] | None) -> list[Turn]:
-        """vLLM: one request per live episode, its token ids so far (never re-tokenized text),
-        `max_tokens` its own remaining budget; all of them in one call."""
-        outs = self.inner.sample_ids([e.prompt + e.ids for e in eps], params, stops,
-                                     seeds=seeds, generator=generator,
-                                     max_tokens=[params.max_new_tokens - len(e.ids) for e in eps])
-        return [cut_at_stop(c, set(stops), i) for i, c in enumerate(outs)]
+            self.inner.end_turns()
+        return Rollout.from_sequences(
+            [e.prompt for e in eps], [e.ids for e in eps], [e.logprobs for e in eps],
+            [e.cut == "length" for e in eps], group_size=group_size,
+            pad_token_id=pad_id(self.tokenizer, stops), tokenizer=self.tokenizer,
+            rows=[{**rows[i // group_size], "messages": e.messages, "environments": e.env}
+                  for i, e in enumerate(eps)],
+            model_tokens=[e.model for e in eps], episodes=[e.stats() for e in eps])
 
     def _take_turn(self, eps: list[Episode], turns: list[Turn], turn: int) -> None:
         """Append each episode's sampled turn and parse its tool calls (or end it)."""
@@ -296,35 +258,6 @@ class AgentEngine:
             e.messages += [{"role": "tool", "name": r.name, "content": r.content}
                            for r in results]
 
-    def _record(self, eps: list[Episode], rows: list[dict[str, Any]], G: int) -> Rollout:
-        """The episodes as one group-contiguous `Rollout` (prompts left padded, completions
-        right padded; `response_mask` on the model's tokens only)."""
-        pad = self.tokenizer.pad_token_id or 0
-        N, P = len(eps), max(len(e.prompt) for e in eps)
-        T = max(1, max(len(e.ids) for e in eps))
-        prompt_ids = torch.full((N, P), pad, dtype=torch.long)
-        prompt_mask = torch.zeros((N, P), dtype=torch.bool)
-        completion_ids = torch.full((N, T), pad, dtype=torch.long)
-        completion_mask = torch.zeros((N, T), dtype=torch.bool)
-        response_mask = torch.zeros((N, T), dtype=torch.bool)
-        logprobs = torch.zeros((N, T))
-        for i, e in enumerate(eps):
-            n = len(e.ids)
-            prompt_ids[i, P - len(e.prompt):] = torch.tensor(e.prompt)
-            prompt_mask[i, P - len(e.prompt):] = True
-            completion_ids[i, :n] = torch.tensor(e.ids, dtype=torch.long)
-            completion_mask[i, :n] = True
-            response_mask[i, :n] = torch.tensor(e.model, dtype=torch.bool)
-            logprobs[i, :n] = torch.tensor(e.logprobs)
-        texts = [self.tokenizer.decode(e.ids, skip_special_tokens=True) for e in eps]
-        out_rows = [{**rows[i // G], "messages": e.messages, "environments": e.env}
-                    for i, e in enumerate(eps)]
-        return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-                       completion_ids=completion_ids, response_mask=response_mask,
-                       logprobs=logprobs, truncated=torch.tensor([e.cut == "length" for e in eps]),
-                       group_size=G, completions=texts, rows=out_rows,
-                       completion_mask=completion_mask, episodes=[e.stats() for e in eps])
-
 
 def episode_metrics(episodes: list[dict[str, Any]]) -> tuple[dict[str, float],
                                                           dict[str, tuple[float, float]]]:
@@ -344,3 +277,41 @@ def episode_metrics(episodes: list[dict[str, Any]]) -> tuple[dict[str, float],
              "agent/tool_token_share": (sum(e["tool_tokens"] for e in episodes) / max(1, tokens),
                                         float(tokens))}
     return counts, means
+
+
+class ToolFailureError(RuntimeError):
+    """A tool raised or timed out on most of its calls of a step."""
+
+
+def check_failing_tools(per_rank: list[list[dict[str, list]]]) -> None:
+    """Raise `ToolFailureError` naming the first tool that failed (raised or timed out) on more
+    than half of its calls this step (at least 2), with its first error message; `per_rank`:
+    every rank's episodes' `by_tool` counts."""
+    total: dict[str, list] = {}
+    for rank in per_rank:
+        for by_tool in rank:
+            for name, (calls, fails, first) in by_tool.items():
+                t = total.setdefault(name, [0, 0, ""])
+                t[0], t[1], t[2] = t[0] + calls, t[1] + fails, t[2] or first
+    for name, (calls, fails, first) in total.items():
+        if calls >= 2 and 2 * fails > calls:
+            raise ToolFailureError(f"tool {name!r} failed on {fails} of its {calls} calls this "
+                                   f"step (raised or timed out); first: {first}")
+
+
+def agent_keys(tools: list[Any] | None, environment_factory: Any) -> dict[str, Any]:
+    """The config keys (`tools`, `environment`) that record TRL's `tools=[f, ...]` and
+    `environment_factory=Cls | {name: Cls}` as `module:qualname` import paths."""
+    def path(obj: Any) -> str:
+        if isinstance(obj, str):
+            return obj
+        return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', repr(obj))}"
+
+    keys: dict[str, Any] = {}
+    if tools is not None:
+        keys["tools"] = [path(t) for t in tools]
+    if environment_factory is not None:
+        keys["environment"] = ({k: path(v) for k, v in environment_factory.items()}
+                               if isinstance(environment_factory, dict)
+                               else path(environment_factory))
+    return keys

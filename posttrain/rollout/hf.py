@@ -22,7 +22,7 @@ from torch import Tensor
 
 from posttrain.models.logits import logits_context
 from posttrain.rollout.kv_cache import RowsKV, cache_rows, can_carry, carry_rows, decode_cache
-from posttrain.rollout.record import Rollout
+from posttrain.rollout.record import Rollout, pad_id
 
 __all__ = ["Carried", "SamplingParams", "device_generator", "generate", "sample_tokens",
            "sample_turn", "stop_token_ids", "tokenize_prompts"]
@@ -415,12 +415,7 @@ def generate(
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     eos = list(stop_ids) if stop_ids is not None else stop_token_ids(model, tokenizer)
-    pad = tokenizer.pad_token_id
-    if pad is None:
-        if not eos:
-            raise ValueError("the tokenizer has neither a pad nor an EOS token and the model's "
-                             "generation_config names no eos_token_id: set tokenizer.pad_token")
-        pad = eos[0]
+    pad = pad_id(tokenizer, eos)
     generator = None if params.greedy else device_generator(generator, device)
     parts = []
     per_batch = max(1, batch_size // group_size) if batch_size > 0 else 0
@@ -434,25 +429,17 @@ def generate(
                                    group_size, u))
     if was_training:
         model.train()
-    T = max(p[0].shape[1] for p in parts)
-
-    def padr(x: Tensor, value: float | int | bool) -> Tensor:
-        fill = torch.full((x.shape[0], T - x.shape[1]), value, dtype=x.dtype, device=x.device)
-        return torch.cat([x, fill], 1)
-
-    completion_ids = torch.cat([padr(p[0], pad) for p in parts])
-    response_mask = torch.cat([padr(p[1], False) for p in parts])
-    logprobs = torch.cat([padr(p[2], 0.0) for p in parts])
-    truncated = torch.cat([p[3] for p in parts])
-    texts = tokenizer.batch_decode(
-        completion_ids.masked_fill(~response_mask, pad).cpu(), skip_special_tokens=True
-    )
-    rep_rows = [r for r in (rows or [{}] * len(prompts)) for _ in range(group_size)]
-    prompt_ids = prompt_ids.repeat_interleave(group_size, 0)  # [N, P]
-    prompt_mask = prompt_mask.repeat_interleave(group_size, 0)  # [N, P]
-    return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
-                   response_mask=response_mask, logprobs=logprobs, truncated=truncated,
-                   group_size=group_size, completions=texts, rows=rep_rows)
+    completions, logprobs, truncated = [], [], []
+    for ids, mask, lps, trunc in parts:
+        n = mask.sum(1).tolist()  # each row's mask is a prefix: through its stop id
+        completions += [row[:k] for row, k in zip(ids.tolist(), n, strict=True)]
+        logprobs += [row[:k] for row, k in zip(lps.tolist(), n, strict=True)]
+        truncated += trunc.tolist()
+    prompt_lists = [ids[m].tolist() for ids, m in zip(prompt_ids, prompt_mask, strict=True)]
+    return Rollout.from_sequences(
+        [p for p in prompt_lists for _ in range(group_size)], completions, logprobs, truncated,
+        group_size=group_size, pad_token_id=pad, tokenizer=tokenizer,
+        rows=[r for r in (rows or [{}] * len(prompts)) for _ in range(group_size)])
 
 
 def _batches(n: int, batch_size: int) -> Iterator[slice]:

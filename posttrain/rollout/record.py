@@ -69,6 +69,47 @@ class Rollout:
     """N per-episode counts of a multi-turn rollout (turns, calls, errors, cut, tool tokens);
     empty for single-turn rollouts."""
 
+    @classmethod
+    def from_sequences(cls, prompts: list[list[int]], completions: list[list[int]],
+                       logprobs: list[list[float]], truncated: list[bool], *, group_size: int,
+                       pad_token_id: int, tokenizer: Any = None,
+                       rows: list[dict[str, Any]] | None = None,
+                       model_tokens: list[list[bool]] | None = None,
+                       episodes: list[dict[str, Any]] | None = None) -> Rollout:
+        """The one way token lists become a `Rollout` (every engine, every episode loop).
+
+        N group-contiguous sequences: `prompts` (N id lists, left padded to P),
+        `completions` and their `logprobs` (right padded to T with `pad_token_id` / 0),
+        `truncated` (N); `rows`: N rows; `model_tokens` (multi-turn): True on the model's
+        tokens, which alone are in `response_mask` (the rest only in `completion_mask`);
+        texts decoded with `tokenizer` (special tokens skipped) when given."""
+        N, P = len(completions), max(map(len, prompts), default=0)
+        T = max(map(len, completions), default=0)
+        prompt_ids = torch.full((N, P), pad_token_id, dtype=torch.long)  # [N, P]
+        prompt_mask = torch.zeros((N, P), dtype=torch.bool)
+        completion_ids = torch.full((N, T), pad_token_id, dtype=torch.long)  # [N, T]
+        completion_mask = torch.zeros((N, T), dtype=torch.bool)
+        lps = torch.zeros((N, T))  # [N, T] fp32
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+            prompt_ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
+            prompt_mask[i, P - len(p):] = True
+            completion_ids[i, :len(c)] = torch.tensor(c, dtype=torch.long)
+            completion_mask[i, :len(c)] = True
+            lps[i, :len(c)] = torch.tensor(logprobs[i], dtype=torch.float32)
+        response_mask = completion_mask
+        if model_tokens is not None:
+            response_mask = torch.zeros((N, T), dtype=torch.bool)
+            for i, m in enumerate(model_tokens):
+                response_mask[i, :len(m)] = torch.tensor(m, dtype=torch.bool)
+        texts = (tokenizer.batch_decode(completions, skip_special_tokens=True)
+                 if tokenizer is not None else [])
+        return cls(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
+                   response_mask=response_mask, logprobs=lps,
+                   truncated=torch.tensor(truncated, dtype=torch.bool), group_size=group_size,
+                   completions=texts, rows=rows or [{} for _ in range(N)],
+                   completion_mask=completion_mask if model_tokens is not None else None,
+                   episodes=episodes or [])
+
     @property
     def attention_mask(self) -> Tensor:
         """[N, T] the completion tokens the model reads (a forward's mask): `completion_mask`,
@@ -108,6 +149,16 @@ class Rollout:
             return x  # per-batch values (group_size)
 
         return Rollout(**{f.name: take(getattr(self, f.name)) for f in fields(self)})
+
+
+def pad_id(tokenizer: Any, stops: list[int]) -> int:
+    """The one padding id: the tokenizer's pad token, else the first stop id."""
+    if tokenizer.pad_token_id is not None:
+        return int(tokenizer.pad_token_id)
+    if not stops:
+        raise ValueError("the tokenizer has neither a pad nor an EOS token and the model's "
+                         "generation_config names no eos_token_id: set tokenizer.pad_token")
+    return int(stops[0])
 
 
 def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:

@@ -15,9 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch import Tensor
-
 from posttrain.rollout.record import Rollout
 
 __all__ = ["Completion", "completion_of", "cut_at_stop", "sampled_logprob", "to_rollout"]
@@ -80,41 +77,27 @@ def cut_at_stop(c: Completion, stops: set[int], i: int
     return c.token_ids, logprobs, True
 
 
-def to_rollout(outputs: Sequence[Any], *, prompt_ids: Tensor, prompt_mask: Tensor,
-               group_size: int, stop_ids: Sequence[int], pad_token_id: int,
-               tokenizer: Any = None, rows: list[dict[str, Any]] | None = None) -> Rollout:
-    """A group-contiguous `Rollout` from N = B * group_size vLLM outputs (in request order).
+def to_rollout(outputs: Sequence[Any], *, prompts: list[list[int]], group_size: int,
+               stop_ids: Sequence[int], pad_token_id: int, tokenizer: Any = None,
+               rows: list[dict[str, Any]] | None = None) -> Rollout:
+    """A group-contiguous `Rollout` from N vLLM outputs (in request order).
 
     Args:
         outputs: N ``RequestOutput`` / ``CompletionOutput`` / `Completion` objects.
-        prompt_ids, prompt_mask: [B, P] the distinct prompts, left padded (as sent).
+        prompts: the N prompt id lists sent (sample j of prompt i at i * group_size + j).
         stop_ids: every id that ends a completion (EOS, a chat turn's end...).
-    Returns: completion_ids [N, T] (right padded with `pad_token_id`), response_mask [N, T]
-    True through the first stop id (the stop token counts), logprobs [N, T] fp32 (0 where
-    masked), truncated [N] True where no stop id was sampled; texts decoded with
-    `tokenizer` (special tokens skipped) when given.
+        rows: the B = N / group_size prompts' rows.
+    Returns `Rollout.from_sequences`' record: `response_mask` through the first stop id (the
+    stop token counts), `truncated` where no stop id was sampled.
     """
-    B = prompt_ids.shape[0]
-    if len(outputs) != B * group_size:
-        raise ValueError(f"{len(outputs)} vLLM outputs for {B} prompts x {group_size} samples")
+    if len(outputs) != len(prompts):
+        raise ValueError(f"{len(outputs)} vLLM outputs for {len(prompts) // group_size} "
+                         f"prompts x {group_size} samples")
     stops = {int(s) for s in stop_ids}
     cut = [cut_at_stop(o if isinstance(o, Completion) else completion_of(o), stops, i)
            for i, o in enumerate(outputs)]
-    N, T = len(cut), max((len(t) for t, _, _ in cut), default=0)
-    completion_ids = torch.full((N, T), pad_token_id, dtype=torch.long)  # [N, T]
-    logprobs = torch.zeros((N, T))  # [N, T]
-    response_mask = torch.zeros((N, T), dtype=torch.bool)  # [N, T]
-    for i, (toks, lps, _) in enumerate(cut):
-        n = len(toks)
-        completion_ids[i, :n] = torch.tensor(toks, dtype=torch.long)
-        logprobs[i, :n] = torch.tensor(lps, dtype=torch.float32)
-        response_mask[i, :n] = True
-    truncated = torch.tensor([t for _, _, t in cut], dtype=torch.bool)  # [N]
-    texts = (tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-             if tokenizer is not None else [])
-    rep_rows = [r for r in (rows or [{}] * B) for _ in range(group_size)]
-    return Rollout(prompt_ids=prompt_ids.repeat_interleave(group_size, 0),
-                   prompt_mask=prompt_mask.repeat_interleave(group_size, 0),
-                   completion_ids=completion_ids, response_mask=response_mask,
-                   logprobs=logprobs, truncated=truncated, group_size=group_size,
-                   completions=texts, rows=rep_rows)
+    B = len(prompts) // group_size
+    return Rollout.from_sequences(
+        prompts, [t for t, _, _ in cut], [lp for _, lp, _ in cut], [t for _, _, t in cut],
+        group_size=group_size, pad_token_id=pad_token_id, tokenizer=tokenizer,
+        rows=[r for r in (rows or [{}] * B) for _ in range(group_size)])

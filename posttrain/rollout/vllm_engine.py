@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from posttrain.rollout.hf import SamplingParams, stop_token_ids, tokenize_prompts
-from posttrain.rollout.record import Rollout
+from posttrain.rollout.record import Rollout, pad_id
 from posttrain.rollout.vllm_convert import Completion, completion_of, to_rollout
 from posttrain.rollout.weights import DEFAULT_BUCKET_BYTES, iter_weights
 
@@ -69,13 +69,12 @@ def request_seeds(seeds: list[int] | None, n: int, generator: torch.Generator | 
     return [int(s) for s in drawn.tolist()]
 
 
-def _requests(tokenizer: Any, prompts: list[str], group_size: int
-              ) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
-    """Left-padded prompts [B, P] and mask [B, P] (for the Rollout) and the N token-id lists
-    sent (each prompt unpadded, repeated group_size times, group-contiguous)."""
+def _requests(tokenizer: Any, prompts: list[str], group_size: int) -> list[list[int]]:
+    """The N token-id lists sent: each prompt unpadded, repeated group_size times,
+    group-contiguous."""
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts)
     ids = [prompt_ids[i][prompt_mask[i]].tolist() for i in range(len(prompts))]
-    return prompt_ids, prompt_mask, [p for p in ids for _ in range(group_size)]
+    return [p for p in ids for _ in range(group_size)]
 
 
 def _stops(tokenizer: Any, model_dir: str, stop_ids: list[int] | None) -> list[int]:
@@ -99,10 +98,6 @@ def _model_dir(cfg: Any, engine: str) -> str:
         raise ValueError(f"rollout_engine: {engine} loads the model from config key 'model' (a "
                          "directory or hub name); a model object cannot be handed to vLLM")
     return cfg.model
-
-
-def _pad_id(tokenizer: Any, stops: list[int]) -> int:
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
 
 
 @contextlib.contextmanager
@@ -150,28 +145,31 @@ class _Sampler:
                  batch_size: int = 0, generator: torch.Generator | None = None) -> Rollout:
         params = params or SamplingParams()
         stops = list(stop_ids) if stop_ids is not None else self.stops
-        prompt_ids, prompt_mask, requests = _requests(self.tokenizer, prompts, group_size)
+        requests = _requests(self.tokenizer, prompts, group_size)
         outputs = self.sample_ids(requests, params, stops, seeds=seeds, generator=generator,
                                   batch_size=batch_size)
-        return to_rollout(outputs, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-                          group_size=group_size, stop_ids=stops,
-                          pad_token_id=_pad_id(self.tokenizer, stops), tokenizer=self.tokenizer,
+        return to_rollout(outputs, prompts=requests, group_size=group_size, stop_ids=stops,
+                          pad_token_id=pad_id(self.tokenizer, stops), tokenizer=self.tokenizer,
                           rows=rows)
 
     def sample_ids(self, contexts: list[list[int]], params: SamplingParams, stops: list[int], *,
                    max_tokens: list[int] | None = None, seeds: list[int] | None = None,
-                   generator: torch.Generator | None = None,
-                   batch_size: int = 0) -> list[Completion]:
+                   generator: torch.Generator | None = None, batch_size: int = 0,
+                   keys: list[int] | None = None) -> list[Completion]:
         """One completion of each token-id list (never text: nothing is re-tokenized), in
         order; `max_tokens`: each request's own budget (default `params.max_new_tokens`);
         seeds as `request_seeds`. Multi-turn episodes continue from here
-        (`posttrain.rollout.episodes.AgentEngine`)."""
+        (`posttrain.rollout.episodes.AgentEngine`); `keys` are not needed: vLLM's prefix
+        cache finds the earlier turns itself."""
         per_seq = request_seeds(seeds, len(contexts), generator, params.greedy)
         budgets = max_tokens if max_tokens is not None else [params.max_new_tokens] * len(
             contexts)
         kwargs = [_sampling_kwargs(params, stops, s) | {"max_tokens": m}
                   for s, m in zip(per_seq, budgets, strict=True)]
         return self._run(contexts, kwargs, batch_size)
+
+    def end_turns(self) -> None:
+        """Nothing is carried between turns here."""
 
     def _run(self, contexts: list[list[int]], kwargs: list[dict[str, Any]],
              batch_size: int) -> list[Completion]:

@@ -23,8 +23,13 @@ from posttrain.engine.distributed import weighted
 from posttrain.engine.step_notes import StepNotes, completion_samples
 from posttrain.engine.trainer import Trainer
 from posttrain.rollout import Rollout, SamplingParams
-from posttrain.rollout.engine import RolloutEngine, on_device
-from posttrain.rollout.episodes import AGENT_COUNTS, AgentEngine, episode_metrics
+from posttrain.rollout.engine import on_device
+from posttrain.rollout.episodes import (
+    AGENT_COUNTS,
+    agent_keys,
+    check_failing_tools,
+    episode_metrics,
+)
 from posttrain.rollout.tools import AgentSpec
 
 
@@ -37,20 +42,13 @@ class PromptRLTrainer(Trainer):
                                "code/"}) | AGENT_COUNTS
     supports_tools = False
     """Whether the trainer runs multi-turn tool episodes (`tools`, `environment`)."""
-    agent: AgentSpec | None = None
 
     def __init__(self, cfg: Any = None, session: Any = None, *, tools: list[Any] | None = None,
                  environment_factory: Any = None, **kwargs: Any) -> None:
         """`tools=[f, ...]` and `environment_factory=Cls | {name: Cls}` as TRL takes them
         (docs/agents.md); the config records their import paths."""
         self._agent_objects = (tools, environment_factory)
-        if tools is not None:
-            kwargs["tools"] = [t if isinstance(t, str) else _path(t) for t in tools]
-        if environment_factory is not None:
-            kwargs["environment"] = ({k: _path(v) for k, v in environment_factory.items()}
-                                     if isinstance(environment_factory, dict)
-                                     else _path(environment_factory))
-        super().__init__(cfg, session, **kwargs)
+        super().__init__(cfg, session, **kwargs, **agent_keys(tools, environment_factory))
 
     def validate(self) -> None:
         world = self.dist.world
@@ -82,32 +80,6 @@ class PromptRLTrainer(Trainer):
         if any(hasattr(c, "get_reward") for c in self.agent.classes()) and \
                 "environment" not in names:
             cfg.rewards = [*cfg.rewards, {"name": "environment", "weight": 1.0}]
-
-    def rollout_engine(self) -> RolloutEngine:
-        """The trainer's engine; with tools, the multi-turn `AgentEngine` over it."""
-        engine = super().rollout_engine()
-        if self.agent is None:
-            return engine
-        if getattr(self, "_agent_engine", None) is None or self._agent_engine.inner is not engine:
-            self._agent_engine = AgentEngine(engine, self.agent, self._render_episode)
-        return self._agent_engine
-
-    def _render_episode(self, messages: list[dict[str, Any]],
-                        schemas: list[dict[str, Any]]) -> str:
-        """An episode's prompt: the chat template with the tools' schemas where it takes them."""
-        template = self.tokenizer.chat_template or ""
-        if schemas and "tools" in template and self.cfg.chat_template == "auto":
-            system = self.cfg.system_prompt
-            msgs = [{"role": "system", "content": system}, *messages] if system else messages
-            return self.tokenizer.apply_chat_template(msgs, tools=schemas, tokenize=False,
-                                                      add_generation_prompt=True)
-        return self.s.render(messages)
-
-    def evaluate(self, when: str) -> dict[str, Any]:
-        """Held-out evaluation; with tools, greedy episodes through the same `AgentEngine`."""
-        if self.agent is not None:
-            self.s.engine = self.rollout_engine()
-        return super().evaluate(when)
 
     def agent_metrics(self, rollout: Rollout) -> dict[str, float]:
         """`agent/*` of this rank's episodes (counts and weighted means); stops the run when a
@@ -148,9 +120,10 @@ class PromptRLTrainer(Trainer):
         rows = [drawn[i] for i in mine]
         seeds = [sequence_seed(cfg.seed, self._step, first + i, j)
                  for i in mine for j in range(G)]
-        prompts = [self.s.render(r["prompt"]) for r in rows]
         t0 = time.time()
         engine = self.rollout_engine()  # hf under autocast_bf16: a synced bf16 copy
+        prompts = [] if getattr(engine, "renders_rows", False) else [
+            self.s.render(r["prompt"]) for r in rows]  # episodes render their own
         with self.gathered() if engine.runs_policy else contextlib.nullcontext():
             rollout = engine.generate(prompts, group_size=G, rows=rows, params=self.sampling,
                                       seeds=seeds, batch_size=cfg.generation_batch_size)
@@ -213,27 +186,3 @@ def all_rejected_warning(name: str, step: int, cfg: Any, consequence: str) -> st
     return (f"[{name}] warning: step {step}: rollout_is={cfg.rollout_correction()} rejected "
             f"every sample (importance ratio above rollout_is_cap={cfg.rollout_is_cap}, see "
             f"rollout/*): {consequence}")
-
-
-def _path(obj: Any) -> str:
-    """`module:qualname` of a tool or an environment class, for the run's config record."""
-    return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', repr(obj))}"
-
-
-class ToolFailureError(RuntimeError):
-    """A tool raised or timed out on most of its calls of a step."""
-
-
-def check_failing_tools(per_rank: list[list[dict[str, list]]]) -> None:
-    """Raise `ToolFailureError` naming the first tool that failed (raised or timed out) on more
-    than half of its calls this step (at least 2), with its first error message."""
-    total: dict[str, list] = {}
-    for rank in per_rank:
-        for by_tool in rank:
-            for name, (calls, fails, first) in by_tool.items():
-                t = total.setdefault(name, [0, 0, ""])
-                t[0], t[1], t[2] = t[0] + calls, t[1] + fails, t[2] or first
-    for name, (calls, fails, first) in total.items():
-        if calls >= 2 and 2 * fails > calls:
-            raise ToolFailureError(f"tool {name!r} failed on {fails} of its {calls} calls this "
-                                   f"step (raised or timed out); first: {first}")

@@ -10,15 +10,20 @@ import time
 import pytest
 import torch
 
+import posttrain.rollout.engine as rollout_engine
 import posttrain.rollout.episodes as episodes
-from posttrain.data import render_prompt
 from posttrain.rollout.engine import HFEngine
-from posttrain.rollout.episodes import AgentEngine, episode_metrics, tool_turn_text
+from posttrain.rollout.episodes import (
+    AgentEngine,
+    ToolFailureError,
+    check_failing_tools,
+    episode_metrics,
+    tool_turn_text,
+)
 from posttrain.rollout.hf import SamplingParams, sample_tokens
 from posttrain.rollout.tools import AgentSpec, ToolCall, ToolResult, parse_tool_calls
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
-from posttrain.trainers.prompt_rl import ToolFailureError, check_failing_tools
 from tests.rollout.script_lm import ScriptedHF, ScriptLM, ids
 
 TOK = build_char_tokenizer()
@@ -67,7 +72,7 @@ def engine(script: str, tools: list, *, factory: object = None, turns: int = 3,
     inner.script_model = ScriptLM(ids(TOK, script), len(TOK))
     inner.update_weights(inner.script_model, 0)
     spec = AgentSpec({f.__name__: f for f in tools}, factory, turns, timeout)
-    return AgentEngine(inner, spec, lambda msgs, schemas: render_prompt(TOK, msgs, "auto"))
+    return AgentEngine(inner, spec)
 
 
 def run(eng: AgentEngine, prompt: str = "Q", n: int = 1, budget: int = 300, **kw: object):
@@ -133,8 +138,7 @@ def test_episodes_on_the_carried_cache_equal_reprefilling_each_turn(monkeypatch)
                         else [ToolCall("add", {"a": len(text), "b": 1})])
     inner = HFEngine(TOK)
     inner.update_weights(model, 0)
-    eng = AgentEngine(inner, AgentSpec({"add": add}, None, 3, 5.0),
-                      lambda msgs, schemas: render_prompt(TOK, msgs, "auto"))
+    eng = AgentEngine(inner, AgentSpec({"add": add}, None, 3, 5.0))
     rows = [{"prompt": p} for p in ["12+7", "3*41", "abcd", "wxyz"]]  # one length
 
     def sample() -> tuple[object, int]:
@@ -144,7 +148,7 @@ def test_episodes_on_the_carried_cache_equal_reprefilling_each_turn(monkeypatch)
         return r, max(positions)
 
     ours, ours_pos = sample()
-    monkeypatch.setattr(episodes, "sample_turn", reprefill_turn)
+    monkeypatch.setattr(rollout_engine, "sample_turn", reprefill_turn)
     ref, ref_pos = sample()
     assert torch.equal(ours.completion_ids, ref.completion_ids)
     for key in ("response_mask", "completion_mask", "truncated", "prompt_ids"):

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from posttrain.rollout import tokenize_prompts
 from posttrain.rollout.vllm_convert import Completion, completion_of, to_rollout
 from posttrain.rollout.vllm_engine import request_seeds, server_choice
 from posttrain.tasks.tokenizer import build_char_tokenizer
@@ -43,15 +42,14 @@ def _out(tokens: list[int], finish: str, lps: list[float] | None = None) -> Requ
     return RequestOutput([CompletionOutput(tokens, entries, finish)])
 
 
-def _prompts(n: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.tensor([[PAD, 10, 11], [12, 13, 14]][:n])
-    return ids, ids != PAD
+def _prompts(n: int = 2, group_size: int = 1) -> list[list[int]]:
+    return [p for p in [[10, 11], [12, 13, 14]][:n] for _ in range(group_size)]
 
 
 def _convert(outputs, group_size=2, stops=(EOS,), rows=None, tokenizer=None):
-    ids, mask = _prompts(len(outputs) // group_size)
-    return to_rollout(outputs, prompt_ids=ids, prompt_mask=mask, group_size=group_size,
-                      stop_ids=list(stops), pad_token_id=PAD, tokenizer=tokenizer, rows=rows)
+    return to_rollout(outputs, prompts=_prompts(len(outputs) // group_size, group_size),
+                      group_size=group_size, stop_ids=list(stops), pad_token_id=PAD,
+                      tokenizer=tokenizer, rows=rows)
 
 
 def test_eos_is_inside_the_mask_and_length_rows_are_truncated():
@@ -71,9 +69,8 @@ def test_eos_is_inside_the_mask_and_length_rows_are_truncated():
 def test_groups_are_contiguous_with_their_prompt_and_row():
     rows = [{"prompt": "a"}, {"prompt": "b"}]
     r = _convert([_out([5, EOS], "stop") for _ in range(4)], rows=rows)
-    ids, mask = _prompts()
-    assert torch.equal(r.prompt_ids, ids[[0, 0, 1, 1]])
-    assert torch.equal(r.prompt_mask, mask[[0, 0, 1, 1]])
+    assert r.prompt_ids.tolist() == [[PAD, 10, 11]] * 2 + [[12, 13, 14]] * 2  # left padded
+    assert r.prompt_mask.tolist() == [[False, True, True]] * 2 + [[True] * 3] * 2
     assert [x["prompt"] for x in r.rows] == ["a", "a", "b", "b"]
     assert r.group_size == 2 and r.num_sequences == 4
 
@@ -100,9 +97,9 @@ def test_texts_are_decoded_like_the_hf_engine():
     tok = build_char_tokenizer()
     a, b = tok.convert_tokens_to_ids(["a", "b"])
     eos = tok.eos_token_id
-    ids, mask = tokenize_prompts(tok, ["xy"])
-    r = to_rollout([_out([a, b, eos], "stop"), _out([b], "length")], prompt_ids=ids,
-                   prompt_mask=mask, group_size=2, stop_ids=[eos],
+    ids = tok("xy", add_special_tokens=False)["input_ids"]
+    r = to_rollout([_out([a, b, eos], "stop"), _out([b], "length")], prompts=[ids, ids],
+                   group_size=2, stop_ids=[eos],
                    pad_token_id=tok.pad_token_id, tokenizer=tok)
     assert r.completions == ["ab", "b"]
 
@@ -112,9 +109,8 @@ def test_inconsistent_outputs_are_errors():
         _convert([_out([5, 6], "stop")], group_size=1)
     with pytest.raises(ValueError, match="aborted"):
         _convert([_out([5], "abort")], group_size=1)
-    ids, mask = _prompts()
     with pytest.raises(ValueError, match="3 vLLM outputs for 2 prompts x 2"):
-        to_rollout([_out([5], "length")] * 3, prompt_ids=ids, prompt_mask=mask, group_size=2,
+        to_rollout([_out([5], "length")] * 3, prompts=_prompts(2, 2), group_size=2,
                    stop_ids=[EOS], pad_token_id=PAD)
     bad = RequestOutput([CompletionOutput([5, 6], [{5: Logprob(-1.0)}], "length")])
     with pytest.raises(ValueError, match="1 logprob entries for 2 tokens"):

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from posttrain.core.runtime import sequence_seed
-from posttrain.data import render_prompt
 from posttrain.models.loading import save_checkpoint
 from posttrain.ops.importance import IS_MODES, rollout_metrics, rollout_weights
 from posttrain.rollout import SamplingParams, vllm_engine
@@ -52,7 +51,7 @@ def scripts() -> list[list[int]]:
 
 def agent(inner) -> AgentEngine:
     spec = AgentSpec({"add": add}, None, 3, 1.0)
-    return AgentEngine(inner, spec, lambda msgs, schemas: render_prompt(TOK, msgs, "auto"))
+    return AgentEngine(inner, spec)
 
 
 def episodes(inner, temperature: float = 0.7):

@@ -188,7 +188,7 @@ def boom(by: int) -> str:
 
 
 def test_a_tool_failing_on_most_calls_stops_the_run(tmp_path, scripted):
-    from posttrain.trainers.prompt_rl import ToolFailureError
+    from posttrain.rollout.episodes import ToolFailureError
 
     class Broken(Counter):
         step = staticmethod(boom)

@@ -1,0 +1,120 @@
+"""The code budget: code lines per feature family of the library, checked in the quick suite.
+
+A code line holds a code token: docstrings (any bare string statement), comments and blank lines
+are not code. `python scripts/code_budget.py [ROOT]` prints each family's code, docstring and
+comment lines against its budget, and exits 1 when a family is over its budget, the library is
+over its total, or a family's prose (docstrings + comments) is outside 10-36% of its lines.
+A feature that adds more than 50 code lines raises its family's budget in the same commit,
+sized against a peer's lines for the same feature (`PEERS`); a refactor is net <= 0.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import sys
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+
+BUDGETS = {"core": 160, "config+cli": 950, "data": 650, "models": 830, "ops": 1050,
+           "engine": 2150, "rollout": 1600, "sandbox": 2000, "rewards": 800, "search": 500,
+           "trainers": 1600}
+LIBRARY = 12300
+PROSE = (0.10, 0.36)
+PEERS = {  # what a family's budget was sized against: feature -> (peer, its lines, ours)
+    "trainers: KTO": ("TRL 1.16 kto_trainer.py", 1945, 208),
+    "library, like for like": ("OpenRLHF 0.11.2", 7978, 8320),
+}
+NOT_LIBRARY = ("tasks", "demo.py")  # the offline demo world: uses the library, never imported
+FAMILY_OF = {"__init__.py": "core", "__main__.py": "config+cli", "cli.py": "config+cli",
+             "config": "config+cli"}
+SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+        tokenize.ENCODING, tokenize.ENDMARKER}
+
+
+@dataclass
+class Lines:
+    total: int = 0
+    code: int = 0
+    doc: int = 0
+    comment: int = 0
+
+    def add(self, other: Lines) -> None:
+        for k in ("total", "code", "doc", "comment"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+
+    @property
+    def prose(self) -> float:
+        return (self.doc + self.comment) / max(1, self.total)
+
+
+def count_source(text: str) -> Lines:
+    """Lines of one module: code (a code token), docstring (a bare string statement) and
+    comment (a comment and no code)."""
+    doc: set[int] = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(
+                node.value.value, str):
+            doc.update(range(node.lineno, node.end_lineno + 1))
+    code: set[int] = set()
+    comment: set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        lines = set(range(tok.start[0], tok.end[0] + 1))
+        if tok.type == tokenize.COMMENT:
+            comment |= lines
+        elif tok.type not in SKIP:
+            code |= lines - doc
+    return Lines(len(text.splitlines()), len(code), len(doc), len(comment - code - doc))
+
+
+def family(rel: Path) -> str | None:
+    """The family of a file under posttrain/ (None: not library code)."""
+    top = rel.parts[0]
+    if top in NOT_LIBRARY:
+        return None
+    return FAMILY_OF.get(top, top)
+
+
+def count(root: Path) -> dict[str, Lines]:
+    out: dict[str, Lines] = {}
+    for path in sorted((root / "posttrain").rglob("*.py")):
+        fam = family(path.relative_to(root / "posttrain"))
+        if fam is not None:
+            out.setdefault(fam, Lines()).add(count_source(path.read_text()))
+    return out
+
+
+def problems(counts: dict[str, Lines], budgets: dict[str, int] = BUDGETS,
+             library: int = LIBRARY) -> list[str]:
+    out = [f"{fam}: a family with no budget in scripts/code_budget.py BUDGETS"
+           for fam in counts if fam not in budgets]
+    for fam, budget in budgets.items():
+        n = counts.get(fam, Lines())
+        if n.code > budget:
+            out.append(f"{fam}: {n.code} code lines, over its budget of {budget}")
+        if n.total and not PROSE[0] <= n.prose <= PROSE[1]:
+            out.append(f"{fam}: docstrings + comments are {n.prose:.0%} of its lines, outside "
+                       f"{PROSE[0]:.0%}-{PROSE[1]:.0%}")
+    total = sum(n.code for n in counts.values())
+    if total > library:
+        out.append(f"library: {total} code lines, over its budget of {library}")
+    return out
+
+
+def main() -> int:
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1]
+    counts = count(root)
+    print(f"{'family':<12}{'code':>7}{'budget':>8}{'doc':>7}{'comment':>9}{'prose':>7}")
+    for fam, n in sorted(counts.items()):
+        print(f"{fam:<12}{n.code:>7}{BUDGETS.get(fam, 0):>8}{n.doc:>7}{n.comment:>9}"
+              f"{n.prose:>7.0%}")
+    print(f"{'library':<12}{sum(n.code for n in counts.values()):>7}{LIBRARY:>8}")
+    found = problems(counts)
+    for line in found:
+        print(f"code_budget: {line}", file=sys.stderr)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
