@@ -69,7 +69,7 @@ def run_one(model_name: str, kl_coef: float, bf16: bool, threads: int, steps: in
         "autocast_bf16": bf16, "max_steps": warmup + steps, "threads": threads,
         "progress": False, "lr": 1e-6, "micro_batch_size": 64})
     trainer = GRPOTrainer(cfg)
-    prompt_tokens = len(tok(trainer.s.render(trainer.s.train_rows[0]["prompt"]),
+    prompt_tokens = len(tok(trainer.session.render(trainer.session.train_rows[0]["prompt"]),
                             add_special_tokens=False)["input_ids"])
     start = time.time()
     trainer.train()

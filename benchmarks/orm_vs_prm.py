@@ -174,7 +174,7 @@ def evaluate(policy: Any, tok: Any, verifiers: dict[str, Any], s: dict[str, Any]
         sample_solutions,
         score_samples,
     )
-    from posttrain.search.evaluate import is_correct
+    from posttrain.search.measure import is_correct
     from posttrain.search.metrics import pair_accuracy, pooled_auc
     from posttrain.search.verifiers import load_orm_scorer, load_prm_scorer
     from posttrain.tasks.arithmetic import heldout_rows

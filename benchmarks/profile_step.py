@@ -74,15 +74,15 @@ def instrument(trainer, clock: PhaseClock) -> None:
     """Wrap the trainer's collaborators so that each phase is timed."""
     import posttrain.engine.update as engine_mod
 
-    engine = trainer.rollout_engine()
+    engine = trainer.sampler()
     engine.generate = clock.wrap("sampling", engine.generate)
     trainer.policy_logprobs = clock.wrap("reference", trainer.policy_logprobs)  # old and ref
     trainer.micro_loss = clock.wrap("policy_fwd", trainer.micro_loss)  # forward + loss
-    trainer.s.scorer.score = clock.wrap("scoring", trainer.s.scorer.score)
+    trainer.session.scorer.score = clock.wrap("scoring", trainer.session.scorer.score)
     engine_mod.step_groups = clock.wrap("optimizer", engine_mod.step_groups)
     backward = torch.Tensor.backward
     torch.Tensor.backward = lambda self, *a, **k: clock.wrap("backward", backward)(self, *a, **k)
-    sampler, _ = engine.sampler()  # the bf16 sampler copy under autocast_bf16
+    sampler, _ = engine.sampling_model()  # the bf16 sampler copy under autocast_bf16
     trainer.learner()  # build the bf16_compute learner copy before the policy is wrapped
     for model in {id(m): m for m in (trainer.model, sampler)}.values():
         model.forward = _timed_forward(model.forward, clock)

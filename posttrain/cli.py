@@ -27,11 +27,11 @@ COMMANDS: dict[str, str] = {
 def _runner(command: str) -> Callable[[Any], dict[str, Any]]:
     if command == "search":
         from posttrain.engine.preflight import preflight
-        from posttrain.search.run import run_search
+        from posttrain.search.command import run_search
 
         return lambda cfg: (preflight(cfg), run_search(cfg))[1]  # device checks, then search
     if command == "eval":
-        from posttrain.engine.evaluate import run_eval
+        from posttrain.engine.eval_command import run_eval
 
         return run_eval
     return lambda cfg: train(command, cfg)

@@ -198,3 +198,44 @@ def test_the_checks_catch_an_upward_lazy_import_and_a_cycle(tmp_path: Path) -> N
     assert describe(fake, list(found.pop())) == (
         "posttrain/rollout/a.py:1 imports posttrain.rollout.b -> "
         "posttrain/rollout/b.py:2 imports posttrain.rollout.a")
+
+
+# rollout/ receives values, not callbacks: a callable it is handed is the user's (a tool, an
+# environment's method) or a collective, never a trainer's or the engine's method
+ROLLOUT_CALLABLES = {
+    ("tools.py", "tool_schemas", "fns"): "the user's tool functions",
+    ("tools.py", "_run_one", "fns"): "the user's tool functions",
+    ("tools.py", "call_tools", "jobs"): "the user's tool functions",
+    ("vllm_engine.py", "__init__", "barrier"): "torch.distributed's barrier (a collective)",
+}
+
+
+def callable_parameters(root: Path) -> dict[tuple[str, str, str], int]:
+    """(file, function, parameter) -> line, for every parameter of a function under
+    ``root``/posttrain/rollout annotated with a `Callable`."""
+    out = {}
+    for path in sorted((root / "posttrain" / "rollout").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+                for arg in args:
+                    if arg.annotation is not None and "Callable" in ast.unparse(arg.annotation):
+                        out[(path.name, node.name, arg.arg)] = arg.lineno
+    return out
+
+
+def test_rollout_never_calls_back_up() -> None:
+    """Nothing under rollout/ imports trainers/ or engine/ (the layer order) nor takes a
+    callback from them: every Callable parameter is a user's tool or a collective."""
+    found = callable_parameters(ROOT)
+    extra = {k: v for k, v in found.items() if k not in ROLLOUT_CALLABLES}
+    assert not extra, f"rollout/ takes callables (a call back up?): {extra}"
+    assert set(ROLLOUT_CALLABLES) <= set(found), "ROLLOUT_CALLABLES lists stale entries"
+
+
+def test_a_callback_into_rollout_is_caught(tmp_path: Path) -> None:
+    """The control: an episode loop handed the trainer's render method."""
+    root = _write(tmp_path, {"rollout/episodes.py": (
+        "from collections.abc import Callable\n"
+        "def run(render: Callable[[list], str]) -> None:\n    pass\n")})
+    assert callable_parameters(root) == {("episodes.py", "run", "render"): 2}

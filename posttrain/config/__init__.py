@@ -17,9 +17,9 @@ from posttrain.config.base import (
     to_dict,
     validate_config,
 )
-from posttrain.config.dpo import DPOConfig
 from posttrain.config.grpo import GRPOConfig
 from posttrain.config.ppo import PPOConfig
+from posttrain.config.preference import DPOConfig
 from posttrain.config.rm import PRMConfig, RMConfig
 from posttrain.config.search import SearchConfig
 from posttrain.config.sft import SFTConfig

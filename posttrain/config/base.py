@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 
 from posttrain.config.engine import check_rollout_engine
-from posttrain.config.errors import ConfigError
+from posttrain.config.errors import ConfigError, check_table
 from posttrain.config.hints import note_shared_names, unknown_key_message
 
 TRACKERS = ("tensorboard", "trackio", "wandb")
@@ -139,6 +139,14 @@ class BaseConfig:
     (`torch.distributed.fsdp.fully_shard`) instead of replicating it (data parallel)."""
     eval_every: int = 0
     """Held-out evaluation every this many steps (0: only before and after training)."""
+    train_data: str = ""
+    """Training rows, a JSONL path or a `datasets` name, in the trainer's format: prompts
+    {"prompt", "answer", ...} (grpo, ppo, online_dpo), {"prompt", "completion"} (sft), pairs
+    {"prompt", "chosen", "rejected"} (dpo, rm), unpaired {"prompt", "completion", "label"} (kto,
+    rm objective=binary), steps {"prompt", "steps", "labels"} (prm): docs/trainers.md "Data
+    formats"."""
+    train_split: str = "train"
+    """Split name when `train_data` is a `datasets` name."""
     eval_data: str = ""
     """Held-out prompts (JSONL path or `datasets` name); empty: no held-out evaluation."""
     eval_split: str = "test"
@@ -416,19 +424,16 @@ def validate_config(cfg: BaseConfig, require: bool = True) -> None:
     for key in cfg.required if require else ():
         if not getattr(cfg, key):
             raise ConfigError(f"config key '{key}': required{_REQUIRED_HINTS.get(key, '')}")
-    if cfg.max_steps < 0:
-        raise ConfigError(f"config key 'max_steps'={cfg.max_steps}: expected >= 0")
-    if cfg.lr <= 0:
-        raise ConfigError(f"config key 'lr'={cfg.lr}: expected > 0")
+    template = cfg.chat_template
+    check_table(cfg, {
+        "max_steps": (cfg.max_steps >= 0, "expected >= 0"),
+        "lr": (cfg.lr > 0, "expected > 0"),
+        "keep_checkpoints": (cfg.keep_checkpoints >= 1, "expected >= 1"),
+        "min_lr_ratio": (0.0 <= cfg.min_lr_ratio <= 1.0, "expected in [0, 1]"),
+        "chat_template": (template in ("auto", "none") or "{{" in template or "{%" in template,
+                          "expected auto, none or a Jinja chat template (with {{ ... }} / "
+                          "{% ... %})")})
     _check_dtype(cfg)
-    if cfg.chat_template not in ("auto", "none") and not any(
-            mark in cfg.chat_template for mark in ("{{", "{%")):
-        raise ConfigError(f"config key 'chat_template'={cfg.chat_template[:60]!r}: expected auto, "
-                          "none or a Jinja chat template (with {{ ... }} / {% ... %})")
-    if cfg.keep_checkpoints < 1:
-        raise ConfigError(f"config key 'keep_checkpoints'={cfg.keep_checkpoints}: expected >= 1")
-    if not 0.0 <= cfg.min_lr_ratio <= 1.0:
-        raise ConfigError(f"config key 'min_lr_ratio'={cfg.min_lr_ratio}: expected in [0, 1]")
     unknown = sorted(set(cfg.report_to) - set(TRACKERS))
     if unknown:
         raise ConfigError(f"config key 'report_to': unknown tracker(s) {unknown}; valid: "
@@ -459,11 +464,8 @@ def check_trackers(cfg: BaseConfig) -> None:
 def check_generation_budget(cfg: BaseConfig, *keys: str) -> None:
     """Token budgets of generation must be >= 1 (0 would sample empty completions and train on
     nothing)."""
-    for key in keys:
-        value = getattr(cfg, key, 1)
-        if value < 1:
-            raise ConfigError(f"config key '{key}'={value}: expected >= 1 (tokens generated per "
-                              "completion)")
+    check_table(cfg, {key: (getattr(cfg, key, 1) >= 1, "expected >= 1 (tokens generated per "
+                            "completion)") for key in keys})
 
 
 def _check_dtype(cfg: BaseConfig) -> None:

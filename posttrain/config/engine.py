@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from posttrain.config.errors import ConfigError
+from posttrain.config.errors import ConfigError, check_table
 
 VLLM_ENGINES = ("vllm_colocate", "vllm_server")
 VLLM_MAX_TEMPERATURE = 2.0
@@ -47,19 +47,14 @@ def check_rollout_engine(cfg: Any) -> None:
         raise ConfigError(f"config key 'temperature'={temperature}: {where} samples at a "
                           f"temperature in [0, {VLLM_MAX_TEMPERATURE}] (vLLM refuses more); "
                           "lower it or use rollout_engine: hf")
-    if not 0.0 < cfg.vllm_gpu_memory_utilization < 1.0:
-        raise ConfigError(f"config key 'vllm_gpu_memory_utilization'="
-                          f"{cfg.vllm_gpu_memory_utilization}: expected in (0, 1)")
-    for key in ("vllm_server_port", "vllm_group_port"):
-        if not 0 < getattr(cfg, key) < 65536:
-            raise ConfigError(f"config key '{key}'={getattr(cfg, key)}: expected a TCP port "
-                              "(1-65535)")
-    if cfg.vllm_server_timeout <= 0:
-        raise ConfigError(f"config key 'vllm_server_timeout'={cfg.vllm_server_timeout}: "
-                          "expected > 0 seconds")
-    if cfg.vllm_max_model_len < 0:
-        raise ConfigError(f"config key 'vllm_max_model_len'={cfg.vllm_max_model_len}: expected "
-                          ">= 0 (0: the model's context)")
+    check_table(cfg, {
+        "vllm_gpu_memory_utilization": (0.0 < cfg.vllm_gpu_memory_utilization < 1.0,
+                                        "expected in (0, 1)"),
+        **{k: (0 < getattr(cfg, k) < 65536, "expected a TCP port (1-65535)")
+           for k in ("vllm_server_port", "vllm_group_port")},
+        "vllm_server_timeout": (cfg.vllm_server_timeout > 0, "expected > 0 seconds"),
+        "vllm_max_model_len": (cfg.vllm_max_model_len >= 0, "expected >= 0 (0: the model's "
+                               "context)")})
 
 
 def _cuda() -> bool:

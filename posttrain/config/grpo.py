@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from posttrain.config.base import ConfigError
+from posttrain.config.base import check_table
 from posttrain.config.rl import PromptRLConfig
 
 
@@ -53,10 +53,6 @@ class GRPOConfig(PromptRLConfig):
     """Passes over each rollout batch (GRPO's mu)."""
     mini_batches: int = 1
     """Optimizer steps per pass over a rollout batch."""
-    micro_batch_size: int = 8
-    """Sequences per forward/backward (gradient accumulation within a mini-batch; the update is
-    the same for any value). 8 fits a 0.5B-1.5B model with 1k-token completions on one GPU (as
-    TRL's per-device batch of 8); on a CPU with a tiny model 64 is faster."""
     old_logprobs: Literal["rollout", "recompute"] = "rollout"
     """Off-policy updates: reuse the sampler's log-probs or run one more forward pass. Under
     autocast_bf16 the sampler's log-probs come from a bf16 decode, so `recompute` is used (a
@@ -69,36 +65,23 @@ class GRPOConfig(PromptRLConfig):
     """Drop groups whose rewards are all equal (DAPO) and refill with new prompts."""
     dynamic_sampling_max_rounds: int = 3
     """Extra generation rounds to refill dropped groups; after that train on what is left."""
-    eval_max_new_tokens: int = 64
-    """Generation budget for held-out greedy evaluation."""
     lr: float = 3e-5
-    """Peak learning rate (AdamW)."""
 
     def validate(self) -> None:
         super().validate()
-        if self.group_size < 2:
-            raise ConfigError(
-                f"config key 'group_size'={self.group_size}: GRPO needs at least 2 samples per "
-                "prompt to form a group baseline")
-        if self.prompts_per_step < 1:
-            raise ConfigError("config key 'prompts_per_step': expected >= 1")
         n = self.group_size * self.prompts_per_step
-        if self.mini_batches < 1 or n % self.mini_batches:
-            raise ConfigError(
-                f"config key 'mini_batches'={self.mini_batches}: must divide the "
-                f"{n} sequences of a step (prompts_per_step*group_size)")
-        if self.micro_batch_size < 1:
-            raise ConfigError("config key 'micro_batch_size': expected >= 1")
-        if self.advantage == "grpo_process" and not self.process_reward_model:
-            raise ConfigError(
-                "config key 'process_reward_model': required with advantage=grpo_process "
-                "(a directory saved by `posttrain prm`)")
-        if self.process_reward_model and self.advantage != "grpo_process":
-            raise ConfigError(
-                f"config key 'process_reward_model' is set but advantage={self.advantage!r}: "
-                "step scores are only used by advantage=grpo_process (to train on an "
-                "aggregated PRM score, list {name: process_reward_model, path: ...} in rewards)")
-        if not math.isfinite(self.process_weight) or self.process_weight < 0:
-            raise ConfigError(f"config key 'process_weight'={self.process_weight}: expected a "
-                              "finite number >= 0")
-
+        process = self.advantage == "grpo_process"
+        check_table(self, {
+            "group_size": (self.group_size >= 2, "GRPO needs at least 2 samples per prompt to "
+                           "form a group baseline"),
+            "prompts_per_step": (self.prompts_per_step >= 1, "expected >= 1"),
+            "mini_batches": (self.mini_batches >= 1 and n % self.mini_batches == 0, f"must "
+                             f"divide the {n} sequences of a step (prompts_per_step*group_size)"),
+            "micro_batch_size": (self.micro_batch_size >= 1, "expected >= 1"),
+            "process_reward_model": (process == bool(self.process_reward_model), "required "
+                                     "with advantage=grpo_process (a directory saved by "
+                                     "`posttrain prm`) and used by it alone (to train on an "
+                                     "aggregated PRM score, list {name: process_reward_model, "
+                                     "path: ...} in rewards)"),
+            "process_weight": (math.isfinite(self.process_weight) and self.process_weight >= 0,
+                               "expected a finite number >= 0")})

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from posttrain.config.base import ConfigError, math_and_format
+from posttrain.config.base import check_table, math_and_format
 from posttrain.config.rl import PromptRLConfig
 
 
@@ -63,44 +63,28 @@ class PPOConfig(PromptRLConfig):
     """Passes over each rollout batch."""
     mini_batches: int = 4
     """Optimizer steps per pass (the batch is split into this many shuffled mini-batches)."""
-    micro_batch_size: int = 8
-    """Sequences per forward/backward (gradient accumulation within a mini-batch; the update is
-    the same for any value). 8 is sized for a GPU (verl's per-GPU micro-batch); on a CPU with a
-    tiny model 64 is faster."""
     target_kl: float | None = None
     """Stop this step's remaining PPO epochs when the approx KL between the rollout policy and
     the current one, mean(logp_old - logp), exceeds this (the mini-batch that crossed it is not
     applied); null: never stop early."""
-    eval_max_new_tokens: int = 64
-    """Generation budget for held-out greedy evaluation."""
-    lr: float = 1e-5
-    """Peak policy learning rate (AdamW)."""
+    lr: float = 1e-5  # the policy's (critic_lr: the critic's)
 
     def validate(self) -> None:
         super().validate()
-        positive = {"prompts_per_step": self.prompts_per_step, "group_size": self.group_size,
-                    "ppo_epochs": self.ppo_epochs, "micro_batch_size": self.micro_batch_size,
-                    "mini_batches": self.mini_batches}
-        for key, value in positive.items():
-            if value < 1:
-                raise ConfigError(f"config key '{key}'={value}: expected >= 1")
         n = self.prompts_per_step * self.group_size
-        if n < self.mini_batches:
-            raise ConfigError(f"config key 'mini_batches'={self.mini_batches}: more than the {n} "
-                              "sequences of a step (prompts_per_step*group_size)")
-        if self.kl_coef < 0:
-            raise ConfigError(f"config key 'kl_coef'={self.kl_coef}: expected >= 0")
-        if self.adaptive_kl and (self.kl_coef == 0 or self.kl_target <= 0
-                                 or self.kl_horizon <= 0):
-            raise ConfigError("config key 'adaptive_kl': needs kl_coef > 0 (the starting beta), "
-                              "kl_target > 0 and kl_horizon > 0")
-        if not (0 <= self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
-            raise ConfigError(f"config keys 'gamma'={self.gamma} / 'gae_lambda'="
-                              f"{self.gae_lambda}: expected in [0, 1]")
-        if self.target_kl is not None and self.target_kl <= 0:
-            raise ConfigError(f"config key 'target_kl'={self.target_kl}: expected > 0 or null")
-        if self.critic_lr <= 0:
-            raise ConfigError(f"config key 'critic_lr'={self.critic_lr}: expected > 0")
-        if self.lora_r > 0 and self.critic_model:
-            raise ConfigError("config key 'critic_model': must be empty with LoRA (lora_r > 0); "
-                              "the critic is then a second adapter on the policy's frozen base")
+        check_table(self, {**{k: (getattr(self, k) >= 1, "expected >= 1") for k in (
+            "prompts_per_step", "group_size", "ppo_epochs", "micro_batch_size", "mini_batches")},
+            "mini_batches": (1 <= self.mini_batches <= n, f"expected 1 to the {n} sequences of "
+                             "a step (prompts_per_step*group_size)"),
+            "kl_coef": (self.kl_coef >= 0, "expected >= 0"),
+            "adaptive_kl": (not self.adaptive_kl or min(self.kl_coef, self.kl_target,
+                                                         self.kl_horizon) > 0,
+                            "needs kl_coef > 0 (the starting beta), kl_target > 0 and "
+                            "kl_horizon > 0"),
+            "gamma": (0 <= self.gamma <= 1, "expected in [0, 1]"),
+            "gae_lambda": (0 <= self.gae_lambda <= 1, "expected in [0, 1]"),
+            "target_kl": (self.target_kl is None or self.target_kl > 0, "expected > 0 or null"),
+            "critic_lr": (self.critic_lr > 0, "expected > 0"),
+            "critic_model": (not (self.lora_r > 0 and self.critic_model), "must be empty with "
+                             "LoRA (lora_r > 0); the critic is then a second adapter on the "
+                             "policy's frozen base")})

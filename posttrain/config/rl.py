@@ -5,16 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from posttrain.config.base import BaseConfig, ConfigError, check_generation_budget, math_and_format
+from posttrain.config.base import BaseConfig, check_generation_budget, check_table, math_and_format
 
 
 @dataclass
 class PromptRLConfig(BaseConfig):
     # --- data and rewards ---
-    train_data: str = ""
-    """RL prompts {"prompt", "answer", ...} (JSONL path or `datasets` name)."""
-    train_split: str = "train"
-    """Split name when `train_data` is a `datasets` name."""
     prompt_field: str = "prompt"
     """Row field holding the prompt (str or list of chat messages); another name is read as
     `columns: {prompt: <name>}`."""
@@ -48,6 +44,8 @@ class PromptRLConfig(BaseConfig):
     """Nucleus sampling; 1.0 disables."""
     top_k: int = 0
     """Top-k sampling; 0 disables."""
+    eval_max_new_tokens: int = 64
+    """Generation budget for held-out greedy evaluation."""
     generation_batch_size: int = 0
     """Sequences per generation batch when sampling a step's rollouts (whole groups: rounded
     down to a multiple of group_size, at least one group); 0: all of a rank's sequences in one
@@ -77,6 +75,11 @@ class PromptRLConfig(BaseConfig):
     but none costs one no-grad learner forward per step for pi_old."""
     rollout_is_cap: float = 3.0
     """The ratio above which rollout_is truncates (min(r, cap)) or rejects."""
+    micro_batch_size: int = 8
+    """Sequences per forward/backward (gradient accumulation within a mini-batch; the update is
+    the same for any value). 8 fits a 0.5B-1.5B model with 1k-token completions on one GPU (as
+    TRL's per-device batch of 8 and verl's per-GPU micro-batch); on a CPU with a tiny model 64
+    is faster."""
     # --- policy loss and KL (both trainers; their other loss and KL keys are their own) ---
     clip_eps_low: float = 0.2
     """Lower clip range: ratio >= 1 - clip_eps_low."""
@@ -102,17 +105,13 @@ class PromptRLConfig(BaseConfig):
     def validate(self) -> None:
         super().validate()
         check_generation_budget(self, "max_new_tokens", "eval_max_new_tokens")
-        if self.temperature <= 0:
-            raise ConfigError("config key 'temperature': expected > 0 (sampling is required)")
-        if not self.rewards:
-            raise ConfigError("config key 'rewards': at least one reward function is required")
-        if not self.kl_clamp >= 0:
-            raise ConfigError(f"config key 'kl_clamp'={self.kl_clamp}: expected >= 0 (0: off)")
-        if self.rollout_is_cap <= 0:
-            raise ConfigError(f"config key 'rollout_is_cap'={self.rollout_is_cap}: expected > 0")
-        if self.max_tool_calling_iterations < 0 or self.tool_timeout_s <= 0:
-            raise ConfigError("config key 'max_tool_calling_iterations' must be >= 0 and "
-                              "'tool_timeout_s' > 0")
-        if self.max_prompt_len < 0:
-            raise ConfigError(f"config key 'max_prompt_len'={self.max_prompt_len}: expected >= 0 "
-                              "(0: only the model's context)")
+        check_table(self, {
+            "temperature": (self.temperature > 0, "expected > 0 (sampling is required)"),
+            "rewards": (bool(self.rewards), "at least one reward function is required"),
+            "kl_clamp": (self.kl_clamp >= 0, "expected >= 0 (0: off)"),
+            "rollout_is_cap": (self.rollout_is_cap > 0, "expected > 0"),
+            "max_tool_calling_iterations": (self.max_tool_calling_iterations >= 0,
+                                            "expected >= 0"),
+            "tool_timeout_s": (self.tool_timeout_s > 0, "expected > 0"),
+            "max_prompt_len": (self.max_prompt_len >= 0, "expected >= 0 (0: only the model's "
+                               "context)")})

@@ -6,13 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from posttrain.config.base import BaseConfig, ConfigError
+from posttrain.config.base import BaseConfig, ConfigError, check_table
 
 
 @dataclass
 class _ScorerConfig(BaseConfig):
-    train_split: str = "train"
-    """Split name when `train_data` is a `datasets` name."""
     batch_size: int = 32
     """Rows (preference pairs, completions or step rows) per optimizer step."""
     micro_batch_size: int = 16
@@ -23,28 +21,18 @@ class _ScorerConfig(BaseConfig):
     eval_size: int = 100_000
     """Held-out rows evaluated (all of `eval_data` by default)."""
     lr: float = 1e-4
-    """Peak learning rate (AdamW)."""
 
     def validate(self) -> None:
         super().validate()
-        checks = {
+        check_table(self, {
             "batch_size": (self.batch_size >= 1, "expected >= 1"),
             "micro_batch_size": (self.micro_batch_size >= 2, "expected >= 2 (sequences)"),
             "max_seq_len": (self.max_seq_len >= 2, "expected >= 2"),
-            "lora_r": (self.lora_r == 0, "LoRA is not supported for reward models yet; use 0"),
-        }
-        for key, (ok, msg) in checks.items():
-            if not ok:
-                raise ConfigError(f"config key '{key}'={getattr(self, key)!r}: {msg}")
+            "lora_r": (self.lora_r == 0, "LoRA is not supported for reward models yet; use 0")})
 
 
 @dataclass
 class RMConfig(_ScorerConfig):
-    train_data: str = ""
-    """Preference rows {"prompt", "chosen", "rejected", "margin"?} (bradley_terry) or outcome
-    rows {"prompt", "completion", "label": 1|0} (binary); JSONL path or `datasets` name."""
-    eval_data: str = ""
-    """Held-out rows of the same kind as `train_data`; empty: no held-out evaluation."""
     objective: Literal["bradley_terry", "binary"] = "bradley_terry"
     """Bradley-Terry on preference pairs, or binary correctness of single completions."""
     margin: float = 0.0
@@ -63,11 +51,6 @@ class RMConfig(_ScorerConfig):
 
 @dataclass
 class PRMConfig(_ScorerConfig):
-    train_data: str = ""
-    """Step rows {"prompt", "steps": [str], "labels": [1|0|-1]} (JSONL path or `datasets`
-    name)."""
-    eval_data: str = ""
-    """Held-out step rows; empty: no held-out evaluation."""
     num_classes: Literal[2, 3] = 2
     """Step classes: 2 (bad / good; a neutral 0 label counts as good) or 3 (bad/neutral/good)."""
     step_separator: str = "\n"

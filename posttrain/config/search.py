@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from posttrain.config.base import BaseConfig, ConfigError
+from posttrain.config.base import BaseConfig, ConfigError, check_table
 
 METHODS = ("best_of_n", "majority", "weighted", "beam")
 
@@ -62,7 +62,7 @@ class SearchConfig(BaseConfig):
 
 
 def validate_search(cfg: SearchConfig) -> None:
-    """Cross-field checks (the verifier directories are checked by ``posttrain.search.run``,
+    """Cross-field checks (the verifier directories are checked by ``posttrain.search.command``,
     before any model loads)."""
     if not cfg.eval_data:
         raise ConfigError("config key 'eval_data': required (problems with gold answers)")
@@ -72,12 +72,9 @@ def validate_search(cfg: SearchConfig) -> None:
                           f"{list(METHODS)}")
     if not cfg.n or min(cfg.n) < 1 or any(max(cfg.n) % k for k in cfg.n):
         raise ConfigError(f"config key 'n'={cfg.n!r}: expected values >= 1 that divide max(n)")
-    for key in ("beam_width", "expansions", "beam_max_steps", "eval_size", "max_new_tokens",
-                "batch_size"):
-        if getattr(cfg, key) < 1:
-            raise ConfigError(f"config key '{key}'={getattr(cfg, key)}: expected >= 1")
-    if cfg.temperature <= 0:
-        raise ConfigError(f"config key 'temperature'={cfg.temperature}: expected > 0")
+    check_table(cfg, {**{k: (getattr(cfg, k) >= 1, "expected >= 1") for k in (
+        "beam_width", "expansions", "beam_max_steps", "eval_size", "max_new_tokens",
+        "batch_size")}, "temperature": (cfg.temperature > 0, "expected > 0")})
     needs = {"best_of_n": cfg.orm or cfg.prm, "weighted": cfg.orm or cfg.prm, "beam": cfg.prm}
     for method, ok in needs.items():
         if method in cfg.methods and not ok:

@@ -5,15 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from posttrain.config.base import BaseConfig, ConfigError, check_generation_budget, math_and_format
+from posttrain.config.base import BaseConfig, check_generation_budget, check_table, math_and_format
 
 
 @dataclass
 class SFTConfig(BaseConfig):
-    train_data: str = ""
-    """SFT rows {"prompt", "completion"} (JSONL path or `datasets` name)."""
-    train_split: str = "train"
-    """Split name when `train_data` is a `datasets` name."""
     batch_size: int = 64
     """Sequences per optimizer step."""
     max_seq_len: int = 256
@@ -28,22 +24,15 @@ class SFTConfig(BaseConfig):
     whole batch of 64 x 1k tokens at a 151,936 vocabulary does not fit one; on a CPU with a
     tiny model 0 is faster."""
     lr: float = 1e-3
-    """Peak learning rate (AdamW)."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "cosine"
-    """Learning-rate schedule after warm-up."""
     warmup_steps: int = 100
-    """Linear warm-up from 0 to `lr` over this many optimizer steps."""
     min_lr_ratio: float = 0.1
-    """Floor of the decayed learning rate, as a fraction of `lr`."""
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    """AdamW betas."""
 
     def validate(self) -> None:
         super().validate()
         check_generation_budget(self, "max_new_tokens")
-        for key in ("batch_size", "max_seq_len"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"config key '{key}'={getattr(self, key)}: expected >= 1")
-        if self.micro_batch_size < 0:
-            raise ConfigError(f"config key 'micro_batch_size'={self.micro_batch_size}: "
-                              "expected >= 0 (0: the whole batch)")
+        check_table(self, {
+            "batch_size": (self.batch_size >= 1, "expected >= 1"),
+            "max_seq_len": (self.max_seq_len >= 1, "expected >= 1"),
+            "micro_batch_size": (self.micro_batch_size >= 0, "expected >= 0 (0: the whole batch)")})

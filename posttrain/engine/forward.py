@@ -27,7 +27,6 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from posttrain.config import BaseConfig
-from posttrain.config.rl import PromptRLConfig
 from posttrain.engine.shared_prefix import shared_prefix_outputs, shared_prefix_supported
 from posttrain.models.bf16_copy import sdpa_switchable
 from posttrain.models.logits import autocast_ctx, embeddings, logits_context, patched_forward
@@ -313,15 +312,16 @@ class PolicyForward:
 DEFAULT_FORWARD = PolicyForward()  # fp32, no prompt sharing, temperature 1
 
 
-def policy_forward(cfg: BaseConfig, fsdp: bool = False, shares_prompts: bool = True
-                   ) -> PolicyForward:
+def policy_forward(cfg: BaseConfig, fsdp: bool = False, shares_prompts: bool = True,
+                   temperature: float = 1.0) -> PolicyForward:
     """The run's `PolicyForward`: bf16 autocast under `autocast_bf16` but not `bf16_compute`
     (its learner copy is bf16 already); prompt sharing under `share_prompt_prefix` but not
     with `torch_compile` (the compiled body is traced for the plain forward) nor under FSDP2
     (its data-dependent number of model calls would give ranks different collectives), and
-    only for trainers whose rows repeat prompts (`shares_prompts`)."""
+    only for trainers whose rows repeat prompts (`shares_prompts`); log-probs at the
+    `temperature` the trainer samples at."""
     return PolicyForward(
         autocast=cfg.autocast_bf16 and not cfg.bf16_compute,
         share_prefix=(cfg.share_prompt_prefix and shares_prompts and not cfg.torch_compile
                       and not fsdp),
-        temperature=cfg.temperature if isinstance(cfg, PromptRLConfig) else 1.0)
+        temperature=temperature)

@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from posttrain.config import BaseConfig, DPOConfig
+from posttrain.config import BaseConfig
 from posttrain.data.pairs import PairTensors
 from posttrain.models import adapters_disabled
 from posttrain.models.bf16_copy import BF16Copy
@@ -150,7 +150,7 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
     return f"weights:{h.hexdigest()}"
 
 
-def ref_cache_path(cfg: DPOConfig, source: str, pairs: PairTensors,
+def ref_cache_path(cfg: BaseConfig, source: str, pairs: PairTensors,
                    model: torch.nn.Module | None = None) -> Path:
     """Where the reference table of ``pairs`` (loaded from ``source``) is cached.
 

@@ -27,7 +27,7 @@ from posttrain.models import apply_lora, load_model_and_tokenizer, load_tokenize
 from posttrain.models.lora import check_lora_targets
 from posttrain.rewards.registry import RewardScorer, RewardSpec, validate_specs
 from posttrain.rollout import SamplingParams
-from posttrain.rollout.engine import RolloutEngine, build_engine
+from posttrain.rollout.engine import Sampler, build_engine
 
 
 @dataclass
@@ -41,9 +41,9 @@ class Session:
     reward_names: list[str] = field(default_factory=list)
     dist: Any = None
     """The trainer's `Dist` under torchrun: evaluation is sharded by rank and gathered."""
-    engine: RolloutEngine | None = None
-    """The engine held-out evaluation samples with; None: one built from the config for the
-    model evaluated (`rollout_engine`; the trainer sets its own vLLM engine here)."""
+    sampler: Sampler | None = None
+    """What held-out evaluation samples with; None: one built from the config for the model
+    evaluated (`rollout_engine`; the trainer sets its own vLLM engine or episodes here)."""
 
     def render(self, prompt: Any) -> str:
         system = getattr(self.cfg, "system_prompt", "")
@@ -105,9 +105,9 @@ class Session:
             list(range(len(rows))))
         per_row: list[tuple[int, str, float, float, float | None, float]] = []
         if mine:
-            engine = self.engine or build_engine(cfg, self.tokenizer, role="eval", model=model)
+            engine = self.sampler or build_engine(cfg, self.tokenizer, role="eval", model=model)
             if not engine.runs_policy:  # a vLLM engine loaded from `model`: kept for next time
-                self.engine = engine
+                self.sampler = engine
             prompts = [] if getattr(engine, "renders_rows", False) else [
                 self.render(rows[i]["prompt"]) for i in mine]  # episodes render their own
             rollout = engine.generate(prompts, rows=[rows[i] for i in mine],

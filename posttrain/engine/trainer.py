@@ -17,7 +17,7 @@ around it, once for all trainers:
 Hooks a subclass overrides: `step` (required), `validate`, `load_model`, `setup`,
 `optimizer_steps`, `optimizer_groups`, `state_modules`, `evaluate`, `summary_fields`, `save`,
 `state_dict` / `load_state_dict` (its own state for exact resume). Helpers: `next_rows`,
-`optimize` (the one engine), `reference`, `learner`, `rollout_engine`, `gathered`, `self.dist`.
+`optimize` (the one update), `reference`, `learner`, `sampler`, `gathered`, `self.dist`.
 
 Resume and stop (docs/distributed.md): `save_every` writes `checkpoints/step-N/` atomically
 (posttrain.engine.checkpoint); `resume_from: latest | PATH` restores everything and continues
@@ -86,7 +86,7 @@ from posttrain.models.bf16_copy import BF16Copy
 from posttrain.models.loading import save_checkpoint
 from posttrain.models.lora import merged
 from posttrain.ops.head_blocks import head_precision
-from posttrain.rollout.engine import RolloutEngine, build_engine
+from posttrain.rollout.engine import Sampler, build_engine
 
 
 class Trainer:
@@ -133,16 +133,16 @@ class Trainer:
         # locked for this run; an earlier run there: refused or overwritten
         self._lock = prepare_out_dir(cfg, self.dist.is_main, self.name)
         # Data, rewards and config are validated inside load_session before any model loads.
-        self.s = session or load_session(cfg, kind=self.data_kind, loader=self.load_model,
+        self.session = session or load_session(cfg, kind=self.data_kind, loader=self.load_model,
                                          place=not self.sharded_start, **objects)
-        self.s.maybe_lora()
-        self.s.dist = self.dist  # held-out evaluation: sharded by rank, gathered
+        self.session.maybe_lora()
+        self.session.dist = self.dist  # held-out evaluation: sharded by rank, gathered
         self.device = resolve_device(cfg.device)
         if slow_bf16 and self.dist.is_main:
             print(f"[{self.name}] warning: {slow_bf16}", file=sys.stderr)
         self._order: list[int] = []
         self.ref = ReferencePolicy(cfg, lambda: self.model, self.learner, self.sharded_start)
-        self._engine: RolloutEngine | None = None  # built at the first generation
+        self._sampler: Sampler | None = None  # built at the first generation
         self._weights_version = 0  # +1 whenever the policy's weights change
         self._learner: BF16Copy | None = None  # bf16_compute: the bf16 learner copy
         self._learner_stale = True  # its weights lag the master's (after a step or a resume)
@@ -173,15 +173,15 @@ class Trainer:
     # ---- the model the base trains, saves and evaluates -------------------------------------
     @property
     def model(self) -> Any:
-        return self.s.model
+        return self.session.model
 
     @model.setter
     def model(self, value: Any) -> None:
-        self.s.model = value
+        self.session.model = value
 
     @property
     def tokenizer(self) -> Any:
-        return self.s.tokenizer
+        return self.session.tokenizer
 
     # ---- hooks ------------------------------------------------------------------------------
     def validate(self) -> None:
@@ -237,8 +237,8 @@ class Trainer:
         """
         dump = None if when == "during" else f"eval_{when}.jsonl"
         if self.agent is not None:  # greedy episodes through the training engine
-            self.s.engine = self.rollout_engine()
-        return self.s.evaluate(self.model, dump=dump)
+            self.session.sampler = self.sampler()
+        return self.session.evaluate(self.model, dump=dump)
 
     def summary_fields(self) -> dict[str, Any]:
         """Extra keys for summary.json."""
@@ -271,7 +271,7 @@ class Trainer:
     # ---- helpers for subclasses -------------------------------------------------------------
     def num_train_items(self) -> int:
         """How many items an epoch draws from (the training rows; DPO: its tokenized pairs)."""
-        return len(self.s.train_rows)
+        return len(self.session.train_rows)
 
     def next_indices(self, n: int) -> list[int]:
         """The next `n` training-item indices; the order is reshuffled at each epoch boundary."""
@@ -284,7 +284,7 @@ class Trainer:
         return out
 
     def next_rows(self, n: int) -> list[dict[str, Any]]:
-        return [self.s.train_rows[i] for i in self.next_indices(n)]
+        return [self.session.train_rows[i] for i in self.next_indices(n)]
 
     @property
     def opt(self) -> torch.optim.Optimizer:
@@ -306,10 +306,10 @@ class Trainer:
                groups: list[OptimGroup] | None = None,
                before_step: Callable[[dict[str, float]], bool] | None = None
                ) -> dict[str, float]:
-        """Every optimizer step of this trainer step through the one engine
+        """Every optimizer step of this trainer step through the one update
         (`posttrain.engine.update.run_update`); the rollout engine sleeps meanwhile."""
-        if self._engine is not None:
-            self._engine.sleep()
+        if self._sampler is not None:
+            self._sampler.sleep()
         out = run_update(plan, self.dist, counts, loss_fn,
                          self.groups if groups is None else groups, self._idle_pass,
                          before_step)
@@ -327,23 +327,23 @@ class Trainer:
         generation in it (a no-op unless FSDP2 shards the model)."""
         return self.dist.gathered(self.model)
 
-    def rollout_engine(self) -> RolloutEngine:
+    def sampler(self) -> Sampler:
         """The engine rollouts are sampled with (`rollout_engine`; `posttrain.rollout.engine`),
         holding the policy's current weights. The `hf` engine under `autocast_bf16` /
         `bf16_compute` samples from a bf16 copy of the policy with its fp32 head, re-synced
         whenever the weights changed, run without autocast; else from the policy itself."""
-        if self._engine is None:
-            self._engine = build_engine(self.cfg, self.tokenizer, role="train", dist=self.dist,
+        if self._sampler is None:
+            self._sampler = build_engine(self.cfg, self.tokenizer, role="train", dist=self.dist,
                                         agent=self.agent)
-        self._engine.update_weights(self.model, self._weights_version)
-        return self._engine
+        self._sampler.update_weights(self.model, self._weights_version)
+        return self._sampler
 
-    def close_engine(self) -> None:
+    def close_sampler(self) -> None:
         """Release the rollout engine (a vLLM engine's GPU memory); rebuilt if used again."""
-        if self._engine is not None:
-            self._engine.close()
-        self._engine = None
-        self.s.engine = None
+        if self._sampler is not None:
+            self._sampler.close()
+        self._sampler = None
+        self.session.sampler = None
 
     def learner(self) -> Any:
         """The model the policy's log-probs are computed (and differentiated) with: the policy,
@@ -365,7 +365,8 @@ class Trainer:
     def forward(self) -> PolicyForward:
         """The run's one policy forward (`posttrain.engine.forward.policy_forward`): its
         precision, prompt sharing and temperature are decided there, once."""
-        return policy_forward(self.cfg, self.dist.fsdp, self.shares_prompts)
+        return policy_forward(self.cfg, self.dist.fsdp, self.shares_prompts,
+                              getattr(self.cfg, "temperature", 1.0))  # the sampling's
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast on this trainer's device type when `autocast_bf16` is set."""
@@ -418,7 +419,7 @@ class Trainer:
         if eval_after:
             self.logger.log(cfg.max_steps, _eval_metrics(eval_after))
         self.logger.close()
-        self.close_engine()
+        self.close_sampler()
         self._gather_weights()
         if self.dist.is_main:
             self.save(f"{cfg.out_dir}/final")
@@ -444,7 +445,7 @@ class Trainer:
         if not (self._saved_at == last and last in written):
             self.save_training_state(last, history, eval_before, clock + time.time())
         self.logger.close()
-        self.close_engine()
+        self.close_sampler()
         summary = {"eval_before": eval_before.get("accuracy"), "stopped_at_step": last,
                    "seconds": round(clock + time.time(), 1), "steps": last,
                    "history": history}
@@ -460,7 +461,7 @@ class Trainer:
         """The step loop; returns the last step run (< max_steps when a signal stopped it)."""
         cfg = self.cfg
         step = self.start_step
-        with self.s.progress(cfg.max_steps, self.name) as bar:
+        with self.session.progress(cfg.max_steps, self.name) as bar:
             for step in range(self.start_step + 1, cfg.max_steps + 1):
                 t0 = time.time()
                 reset_gpu_peak(self.device)
@@ -488,7 +489,7 @@ class Trainer:
 
     def _evaluate(self, when: str) -> dict[str, Any]:
         if self.cfg.rollout_engine != "hf":  # evaluation samples with the training engine
-            self.s.engine = self.rollout_engine()
+            self.session.sampler = self.sampler()
         with self.gathered():
             return self.evaluate(when)
 

@@ -6,7 +6,7 @@ PRM gives the same score to the same completion in every one of them. Inputs are
 the trainers (``posttrain rm`` / ``posttrain prm``) formatted them; no gradients; batched
 (``batch_size`` sequences per forward pass) on the model's device.
 
-* :class:`OutcomeScorer` (ORM): ``render(prompt) + completion + EOS``, the score read at the
+* :class:`ORMScorer` (ORM): ``render(prompt) + completion + EOS``, the score read at the
   last real token. ``transform="raw"`` returns that logit (TRL's and OpenRLHF's reward-model
   output), ``"sigmoid"`` maps it to (0, 1) (what a weighted vote adds up).
 * :class:`ProcessScorer` (PRM): the completion is cut into steps by the PRM's OWN saved rule
@@ -78,7 +78,7 @@ class _Scorer:
             yield ids.to(device), mask.to(device)
 
 
-class OutcomeScorer(_Scorer):
+class ORMScorer(_Scorer):
     """A saved ORM: ``score(prompts, completions) -> [float]``."""
 
     kind = "orm"
@@ -190,9 +190,9 @@ def outcome_from_steps(score_steps: StepScoreFn, prompts: Sequence[Any],
 
 
 def get_scorer(path: str | Path, kind: str, device: str = "auto", dtype: str = "float32") -> Any:
-    """The process-wide cached :class:`OutcomeScorer` (``kind="orm"``) or
+    """The process-wide cached :class:`ORMScorer` (``kind="orm"``) or
     :class:`ProcessScorer` (``"prm"``) saved at ``path``."""
     key = (str(path), kind, str(device), dtype)
     if key not in _CACHE:
-        _CACHE[key] = {"orm": OutcomeScorer, "prm": ProcessScorer}[kind].load(path, device, dtype)
+        _CACHE[key] = {"orm": ORMScorer, "prm": ProcessScorer}[kind].load(path, device, dtype)
     return _CACHE[key]

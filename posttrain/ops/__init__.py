@@ -7,7 +7,6 @@ See docs/algorithms.md for the paper -> formula -> function index.
 
 from posttrain.ops.advantages import (
     gae,
-    gae_loop,
     group_advantages,
     process_advantages,
     rloo_advantages,
@@ -39,7 +38,6 @@ __all__ = [
     "entropy_from_logits",
     "explained_variance",
     "gae",
-    "gae_loop",
     "group_advantages",
     "head_logprobs",
     "kl_penalty",

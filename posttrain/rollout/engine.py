@@ -2,7 +2,7 @@
 
 Every caller that samples completions (training, held-out evaluation, search, the offline label
 and pair generators of `posttrain.tasks` through `model_engine`) goes through a
-`RolloutEngine`: `generate` returns a group-contiguous `Rollout` whose `logprobs` are the
+`Sampler`: `generate` returns a group-contiguous `Rollout` whose `logprobs` are the
 sampler's log-probs of the sampled tokens under the full distribution at the sampling
 temperature; `update_weights(model, version)` hands the engine the policy's current weights
 (nothing happens when `version` has not changed); `sleep` / `wake` free and take back the
@@ -36,7 +36,7 @@ from posttrain.rollout.record import Rollout, pad_id
 from posttrain.rollout.tools import AgentSpec
 from posttrain.rollout.vllm_convert import Completion
 
-__all__ = ["ENGINES", "EngineFactory", "HFEngine", "Role", "RolloutEngine", "build_engine",
+__all__ = ["ENGINES", "EngineFactory", "HFEngine", "Role", "Sampler", "build_engine",
            "model_engine", "on_device", "register_engine"]
 
 Role = Literal["train", "eval"]
@@ -46,7 +46,7 @@ model as it is (held-out evaluation, search, label generation)."""
 
 
 @runtime_checkable
-class RolloutEngine(Protocol):
+class Sampler(Protocol):
     """What every sampler offers the trainers, the evaluation and search."""
 
     name: str
@@ -116,7 +116,7 @@ class HFEngine:
         if self._copy is not None:
             self._copy.sync()
 
-    def sampler(self) -> tuple[torch.nn.Module, bool]:
+    def sampling_model(self) -> tuple[torch.nn.Module, bool]:
         """(module, autocast) that `generate` samples with."""
         if self.model is None:
             raise RuntimeError("HFEngine: call update_weights(model, version) before generate")
@@ -130,7 +130,7 @@ class HFEngine:
                  params: SamplingParams | None = None, seeds: list[int] | None = None,
                  stop_ids: list[int] | None = None, rows: list[dict[str, Any]] | None = None,
                  batch_size: int = 0, generator: torch.Generator | None = None) -> Rollout:
-        model, autocast = self.sampler()
+        model, autocast = self.sampling_model()
         return generate(model, self.tokenizer, prompts, group_size=group_size, rows=rows,
                         params=params, autocast=autocast, generator=generator,
                         batch_size=batch_size, seeds=seeds, stop_ids=stop_ids)
@@ -138,7 +138,7 @@ class HFEngine:
     @property
     def stops(self) -> list[int]:
         """The ids that end a completion (`stop_token_ids` of the sampling model)."""
-        return stop_token_ids(self.sampler()[0], self.tokenizer)
+        return stop_token_ids(self.sampling_model()[0], self.tokenizer)
 
     def sample_ids(self, contexts: list[list[int]], params: SamplingParams, stops: list[int], *,
                    max_tokens: list[int] | None = None, seeds: list[int] | None = None,
@@ -148,7 +148,7 @@ class HFEngine:
         (multi-turn episodes): each context's episode; one seen in the last call continues on
         the KV cache carried from it (only the ids appended since are prefilled), the rows of
         the others are freed; `end_turns` frees the cache."""
-        model, autocast = self.sampler()
+        model, autocast = self.sampling_model()
         budgets = max_tokens or [params.max_new_tokens] * len(contexts)
         uniforms = (sequence_uniforms(seeds, max(budgets))
                     if seeds is not None and not params.greedy else None)  # [n, T]
@@ -200,7 +200,7 @@ def on_device(rollout: Rollout, device: torch.device, engine: str) -> Rollout:
     return rollout if where <= {device} else rollout.to(device)
 
 
-EngineFactory = Callable[..., RolloutEngine]
+EngineFactory = Callable[..., Sampler]
 """`factory(cfg, tokenizer, *, role, dist, model)` -> an engine: `cfg` a config with the
 `rollout_engine` keys, `role` "train" or "eval", `dist` the trainer's `Dist` (None outside a
 trainer), `model` the policy (an in-process engine starts with it; may be None)."""
@@ -215,13 +215,13 @@ def _hf(cfg: Any, tokenizer: Any, *, role: Role = "eval", dist: Any = None,
     return engine
 
 
-def _vllm_colocate(cfg: Any, tokenizer: Any, **kw: Any) -> RolloutEngine:
+def _vllm_colocate(cfg: Any, tokenizer: Any, **kw: Any) -> Sampler:
     from posttrain.rollout.vllm_engine import VLLMColocateEngine
 
     return VLLMColocateEngine.from_config(cfg, tokenizer, **kw)
 
 
-def _vllm_server(cfg: Any, tokenizer: Any, **kw: Any) -> RolloutEngine:
+def _vllm_server(cfg: Any, tokenizer: Any, **kw: Any) -> Sampler:
     from posttrain.rollout.vllm_engine import VLLMServerEngine
 
     return VLLMServerEngine.from_config(cfg, tokenizer, **kw)
@@ -243,7 +243,7 @@ def register_engine(name: str, factory: EngineFactory) -> EngineFactory | None:
 
 def build_engine(cfg: Any, tokenizer: Any, *, role: Role = "eval", dist: Any = None,
                  model: torch.nn.Module | None = None, agent: AgentSpec | None = None
-                 ) -> RolloutEngine:
+                 ) -> Sampler:
     """The engine `cfg.rollout_engine` names (default `hf`), built for `role`; with `agent`
     (tools / an environment), the multi-turn `AgentEngine` over it."""
     name = getattr(cfg, "rollout_engine", "hf")

@@ -12,30 +12,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from posttrain.models.scorers import OutcomeScorer as ORM
-from posttrain.models.scorers import ProcessScorer
+from posttrain.models.scorers import ORMScorer, ProcessScorer
 from posttrain.search.scorers import OutcomeScorer
-
-
-def _transform(orm: ORM, probability: bool) -> OutcomeScorer:
-    return partial(orm.score, transform="sigmoid" if probability else "raw")
-
-
-def orm_scorer(model: Any, tokenizer: Any, *, batch_size: int = 256,
-               probability: bool = True) -> OutcomeScorer:
-    """An :class:`OutcomeScorer` from an ORM (``AutoModelForSequenceClassification``, 1 label)."""
-    return _transform(ORM(model, tokenizer, batch_size), probability)
-
-
-def prm_scorer(model: Any, tokenizer: Any, *, batch_size: int = 256) -> ProcessScorer:
-    """A step scorer from a PRM (``AutoModelForTokenClassification``, 2 or 3 classes)."""
-    return ProcessScorer(model, tokenizer, batch_size)
 
 
 def load_orm_scorer(path: str | Path, *, batch_size: int = 256, device: Any = "cpu",
                     probability: bool = True, dtype: str = "float32") -> OutcomeScorer:
     """Load an ORM saved by ``posttrain rm`` (checked to be one before loading)."""
-    return _transform(ORM.load(path, str(device), dtype, batch_size), probability)
+    orm = ORMScorer.load(path, str(device), dtype, batch_size)
+    return partial(orm.score, transform="sigmoid" if probability else "raw")
 
 
 def load_prm_scorer(path: str | Path, *, batch_size: int = 256, device: Any = "cpu",

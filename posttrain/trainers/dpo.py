@@ -123,7 +123,7 @@ class DPOTrainer(Trainer):
 
     def setup(self) -> None:
         cfg, tok = self.cfg, self.tokenizer
-        self.pairs = self.tokenize(tok, self.s.train_rows, cfg.max_seq_len, cfg.train_data,
+        self.pairs = self.tokenize(tok, self.session.train_rows, cfg.max_seq_len, cfg.train_data,
                                    cfg.chat_template)
         self.eval_pairs = (tokenize_pairs(tok, self.eval_rows, cfg.max_seq_len,
                                           cfg.eval_pref_data, cfg.chat_template)
@@ -201,7 +201,7 @@ class DPOTrainer(Trainer):
         return preference_loss(self.cfg, policy, ref)  # 4
 
     def update(self, idx: Tensor | list[int]) -> dict[str, float]:
-        """One optimizer step over the batch ``idx`` through the one engine; the loss is the
+        """One optimizer step over the batch ``idx`` through the one update; the loss is the
         mean over the batch (all ranks' pairs), and so are the metrics (pair-weighted)."""
         plan = shard_plan(len(idx), self.dist, self.micro_pairs)
         batch = [int(idx[g]) for g in plan.global_ids]  # this rank's pairs

@@ -95,7 +95,7 @@ class GRPOTrainer(PromptRLTrainer):
         self.step_scorer: StepScorer | None = None
         if cfg.advantage == "grpo_process":
             self.step_scorer = build_step_scorer(cfg.process_reward_model, device=cfg.device)
-        names = self.s.reward_names
+        names = self.session.reward_names
         learned = self.step_scorer is not None or any(n in LEARNED_REWARDS for n in names)
         self.verifier = self.accuracy_from if learned else None
         if learned and self.verifier is None:
@@ -286,7 +286,7 @@ class GRPOTrainer(PromptRLTrainer):
         out = super().evaluate(when)
         dump = Path(self.cfg.out_dir) / f"eval_{when}.jsonl"
         if self.step_scorer is not None and when != "during" and dump.is_file():
-            rows = self.s.eval_rows[: self.cfg.eval_size]
+            rows = self.session.eval_rows[: self.cfg.eval_size]
             annotate_dump(dump, self.step_scorer, [r["prompt"] for r in rows])
         return out
 
@@ -310,7 +310,7 @@ class GRPOTrainer(PromptRLTrainer):
 
     def update(self, rollout: Rollout) -> dict[str, float]:
         """4: num_iterations passes x mini_batches optimizer steps, micro-batched, through the
-        one engine (`Trainer.update`).
+        one update (`Trainer.update`).
 
         Loss normalisers cover the whole optimizer step (all its micro-batches, all ranks):
         the tokens and the sequences that count, so a row fully masked (a truncated completion

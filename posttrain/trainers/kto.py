@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posttrain.config.dpo import KTOConfig
+from posttrain.config.preference import KTOConfig
 from posttrain.data.pairs import tokenize_unpaired
 from posttrain.engine.update import shard_plan
 from posttrain.ops import sequence_logprobs
@@ -44,7 +44,7 @@ class KTOTrainer(DPOTrainer):
 
     def setup(self) -> None:
         super().setup()
-        self.labels = torch.tensor([bool(r["label"]) for r in self.s.train_rows])  # [M]
+        self.labels = torch.tensor([bool(r["label"]) for r in self.session.train_rows])  # [M]
 
     def side_logprobs(self, model: torch.nn.Module, idx: Tensor, side: str) -> Tensor:
         """Summed log-probs [n] of the rows ``idx`` with their own completion (``chosen``) or

@@ -23,7 +23,7 @@ import time
 import torch
 from torch import Tensor
 
-from posttrain.config.dpo import OnlineDPOConfig
+from posttrain.config.preference import OnlineDPOConfig
 from posttrain.data.pairs import PairTensors
 from posttrain.engine.distributed import weighted
 from posttrain.engine.update import local_plan

@@ -228,7 +228,7 @@ class PPOTrainer(PromptRLTrainer):
 
     # ------------------------------------------------------------------------------------------
     def ppo_update(self, batch: Rollout, train_policy: bool = True) -> dict[str, float]:
-        """5: epochs x shuffled mini-batches through the one engine; early stop when the
+        """5: epochs x shuffled mini-batches through the one update; early stop when the
         mini-batch's approx KL (over every rank) > target_kl."""
         cfg = self.cfg
         plan = local_plan(self.n_sampled, cfg.group_size, self.dist, cfg.micro_batch_size,

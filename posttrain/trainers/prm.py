@@ -94,12 +94,12 @@ class PRMTrainer(Trainer):
             self.model.to(self.device)
         setattr(self.model.config, PRM_META_KEY, {"separator": cfg.step_separator,
                                                   "split": cfg.step_split})
-        rows = validate_rows(enumerate(self.s.train_rows, 1), "steps", cfg.train_data)
+        rows = validate_rows(enumerate(self.session.train_rows, 1), "steps", cfg.train_data)
         if cfg.soft_labels:
             _check_soft(rows, cfg.train_data)
         self.train_set = self.tokenize(rows, cfg.train_data)
-        eval_rows = (validate_rows(enumerate(self.s.eval_rows, 1), "steps", cfg.eval_data)
-                     if self.s.eval_rows else [])
+        eval_rows = (validate_rows(enumerate(self.session.eval_rows, 1), "steps", cfg.eval_data)
+                     if self.session.eval_rows else [])
         self.eval_set = self.tokenize(eval_rows, cfg.eval_data) if eval_rows else None
         self.last_eval: dict[str, float] = {}
 

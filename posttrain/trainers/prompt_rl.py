@@ -105,7 +105,7 @@ class PromptRLTrainer(Trainer):
     @functools.cached_property
     def accuracy_from(self) -> str | None:
         """The reward whose verdicts are `reward/accuracy` (the first `math`/`code` one)."""
-        return first_verifier(self.s.reward_names)
+        return first_verifier(self.session.reward_names)
 
     def sample_prompts(self, n_prompts: int,
                        first: int = 0) -> tuple[Rollout, Any, dict[str, float]]:
@@ -121,17 +121,17 @@ class PromptRLTrainer(Trainer):
         seeds = [sequence_seed(cfg.seed, self._step, first + i, j)
                  for i in mine for j in range(G)]
         t0 = time.time()
-        engine = self.rollout_engine()  # hf under autocast_bf16: a synced bf16 copy
+        engine = self.sampler()  # hf under autocast_bf16: a synced bf16 copy
         prompts = [] if getattr(engine, "renders_rows", False) else [
-            self.s.render(r["prompt"]) for r in rows]  # episodes render their own
+            self.session.render(r["prompt"]) for r in rows]  # episodes render their own
         with self.gathered() if engine.runs_policy else contextlib.nullcontext():
             rollout = engine.generate(prompts, group_size=G, rows=rows, params=self.sampling,
                                       seeds=seeds, batch_size=cfg.generation_batch_size)
         rollout = on_device(rollout, self.device, cfg.rollout_engine)  # vLLM's: on the CPU
         t1 = time.time()
-        result = self.s.scorer.score(rollout.completions, rollout.rows)
+        result = self.session.scorer.score(rollout.completions, rollout.rows)
         rollout.scores = torch.tensor(result.scores, dtype=torch.float32)  # [n]
-        self.s.log_reward_errors(result.errors)
+        self.session.log_reward_errors(result.errors)
         self.notes.rewards(self._step, result.errors, len(result.scores))
         self.notes.truncation(self._step, float(rollout.truncated.float().mean()),
                               cfg.max_new_tokens)

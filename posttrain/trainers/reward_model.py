@@ -117,11 +117,11 @@ class RewardModelTrainer(Trainer):
         if not hasattr(self.model, "score"):  # Python API: a causal LM object
             self.model = build_scorer(self.model, "orm", self.tokenizer, num_labels=1)
             self.model.to(self.device)
-        rows = validate_rows(enumerate(self.s.train_rows, 1), self.data_kind, cfg.train_data)
+        rows = validate_rows(enumerate(self.session.train_rows, 1), self.data_kind, cfg.train_data)
         _check_margins(rows, cfg.train_data)
         self.train_set = self.tokenize(rows, cfg.train_data)
-        self.eval_rows = (validate_rows(enumerate(self.s.eval_rows, 1), self.data_kind,
-                                        self.eval_source) if self.s.eval_rows else [])
+        self.eval_rows = (validate_rows(enumerate(self.session.eval_rows, 1), self.data_kind,
+                                        self.eval_source) if self.session.eval_rows else [])
         self.eval_set = self.tokenize(self.eval_rows, cfg.eval_data) if self.eval_rows else None
         self.last_eval: dict[str, float] = {}
 

@@ -141,7 +141,7 @@ class SFTTrainer(Trainer):
 
     def setup(self) -> None:
         cfg, tok = self.cfg, self.tokenizer
-        self.examples, _ = tokenize_sft_rows(tok, self.s.train_rows, max_len=2**31,  # uncut
+        self.examples, _ = tokenize_sft_rows(tok, self.session.train_rows, max_len=2**31,  # uncut
                                              template=cfg.chat_template)
         too_long = [i for i, (ids, _) in enumerate(self.examples) if len(ids) > cfg.max_seq_len]
         if too_long:  # an error naming the first such row, never silently cut

@@ -16,7 +16,7 @@ import os
 import signal
 
 from posttrain.config import build_config
-from posttrain.engine import update as engine
+from posttrain.engine import update
 from posttrain.trainers import trainer_class
 
 
@@ -43,14 +43,14 @@ def main() -> None:
 
     trainer.step = run_step
     if args.kill_step:
-        step_groups = engine.step_groups
+        step_groups = update.step_groups
 
-        def killing(groups, dist):  # noqa: ANN001, ANN202 - engine.step_groups' signature
+        def killing(groups, dist):  # noqa: ANN001, ANN202 - update.step_groups' signature
             if current[0] == args.kill_step:
                 os.kill(os.getpid(), signal.SIGKILL)
             return step_groups(groups, dist)
 
-        engine.step_groups = killing
+        update.step_groups = killing
     if args.signal and args.signal[0] in ("eval_before", "eval_after"):
         evaluate, when_ = trainer.evaluate, args.signal[0].split("_")[1]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posttrain.engine import update as engine
+from posttrain.engine import update
 from tests.conformance.conftest import CASES, build, case_keys, command_of
 
 
@@ -19,15 +19,15 @@ def _first_step(world, tmp_path, case, micro: int, monkeypatch) -> tuple[list, d
     trainer = build(case, case_keys(world, case, tmp_path / str(micro), max_steps=1,
                                     save_every=0, micro_batch_size=micro))
     seen: list[list[torch.Tensor]] = []
-    step_groups = engine.step_groups
+    step_groups = update.step_groups
 
-    def recording(groups, dist):  # noqa: ANN001, ANN202 - engine.step_groups' signature
+    def recording(groups, dist):  # noqa: ANN001, ANN202 - update.step_groups' signature
         if not seen:
             seen.append([p.grad.clone() if p.grad is not None else torch.zeros_like(p)
                          for g in groups for p in g.params])
         return step_groups(groups, dist)
 
-    monkeypatch.setattr(engine, "step_groups", recording)
+    monkeypatch.setattr(update, "step_groups", recording)
     trainer.model.train()
     metrics = trainer.step(1)
     return seen[0], metrics

@@ -14,7 +14,7 @@ from posttrain.models.reward import PRM_META_KEY, build_scorer
 from posttrain.models.scorers import EMPTY_SCORE, aggregate_scores
 from posttrain.rewards.registry import RewardScorer, RewardSpec
 from posttrain.search import Candidate, prm_beam_search, prm_outcome
-from posttrain.search.run import check_verifiers
+from posttrain.search.command import check_verifiers
 from posttrain.search.verifiers import load_orm_scorer, load_prm_scorer
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer

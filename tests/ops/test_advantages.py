@@ -5,11 +5,11 @@ import torch
 
 from posttrain.ops import (
     gae,
-    gae_loop,
     group_advantages,
     process_advantages,
     rloo_advantages,
 )
+from tests.ops.oracles import gae_loop
 
 R3 = torch.tensor([[0.0, 0.0, 1.0]])
 V3 = torch.tensor([[0.5, 0.6, 0.7]])

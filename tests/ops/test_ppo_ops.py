@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posttrain.ops import explained_variance, gae_loop, ppo_advantages, token_rewards
+from posttrain.ops import explained_variance, ppo_advantages, token_rewards
 from posttrain.ops.masked import as_bool_mask
+from tests.ops.oracles import gae_loop
 
 
 def _halves() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

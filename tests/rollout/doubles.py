@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from posttrain.rollout.engine import ENGINES, RolloutEngine
+from posttrain.rollout.engine import ENGINES, Sampler
 from posttrain.rollout.record import Rollout
 
 
@@ -21,7 +21,7 @@ class Wrapped:
 
     name = "hf"
 
-    def __init__(self, inner: RolloutEngine, edit: Any) -> None:
+    def __init__(self, inner: Sampler, edit: Any) -> None:
         self.inner, self.edit = inner, edit
         self.runs_policy = inner.runs_policy
         self.calls: list[dict[str, Any]] = []
@@ -56,7 +56,7 @@ def shifted_hf(shift: float, built: list[Wrapped] | None = None, real: Any = Non
         r.logprobs = r.logprobs + shift * r.response_mask.float()
         return r
 
-    def factory(cfg: Any, tokenizer: Any, *, role: str = "eval", **kw: Any) -> RolloutEngine:
+    def factory(cfg: Any, tokenizer: Any, *, role: str = "eval", **kw: Any) -> Sampler:
         inner = real(cfg, tokenizer, role=role, **kw)
         if role != "train":
             return inner

@@ -36,7 +36,7 @@ class ScriptedHF(HFEngine):
 
     script_model: torch.nn.Module | None = None
 
-    def sampler(self) -> tuple[torch.nn.Module, bool]:
+    def sampling_model(self) -> tuple[torch.nn.Module, bool]:
         assert self.script_model is not None
         return self.script_model, False
 

@@ -18,7 +18,7 @@ from posttrain.rollout import SamplingParams, generate
 from posttrain.rollout.engine import (
     ENGINES,
     HFEngine,
-    RolloutEngine,
+    Sampler,
     build_engine,
     register_engine,
 )
@@ -56,7 +56,7 @@ def test_hf_engine_equals_generate(model_tok, case):
     elif case == "stop_ids":
         kw.update(stop_ids=tok.convert_tokens_to_ids(["a", "b"]), seeds=list(range(6)))
     engine = HFEngine(tok)
-    assert isinstance(engine, RolloutEngine)
+    assert isinstance(engine, Sampler)
     engine.update_weights(model, 0)
     if case == "generator":
         got = engine.generate(PROMPTS, generator=torch.Generator().manual_seed(3), **kw)
@@ -70,7 +70,7 @@ def test_hf_sampler_copy_follows_the_version(model_tok):
     model, tok = model_tok
     engine = HFEngine(tok, sampler_copy=True)
     engine.update_weights(model, 0)
-    sampler, autocast = engine.sampler()
+    sampler, autocast = engine.sampling_model()
     assert sampler is not model and autocast is False
     q = "model.layers.0.self_attn.q_proj.weight"
     copy_q = dict(sampler.named_parameters())[q]
@@ -88,7 +88,7 @@ def test_hf_sampler_copy_follows_the_version(model_tok):
             master.copy_(old)
     plain = HFEngine(tok, autocast=True)
     plain.update_weights(model, 0)
-    assert plain.sampler() == (model, True)
+    assert plain.sampling_model() == (model, True)
 
 
 def test_build_engine_roles_and_registry(model_tok, monkeypatch):
@@ -96,8 +96,8 @@ def test_build_engine_roles_and_registry(model_tok, monkeypatch):
     cfg = GRPOConfig(autocast_bf16=True)
     train = build_engine(cfg, tok, role="train", model=model)
     evaluation = build_engine(cfg, tok, role="eval", model=model)
-    assert train.sampler()[0] is not model  # the bf16 sampler copy
-    assert evaluation.sampler() == (model, True)  # the policy under autocast, as before
+    assert train.sampling_model()[0] is not model  # the bf16 sampler copy
+    assert evaluation.sampling_model() == (model, True)  # the policy under autocast, as before
     seen = []
     monkeypatch.setitem(ENGINES, "hf", ENGINES["hf"])
     previous = register_engine("hf", lambda c, t, **kw: seen.append(kw["role"]) or

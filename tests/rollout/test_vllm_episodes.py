@@ -204,7 +204,7 @@ def test_grpo_trains_tool_episodes_on_the_colocated_engine(world, vllm, tmp_path
                     rollout_is_cap=1e6, group_size=2, prompts_per_step=1, max_new_tokens=200,
                     eval_max_new_tokens=200, eval_size=1, max_steps=1, progress=False,
                     report_to=[], threads=1, out_dir=str(tmp_path / "run"), temperature=0.7)
-    engine = t.rollout_engine()
+    engine = t.sampler()
     engine.inner.llm.scripts = [ids(TOK, script)]
     rollout, metrics = t.rollout_step()
     assert engine.name == "vllm_colocate" and not engine.runs_policy

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from posttrain.engine import update as engine
+from posttrain.engine import update
 from posttrain.tasks.arithmetic import prompt_rows, sft_rows
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
@@ -136,7 +136,7 @@ def test_masked_truncated_rows_add_nothing_and_accumulation_is_exact(tok, tmp_pa
         trainer = _grpo(tok, tmp_path / f"{micro}{len(rows.rows)}", micro_batch_size=micro,
                         **kw)
         grads.append([])
-        monkeypatch.setattr(engine, "step_groups", lambda groups, dist, out=grads[-1]: out.extend(
+        monkeypatch.setattr(update, "step_groups", lambda groups, dist, out=grads[-1]: out.extend(
             p.grad.clone() for p in groups[0].params) or {})  # the gradient, before the step
         trainer.update(rows)
     assert sum(float(g.abs().sum()) for g in grads[0]) > 0
@@ -220,15 +220,14 @@ def test_gradient_checkpointing_gives_the_same_update(tok, tmp_path):
 
 
 def test_freed_memory_is_released_before_the_first_optimizer_step_only(monkeypatch):
-    """The engine's step trims the heap once, before AdamW allocates its moments."""
+    """The update trims the heap once, before AdamW allocates its moments."""
     from types import SimpleNamespace
 
     from posttrain.engine import optim
-    from posttrain.engine import update as engine
     from posttrain.engine.distributed import Dist
 
     calls = []
-    monkeypatch.setattr(engine, "release_freed_memory", lambda: calls.append(1))
+    monkeypatch.setattr(update, "release_freed_memory", lambda: calls.append(1))
     tok = build_char_tokenizer()
     model = tiny(tok)
     cfg = SimpleNamespace(lr=1e-3, adam_betas=[0.9, 0.99], weight_decay=0.0, warmup_steps=0,
@@ -236,8 +235,8 @@ def test_freed_memory_is_released_before_the_first_optimizer_step_only(monkeypat
     opt, sched = optim.build_optimizer(model, cfg, 3)
     for _ in range(3):
         model(input_ids=torch.tensor([[5, 6, 7]])).logits.square().mean().backward()
-        group = engine.OptimGroup("policy", list(model.parameters()), opt, sched, 1.0)
-        engine.step_groups([group], Dist())
+        group = update.OptimGroup("policy", list(model.parameters()), opt, sched, 1.0)
+        update.step_groups([group], Dist())
     assert calls == [1]
 
 

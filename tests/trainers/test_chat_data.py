@@ -101,7 +101,7 @@ def test_conversational_prompt_needs_a_template(toy_world, tmp_path):
     template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     trainer = GRPOTrainer(_grpo(toy_world, tmp_path / "c", train_data=data, model=base,
                                 chat_template=template))
-    assert trainer.s.render([U]) == "user: 1+2\n"
+    assert trainer.session.render([U]) == "user: 1+2\n"
     trainer.train()
     saved = load_model_and_tokenizer(str(tmp_path / "c" / "final"))[1]
     assert saved.chat_template == template  # the trained model keeps its template

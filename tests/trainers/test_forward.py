@@ -186,8 +186,8 @@ def test_the_run_decides_its_forward_once():
     from posttrain.trainers.sft import SFTTrainer
 
     grpo = GRPOConfig(temperature=0.7, autocast_bf16=True)
-    assert policy_forward(grpo) == PolicyForward(autocast=True, share_prefix=True,
-                                                 temperature=0.7)
+    assert policy_forward(grpo, temperature=0.7) == PolicyForward(
+        autocast=True, share_prefix=True, temperature=0.7)  # the trainer passes its own
     assert not policy_forward(GRPOConfig(autocast_bf16=True, bf16_compute=True)).autocast
     assert not policy_forward(grpo, fsdp=True).share_prefix
     assert not policy_forward(GRPOConfig(torch_compile=True)).share_prefix

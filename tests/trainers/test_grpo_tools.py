@@ -232,7 +232,7 @@ def test_ppo_on_vllm_colocate_corrects_model_tokens_only(tmp_path, vllm):  # noq
                    prompts_per_step=1, max_new_tokens=200, eval_max_new_tokens=200, eval_size=1,
                    max_steps=1, progress=False, report_to=[], threads=1, ppo_epochs=1,
                    mini_batches=1, out_dir=str(tmp_path / "run"), temperature=0.7)
-    t.rollout_engine().inner.llm.scripts = [ids(TOK, script)]
+    t.sampler().inner.llm.scripts = [ids(TOK, script)]
     rollout, scores, metrics = t.rollout_and_score()
     assert metrics["agent/tool_calls"] == 4.0 and scores.tolist() == [2.0, 2.0]
     batch = t.prepare(rollout, scores, metrics)

@@ -44,10 +44,10 @@ def test_gsm8k_recipe_runs_offline_with_stand_ins(stand_in, tmp_path):
         "eval_max_new_tokens": 8, "eval_size": 4, "autocast_bf16": False, "progress": False,
         "save_every": 0, "eval_every": 0})
     trainer = GRPOTrainer(cfg)
-    row = trainer.s.train_rows[0]
+    row = trainer.session.train_rows[0]
     # columns {prompt: question} and the "####" marker turn GSM8K rows into prompt/answer rows
     assert row["prompt"] == "what is 0 plus 0" and row["answer"] == "0"
-    rendered = trainer.s.render(row["prompt"])
+    rendered = trainer.session.render(row["prompt"])
     assert 0 <= rendered.index("Think step by step") < rendered.index("what is 0 plus 0")
     summary = trainer.train()
     assert summary["eval_before_detail"]["n"] == 4

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from posttrain.config import ConfigError, GRPOConfig, SFTConfig, build_config
-from posttrain.engine.evaluate import run_eval
+from posttrain.engine.eval_command import run_eval
 from posttrain.models.loading import save_checkpoint
 from posttrain.tasks.arithmetic import heldout_rows, sft_rows, write_jsonl
 from posttrain.tasks.tiny import build_tiny_llama

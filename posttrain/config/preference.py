@@ -1,18 +1,19 @@
-"""Preference configs: DPO (and SimPO) and KTO on offline rows, online DPO on prompts."""
+"""The preference family's configs: DPO (and SimPO) and KTO on offline rows, online DPO on
+prompts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from posttrain.config.base import BaseConfig, ConfigError, check_generation_budget, math_and_format
+from posttrain.config.base import (
+    BaseConfig,
+    ConfigError,
+    check_generation_budget,
+    check_table,
+    math_and_format,
+)
 from posttrain.config.rl import PromptRLConfig
-
-
-def _check(cfg: Any, checks: dict[str, tuple[bool, str]]) -> None:
-    for key, (ok, msg) in checks.items():
-        if not ok:
-            raise ConfigError(f"config key '{key}'={getattr(cfg, key)!r}: {msg}")
 
 
 @dataclass
@@ -36,7 +37,7 @@ class DPOLossConfig:
     log-probs from falling; 0 disables."""
 
     def check_loss(self) -> None:
-        _check(self, {
+        check_table(self, {
             "beta": (self.beta > 0, "expected > 0"),
             "label_smoothing": (0.0 <= self.label_smoothing < 0.5, "expected in [0, 0.5)"),
             "rpo_alpha": (self.rpo_alpha >= 0, "expected >= 0 (0 disables the NLL term)"),
@@ -47,10 +48,6 @@ class DPOLossConfig:
 class PairsConfig(BaseConfig):
     """Offline preference training on a fixed dataset (DPO, KTO)."""
 
-    train_data: str = ""
-    """Preference rows {"prompt", "chosen", "rejected"} (JSONL path or `datasets` name)."""
-    train_split: str = "train"
-    """Split name when `train_data` is a `datasets` name."""
     batch_size: int = 32
     """Preference pairs (KTO: rows) per optimizer step."""
     micro_batch_size: int = 16
@@ -72,12 +69,11 @@ class PairsConfig(BaseConfig):
     rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
     """Reward functions used to score held-out greedy samples (evaluation only)."""
     lr: float = 5e-6
-    """Peak learning rate (AdamW)."""
 
     def validate(self) -> None:
         super().validate()
         check_generation_budget(self, "max_new_tokens")
-        _check(self, {
+        check_table(self, {
             "batch_size": (self.batch_size >= 1, "expected >= 1"),
             "micro_batch_size": (self.micro_batch_size >= 2,
                                  "expected >= 2 (sequences; one pair is 2 sequences)"),
@@ -97,9 +93,6 @@ class DPOConfig(DPOLossConfig, PairsConfig):
 
 @dataclass
 class KTOConfig(PairsConfig):
-    train_data: str = ""
-    """Unpaired rows {"prompt", "completion", "label": true | false} (TRL's shape; strings or
-    chat messages), JSONL path or `datasets` name."""
     loss_type: Literal["kto", "apo_zero_unpaired"] = "kto"
     """kto: KTO paper eq. 7 with the reference point from mismatched pairs; apo_zero_unpaired:
     APO-zero without a reference point (as TRL's KTO trainer)."""
@@ -112,7 +105,7 @@ class KTOConfig(PairsConfig):
 
     def validate(self) -> None:
         super().validate()
-        _check(self, {
+        check_table(self, {
             "beta": (self.beta > 0, "expected > 0"),
             "desirable_weight": (self.desirable_weight >= 0, "expected >= 0"),
             "undesirable_weight": (self.undesirable_weight >= 0, "expected >= 0"),
@@ -128,17 +121,13 @@ class OnlineDPOConfig(DPOLossConfig, PromptRLConfig):
     pair (TRL samples 2)."""
     prompts_per_step: int = 8
     """B: prompts per step; at most B pairs train per step (a group of ties gives none)."""
-    micro_batch_size: int = 16
-    """Sequences per forward/backward (a pair is two)."""
-    eval_max_new_tokens: int = 64
-    """Generation budget for held-out greedy evaluation."""
-    lr: float = 5e-7
-    """Peak learning rate (AdamW; TRL's online DPO default)."""
+    micro_batch_size: int = 16  # a pair is two sequences
+    lr: float = 5e-7  # TRL's online DPO default
 
     def validate(self) -> None:
         super().validate()
         self.check_loss()
-        _check(self, {
+        check_table(self, {
             "group_size": (self.group_size >= 2, "expected >= 2 (a pair per prompt)"),
             "prompts_per_step": (self.prompts_per_step >= 1, "expected >= 1"),
             "micro_batch_size": (self.micro_batch_size >= 2,

@@ -126,7 +126,7 @@ def _beam(cfg: SearchConfig, rows: list[dict[str, Any]], policy: Any, tok: Any, 
           gen: torch.Generator, device: Any) -> dict[str, Any]:
     from posttrain.rewards.math import extract_answer
     from posttrain.search import PolicyProposer, prm_beam_search
-    from posttrain.search.evaluate import is_correct
+    from posttrain.search.measure import is_correct
 
     propose = PolicyProposer(policy, tok, separator=cfg.step_separator,
                              max_step_tokens=cfg.max_new_tokens, temperature=cfg.temperature,

@@ -5,14 +5,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from posttrain.config import ConfigError, GRPOConfig
+from posttrain.config import BaseConfig, ConfigError
 from posttrain.core.io import write_summary
 from posttrain.core.runtime import setup_threads
 from posttrain.engine.preflight import preflight
 from posttrain.engine.session import load_session
 
 
-def run_eval(cfg: GRPOConfig) -> dict[str, Any]:
+def run_eval(cfg: BaseConfig) -> dict[str, Any]:
     """Greedy held-out evaluation of `model` with the configured rewards; writes summary.json."""
     start = time.time()
     setup_threads(cfg.threads)

@@ -23,7 +23,7 @@ import torch
 
 from posttrain.rewards.errors import UnscorableError
 from posttrain.rewards.math import math_equal
-from posttrain.rollout.engine import RolloutEngine
+from posttrain.rollout.engine import Sampler
 from posttrain.search.scorers import OutcomeScorer
 from posttrain.search.select import answers_of, best_of_n, majority_vote, weighted_vote
 
@@ -63,7 +63,7 @@ def sample_solutions(model: torch.nn.Module | None, tokenizer: Any,
                      temperature: float = 1.0, top_p: float = 1.0, batch_size: int = 512,
                      generator: torch.Generator | None = None, autocast: bool = False,
                      prompt_field: str = "prompt", answer_field: str = "answer",
-                     template: str = "auto", engine: RolloutEngine | None = None) -> Samples:
+                     template: str = "auto", engine: Sampler | None = None) -> Samples:
     """Sample ``n`` completions per row (``{prompt, answer}``) with the policy; prompts are
     rendered under `template` (the `chat_template` rule, posttrain.data.prompts). `engine`
     samples them (`posttrain.rollout.engine`); None: the `hf` engine on `model`."""
