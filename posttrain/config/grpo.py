@@ -80,8 +80,8 @@ class GRPOConfig(PromptRLConfig):
             "micro_batch_size": (self.micro_batch_size >= 1, "expected >= 1"),
             "process_reward_model": (process == bool(self.process_reward_model), "required "
                                      "with advantage=grpo_process (a directory saved by "
-                                     "`posttrain prm`) and used by it alone (to train on an "
-                                     "aggregated PRM score, list {name: process_reward_model, "
-                                     "path: ...} in rewards)"),
+                                     "`posttrain prm`) and only used by advantage=grpo_process "
+                                     "(to train on an aggregated PRM score, list {name: "
+                                     "process_reward_model, path: ...} in rewards)"),
             "process_weight": (math.isfinite(self.process_weight) and self.process_weight >= 0,
                                "expected a finite number >= 0")})
