@@ -1,25 +1,16 @@
 """Row schemas for every dataset kind, checked field by field.
 
-Kinds (``design.md``, "Data formats"):
+Kinds (field by field in docs/trainers.md, "Module notes", posttrain.data.schemas): ``prompts``
+(``prompt``, ``answer``?, ``tests``?), ``sft`` (``prompt`` + ``completion``, or ``messages``),
+``preferences`` (``prompt``, ``chosen``, ``rejected``; with message lists the prompt may be the
+shared leading messages, :mod:`posttrain.data.conversations`), ``steps`` (``prompt``, ``steps``,
+``labels`` in 1 / 0 / -1), ``code`` (``prompt``, ``tests``, ``test_imports``?), ``outcomes``
+(``prompt``, ``completion``, ``label`` 1 | 0) and ``unpaired`` (KTO: ``label`` true | false).
 
-* ``prompts``: ``{"prompt": str | list[chat message], "answer"?: str, "tests"?: (as for code),
-  ...extra}`` (RL prompts of a code task carry their ``tests``; they are checked here too)
-* ``sft``: ``{"prompt", "completion": str | list[chat message]}`` or ``{"messages": [...]}``
-* ``preferences``: ``{"prompt", "chosen": str | list[chat message], "rejected": (same)}``; with
-  message lists the prompt may instead be the leading messages both sides share
-  (:mod:`posttrain.data.conversations`)
-* ``steps``: ``{"prompt", "steps": [str, ...], "labels": [1 | 0 | -1, ...]}`` (same length)
-* ``code``: ``{"prompt", "tests": str | [str | {"input": str, "output": str}, ...],
-  "test_imports"?: [str, ...]}`` (MBPP's import lines, put before every assert test)
-* ``outcomes``: ``{"prompt", "completion": str, "label": 1 | 0 | true | false}`` (outcome reward
-  model rows: is the completion correct)
-* ``unpaired``: ``{"prompt", "completion": str | list[chat message], "label": true | false}``
-  (KTO's unpaired preferences, TRL's shape: is the completion desirable)
-
-A chat message is ``{"role": str, "content": str}``. Integer or float answers are accepted and
-turned into strings (JSON writers often emit ``"answer": 42``). Extra fields pass through
-untouched. A check returns ``None`` when the value is fine, else a short description of what was
-expected and what was found; :mod:`posttrain.data.loading` adds the file, line and field.
+A chat message is ``{"role": str, "content": str}``. Integer or float answers become strings;
+extra fields pass through untouched. A check returns ``None`` when the value is fine, else a
+short description of what was expected and what was found; :mod:`posttrain.data.loading` adds
+the file, line and field.
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
 """The step format: how a completion is cut into reasoning steps, for PRMs everywhere.
 
-One rule set, used when a PRM is trained on step rows written by the demo world, when it scores
-a completion as a reward (``posttrain.rewards.learned``), in process supervision
-(``posttrain.trainers.process_steps``) and in test-time search (``posttrain.search``). A saved
-PRM stores its rule in config.json (``posttrain_prm.split``), and that rule is the one used.
+One rule set for PRM training, the learned reward, process supervision and search; a saved PRM
+stores its rule in config.json (``posttrain_prm.split``), and that rule is the one used.
 
-* ``"think"`` (default): the arithmetic task's format ``<think>s1; s2; s3</think><answer>a
-  </answer>``. Each ``;``-separated part of the reasoning is a step, then the ``<answer>`` block
-  after it is one final step, so a PRM also judges the answer. A partial solution whose
-  ``<think>`` is not closed yet (``"<think>1+2=3; "``, PRM beam search) has the steps written so
-  far. A completion without a step in either block is ONE step, its whole text: the PRM
-  judges it like any other step (the demo's step labels mark such a step wrong, so a PRM
-  learns to score it low).
+* ``"think"`` (default): ``<think>s1; s2; s3</think><answer>a</answer>``: each ``;``-separated
+  part of the reasoning is a step, the ``<answer>`` block one final step; an unclosed ``<think>``
+  has the steps written so far; a completion without a step in either block is ONE step.
 * any other string: a literal delimiter (``"\\n"``: one step per line, GSM8K / PRM800K style).
 
 Steps are stripped and blank ones skipped, so only a blank completion has no step; such a
 completion scores ``posttrain.models.scorers.EMPTY_SCORE`` (0.0) everywhere.
+More: docs/process_supervision.md, "Module notes", posttrain.data.steps.
 """
 
 from __future__ import annotations

@@ -1,21 +1,17 @@
 """Resumable training checkpoints: atomic, complete, the newest `keep_checkpoints` kept.
 
-Layout: ``out_dir/checkpoints/step-00000012/`` holds
+Layout: ``out_dir/checkpoints/step-00000012/`` holds ``model/`` (the trainer's `save` hook,
+`from_pretrained`-loadable; a resume reads the policy's weights from it), ``sharded/`` (FSDP2
+only: the policy's weights and AdamW state as each rank's shards, read instead) and
+``trainer_state.pt`` (everything else an exact resume needs: optimizer states and schedules,
+other trained modules, LoRA adapters, step, data position, RNG states, `Trainer.state_dict`,
+the byte length of ``metrics.jsonl``, the history for summary.json).
 
-- ``model/``: the model as the trainer's `save` hook writes it (`from_pretrained`-loadable);
-  a resume reads the policy's weights back from it (they are written once);
-- ``sharded/`` (FSDP2 only): the policy's weights and AdamW state as each rank's shards
-  (``torch.distributed.checkpoint``); a resume reads them from here instead;
-- ``trainer_state.pt``: everything else an exact resume needs: every optimizer group's state
-  and LR schedule, the weights of other trained modules (PPO's critic) and, with LoRA, the
-  trainable adapter weights, step, data position (the epoch order and the CPU generator),
-  python / torch / CUDA / numpy RNG states, the trainer's own state (`Trainer.state_dict`),
-  the byte length of ``metrics.jsonl`` when it was written, and the history for summary.json.
-
-A checkpoint is written to ``checkpoints/.tmp-step-N`` and renamed into place only when
-complete, so a crash (even ``kill -9``) mid-write never damages the last good one; leftover
-``.tmp-*`` directories are ignored and cleared by the next write. ``trainer_state.pt`` holds
-tensors and plain Python values only and is read with ``torch.load(weights_only=True)``.
+Written to ``checkpoints/.tmp-step-N`` and renamed into place only when complete, so a crash
+(even ``kill -9``) never damages the last good one; leftover ``.tmp-*`` directories are ignored
+and cleared by the next write. ``trainer_state.pt`` holds tensors and plain Python values only
+and is read with ``torch.load(weights_only=True)``.
+More: docs/distributed.md, "Module notes", posttrain.engine.checkpoint.
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
 """PyTorch distributed for every trainer: process group, sharding helpers, reductions, FSDP2.
 
-Started by ``torchrun`` (it sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``...);
-without it everything here is a no-op and a trainer runs as one process. Backend: NCCL when
-the run uses CUDA: one process group ``cpu:gloo,cuda:nccl`` (CPU tensors take gloo, CUDA tensors
-NCCL), each rank on the GPU of its ``LOCAL_RANK``; gloo alone on the CPU.
+Started by ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``...); without it everything here
+is a no-op. Backend: one group ``cpu:gloo,cuda:nccl`` when the run uses CUDA, each rank on the
+GPU of its ``LOCAL_RANK``; gloo alone on the CPU.
 
-Data parallelism (the default) replicates the model on every rank and sums gradients across
-ranks with one all-reduce of the flattened gradients at each optimizer step (the gradient
-``DistributedDataParallel`` computes with ``no_sync`` over the micro-batches and a synchronised
-last one). It is done at the optimizer step instead of inside ``backward`` because RL steps
-interleave generation with training and ranks may run different numbers of micro-batches;
-DDP's per-backward hooks would deadlock there. Losses are divided by GLOBAL token / sequence
-counts (:meth:`Dist.sum`), so the summed gradient is exactly the full-batch gradient.
-
-``fsdp: true`` shards parameters, gradients and optimizer state with FSDP2
-(:func:`torch.distributed.fsdp.fully_shard`, one group per decoder layer plus the root); its
-reduce-scatter sums (divide factor 1) for the same reason. Generation under FSDP2 gathers the
-weights once for the whole decode loop (ranks may decode different numbers of tokens).
-Start-up from rank 0's weights, bf16 mixed precision and sharded checkpoints:
-`posttrain.engine.fsdp`.
+Data parallelism (default): the model replicated, gradients summed across ranks by one all-reduce
+of the flattened gradients at each optimizer step, not in ``backward`` (RL steps interleave
+generation and ranks may run different numbers of micro-batches: DDP's hooks would deadlock).
+Losses are divided by GLOBAL token / sequence counts (:meth:`Dist.sum`), so the summed gradient
+is exactly the full-batch gradient. ``fsdp: true``: FSDP2 (``fully_shard``, one group per decoder
+layer plus the root), reduce-scatter summing; generation gathers the weights once per decode
+loop. Start-up, bf16 and sharded checkpoints: `posttrain.engine.fsdp`.
+More: docs/distributed.md, "Module notes", posttrain.engine.distributed.
 """
 
 from __future__ import annotations

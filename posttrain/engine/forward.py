@@ -1,16 +1,12 @@
 """Forward passes that turn (prompt, completion) token batches into per-token log-probs.
 
 Shared by every trainer. Logits come from the model's own forward inside
-`posttrain.models.logits.logits_context`, exactly as in the sampler, so family-specific logit
-transforms (Gemma-2 softcapping, Granite/Cohere logit scaling) apply to both. Three things make it
-cheap: columns that are padding in every row of the micro-batch are cut before the forward pass,
-``logits_to_keep`` runs the LM head only on the positions that predict completion tokens, and for
-families whose logits are a plain linear head of the last hidden state (`FUSED_HEAD_FAMILIES`:
-Llama, Qwen2/3, Mistral, ...) the head and the log-softmax are fused and chunked
-(`posttrain.ops.fused_head`): the model's forward runs with its head replaced by the identity and
-no ``[n, T, V]`` logits tensor exists in the forward or the backward pass.
-Under bf16 autocast the transformer body runs in bf16 while the LM head and the log-softmax stay
-in the head's weight dtype (fp32), so log-probs (and hence ratios and KL) stay accurate.
+`posttrain.models.logits.logits_context`, as in the sampler, so family-specific logit transforms
+apply to both. Cheap by three cuts: all-padding columns are dropped, ``logits_to_keep`` runs the
+head only where completion tokens are predicted, and for `FUSED_HEAD_FAMILIES` the head and
+log-softmax are fused and chunked (`posttrain.ops.fused_head`: no ``[n, T, V]`` logits). Under
+bf16 autocast the LM head and the log-softmax stay in the head's weight dtype (fp32).
+More: docs/performance.md, "Module notes", posttrain.engine.forward.
 
 Notation: n sequences in a micro-batch, P prompt tokens (left padded), T completion tokens (right
 padded), V vocabulary, H hidden size.

@@ -1,23 +1,16 @@
 """FSDP2 start-up, mixed precision and sharded checkpoints (used by `Dist` and the base trainer).
 
-Start-up: rank 0 loads the weights on the CPU, the other ranks build the same model on the
-``meta`` device (no memory); `shard` applies ``fully_shard`` (one group per decoder layer plus
-the root), allocates each rank's shards on its device and fills them from rank 0's full state
-dict with ``set_model_state_dict(..., broadcast_from_rank0=True)``; buffers (rotary tables)
-are broadcast from rank 0. So no rank holds the full model on its device, and only rank 0
-holds it in host memory.
-
-Mixed precision (`bf16_compute` under FSDP2, CUDA only): the decoder layers all-gather their
-parameters in bf16 and reduce-scatter gradients in fp32 (``MixedPrecisionPolicy``); the root
-group (embeddings, final norm, LM head) keeps fp32, so the head and the log-probs are fp32;
-the sharded fp32 parameters are the master weights that AdamW updates.
-
-Checkpoints: the policy's weights and AdamW state go to ``sharded/`` with
-``torch.distributed.checkpoint`` (each rank writes its own shards, a resume reads each rank's
-share back exactly); ``model/`` and ``final/`` are written by rank 0 from
-``get_model_state_dict(full_state_dict=True, cpu_offload=True)`` (the weights only, 4 bytes a
-parameter in rank 0's host memory; the optimizer is never gathered). Waits for the writers run
-on a gloo group with `CHECKPOINT_TIMEOUT`.
+Start-up: rank 0 loads the weights on the CPU, the other ranks build the model on ``meta``;
+`shard` applies ``fully_shard`` (one group per decoder layer plus the root), allocates each rank's
+shards and fills them from rank 0 (``set_model_state_dict(..., broadcast_from_rank0=True)``;
+buffers broadcast). Mixed precision (`bf16_compute`, CUDA): layers all-gather in bf16 and
+reduce-scatter in fp32; the root group (embeddings, final norm, LM head) keeps fp32; the sharded
+fp32 parameters are AdamW's master weights. Checkpoints: weights and AdamW state to ``sharded/``
+(``torch.distributed.checkpoint``, each rank its shards); ``model/`` and ``final/`` by rank 0
+from ``get_model_state_dict(full_state_dict=True, cpu_offload=True)`` (weights only; the
+optimizer is never gathered). Waits for the writers run on a gloo group with
+`CHECKPOINT_TIMEOUT`.
+More: docs/distributed.md, "Module notes", posttrain.engine.fsdp.
 """
 
 from __future__ import annotations

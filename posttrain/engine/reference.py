@@ -1,18 +1,14 @@
 """The frozen reference policy, and its precomputed log-prob tables with their cache.
 
 :class:`ReferencePolicy` is where every trainer gets pi_ref from: a frozen copy of the policy
-(full fine-tune), the policy with its LoRA adapters off (no second copy), a bf16 copy under
-`bf16_compute`, or, for a table computed before the first update, the policy itself.
-:meth:`ReferencePolicy.table` computes such a table (DPO's per-pair log-probs) once and caches it
-at ``<ref_cache_dir>/<key>.safetensors``; ``ref_cache_dir`` defaults to ``out_dir/refcache``, so the
-data folder may be read-only and a resumed run finds its table. Point ``ref_cache_dir`` at a
-shared folder to reuse tables across runs.
-
-The key hashes the reference model, the tokenized pairs (so any change of data, tokenizer or chat
-template invalidates it), dtype and precision flags. The model part is a fingerprint of the
-actual weights when the model object is given (an in-memory model, or one fine-tuned in memory
-that still carries its base's ``name_or_path``, gets its own key), else of ``cfg.model`` (path,
-config.json, weight files' names/sizes/mtimes; a Hub name: the name itself).
+(full fine-tune), the policy with its LoRA adapters off, a bf16 copy under `bf16_compute`, or,
+for a table computed before the first update, the policy itself. :meth:`ReferencePolicy.table`
+computes such a table (DPO's per-pair log-probs) once and caches it at
+``<ref_cache_dir>/<key>.safetensors`` (default ``out_dir/refcache``; a shared folder reuses
+tables across runs). The key hashes the reference model (its weights' fingerprint when the
+model object is given, else ``cfg.model``'s path, config and weight files), the tokenized pairs,
+dtype and precision flags.
+More: docs/dpo.md, "Module notes", posttrain.engine.reference.
 """
 
 from __future__ import annotations

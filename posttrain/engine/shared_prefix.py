@@ -1,25 +1,17 @@
 """One forward pass over each distinct prompt of a micro-batch, shared by all its completions.
 
-GRPO samples G completions of every prompt and DPO scores a chosen and a rejected completion of
-every prompt, so a micro-batch holds each prompt several times. The plain forward pass runs the
-transformer over every (prompt, completion) row in full, computing the prompt's hidden states
-and keys/values once per row although they are the same in every row of a group (a causal model
-never lets a prompt position see the completion). Here the prompt runs once per distinct prompt
-with a KV cache, the cache is expanded to the rows that share it (an index, differentiable: the
-gradient from all G completions flows back into the one prefix pass), and the completions run
-on top of it. The same function of the same weights; only float summation order may differ.
-Compute saved: (n - u) x P token-passes of the body for u distinct prompts among n rows.
-(The idea is also known as shared-prefix or "prefix grouper" training.)
-
-The completions then run in a few groups of similar length (`length_buckets`), each padded only
-to its own longest completion instead of the micro-batch's: on the benchmark's GRPO work
-(completions of 1-32 tokens, mean 26) that drops ~10% of the completion positions.
+GRPO's G completions and DPO's chosen / rejected repeat each prompt in a micro-batch. Here the
+prompt runs once per distinct prompt with a KV cache, the cache is expanded to the rows that
+share it (an index, differentiable: the gradient of all rows flows into the one prefix pass), and
+the completions run on top of it: the same function, only float summation order may differ;
+(n - u) x P body token-passes saved. The completions run in a few groups of similar length
+(`length_buckets`), each padded to its own longest completion.
 
 Used by `posttrain.engine.forward.completion_logprobs` when asked to (``share_prefix``) and the
 model qualifies (`shared_prefix_supported`); otherwise the plain forward runs.
-
 Notation: n rows, u distinct prompts, P prompt tokens (left padded), T completion tokens (right
 padded), X the width of the model's output (V logits, or H when the head is the identity).
+More: docs/performance.md, "Module notes", posttrain.engine.shared_prefix.
 """
 
 from __future__ import annotations

@@ -2,17 +2,15 @@
 
 - `metrics.jsonl`: one JSON object per logged step (`"step"`, `"time"`, metric names); the file
   that scripts and acceptance checks read.
-- `tensorboard`: event files under `out_dir/tb`.
-- `trackio`: local-first (a SQLite file under `~/.cache/huggingface/trackio`, no account or
-  network needed), the wandb-like API that TRL users know; `pip install trackio`.
-- `wandb`: Weights & Biases; `pip install wandb` (offline with `WANDB_MODE=offline`).
+- `tensorboard`: event files under `out_dir/tb`; `trackio`: local-first (SQLite under
+  `~/.cache/huggingface/trackio`, no account), TRL users' wandb-like API; `wandb`: Weights &
+  Biases (offline with `WANDB_MODE=offline`). A tracker not installed is a clear error before
+  any model loads (`load_session`).
 
-A tracker that is not installed is a clear error before any model loads (`load_session`).
-
-Console: on a terminal the trainer shows a rich progress bar; when stderr is not a terminal
-(a pipe, nohup, Slurm, Jupyter) the bar is off, so `MetricsLogger` prints one line of key
-metrics (`CONSOLE_KEYS`, those present) to stderr at every logged step instead, as TRL does;
+Console: on a terminal a rich progress bar; otherwise (pipe, nohup, Slurm, Jupyter)
+`MetricsLogger` prints one line of `CONSOLE_KEYS` to stderr at every logged step, as TRL does;
 `progress: false` silences both.
+More: docs/trainers.md, "Module notes", posttrain.engine.tracking.
 """
 
 from __future__ import annotations

@@ -1,35 +1,17 @@
 """The one training loop every trainer runs on.
 
-A trainer is a subclass of :class:`Trainer` that supplies its step; the base owns everything
-around it, once for all trainers:
-
+A trainer subclasses :class:`Trainer` and supplies its step; the base owns the rest:
 1. set-up: threads, seeds, validation of config, rewards and data BEFORE any model loads
-   (`validate`, `load_session`), then the model (`load_model`), LoRA, the trainer's own models
-   (`setup`), the optimizer and schedule (`build_optimizer`, one place), the metrics logger
-   (`metrics.jsonl` + `report_to` trackers);
+   (`validate`, `load_session`), the model, LoRA, `setup`, `build_optimizer`, the metrics logger;
 2. held-out evaluation before training, every `eval_every` steps, and after;
-3. the step loop: `step(step)` returns metrics; the base adds `perf/step_seconds` and peak
-   memory, logs every `log_every` steps, checkpoints every `save_every` steps, drives the
-   progress bar;
-4. the final checkpoint (`save`) and `summary.json` (`eval_before`, `eval_after`, `seconds`,
-   `peak_rss_mb`, `history`, + `summary_fields()`).
+3. the step loop: `step(step)` returns metrics; the base adds time and peak memory, logs,
+   checkpoints every `save_every` steps, drives the progress bar;
+4. the final checkpoint (`save`) and `summary.json`.
 
-Hooks a subclass overrides: `step` (required), `validate`, `load_model`, `setup`,
-`optimizer_steps`, `optimizer_groups`, `state_modules`, `evaluate`, `summary_fields`, `save`,
-`state_dict` / `load_state_dict` (its own state for exact resume). Helpers: `next_rows`,
-`optimize` (the one update), `reference`, `learner`, `sampler`, `gathered`, `self.dist`.
-
-Resume and stop (docs/distributed.md): `save_every` writes `checkpoints/step-N/` atomically
-(posttrain.engine.checkpoint); `resume_from: latest | PATH` restores everything and continues
-at step N + 1 with metrics.jsonl cut back to that step; SIGTERM / SIGINT finish the current
-step, write a checkpoint and return. Under torchrun (posttrain.engine.distributed) every rank
-runs this loop; only rank 0 writes files.
-
-Python API: every trainer can be built from objects instead of paths, e.g.
-``GRPOTrainer(model=model, tokenizer=tok, train_data=rows, rewards=[my_fn], lr=1e-5)``, where
-`model` is a path or a `PreTrainedModel`, `train_data` / `eval_data` a path, a list of dicts or a
-`datasets.Dataset`, `rewards` names, `{name, weight}` dicts or callables, and any other keyword
-is a config key. The CLI is a thin layer over this.
+Hooks: `step` (required), `validate`, `load_model`, `setup`, `optimizer_steps`,
+`optimizer_groups`, `state_modules`, `evaluate`, `summary_fields`, `save`, `state_dict` /
+`load_state_dict`. Helpers, resume and stop, torchrun and the Python API (``GRPOTrainer(...)``):
+More: docs/trainers.md, "Module notes", posttrain.engine.trainer.
 """
 
 from __future__ import annotations

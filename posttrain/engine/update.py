@@ -1,32 +1,17 @@
 """The one update every trainer's step runs on: sharding, normalisers, micro-batches, steps.
 
-A trainer describes one optimizer step's work as a list of items (rollout rows, pairs,
-examples) and supplies two small functions; :func:`run_update` does the rest, identically for
-every trainer:
-
-1. **shard**: each rank takes its items (strided by global position, the same rule as
-   `Dist.shard`), or keeps the rollout rows it generated itself;
-2. **shuffle and split**: ``epochs`` passes over a permutation of the step's GLOBAL item ids
-   (a generator seeded per step), cut into ``mini_batches`` optimizer steps, so mini-batch
-   composition does not depend on the number of ranks;
-3. **normalisers**: ``counts(local items)`` (e.g. tokens and sequences that count) summed over
-   every rank and micro-batch of the optimizer step: each micro-batch's loss is divided by
-   them, so the accumulated gradient equals one pass over the whole step on one process;
-4. **micro-batches**: ``loss_fn(items, totals)`` (``items``: indices into this rank's
-   items, the order of ``Plan.global_ids``) returns a loss (already divided by
-   ``totals``), its metrics and a weight; ``backward()``; under FSDP2 a rank with fewer
-   micro-batches runs zero-gradient idle passes so every rank issues the same collectives;
-5. **merge metrics** by one rule (below) and reduce them over ranks;
-6. **step**: gradients summed over ranks (data parallel), clipped and stepped per optimizer
-   group (the policy; PPO's critic too), the schedules advanced, gradients zeroed.
-
-Metric rule: keys under ``loss/`` are each micro-batch's share of the step's loss and are
-SUMMED over micro-batches and ranks; keys ending in ``_max`` / ``_min`` are the MAX / MIN over
-micro-batches, ranks and optimizer steps; every other key is a mean weighted by the
-micro-batch's ``weight`` (its token or row count) over micro-batches and ranks; over the
-optimizer steps of one call, the mean. Grad norms and the learning rate each step used are
-reported per group as ``<group>/grad_norm`` and ``<group>/lr`` (the policy group's as
-``train/grad_norm`` and ``train/lr``).
+A trainer lists one optimizer step's items and supplies two functions; :func:`run_update`:
+1. **shard**: each rank takes its items (strided, as `Dist.shard`) or keeps its rollout rows;
+2. **shuffle and split**: ``epochs`` passes over a permutation of GLOBAL item ids (seeded per
+   step) cut into ``mini_batches`` optimizer steps, independent of the number of ranks;
+3. **normalisers**: ``counts(local items)`` summed over ranks and micro-batches; each loss is
+   divided by them, so the accumulated gradient equals one pass on one process;
+4. **micro-batches**: ``loss_fn(items, totals)`` -> loss, metrics, weight; ``backward()``; under
+   FSDP2 ranks with fewer micro-batches run zero-gradient idle passes;
+5. **merge metrics**: ``loss/*`` summed, ``*_max`` / ``*_min`` max / min, the rest weighted means;
+6. **step**: gradients summed over ranks, clipped and stepped per optimizer group, schedules
+   advanced, gradients zeroed; ``<group>/grad_norm`` and ``<group>/lr`` reported.
+More: docs/trainers.md, "Module notes", posttrain.engine.update.
 """
 
 from __future__ import annotations

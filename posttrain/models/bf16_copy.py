@@ -1,43 +1,17 @@
 """bf16 copies of a model: the sampler's (under `autocast_bf16` / `bf16_compute`) and, for
 `bf16_compute: true`, the learner's and the reference's.
 
-Every copy holds the transformer body in bf16 around the source's own fp32 LM head parameters
-(the hidden state is cast to fp32 before it), so sampling probabilities, rollout log-probs and
-the log-probs the loss differentiates all come from the fp32 head. Only parameters are cast
-(buffers such as rotary ``inv_freq`` keep their dtype). `sync()` copies the source's current
-weights in; the trainer calls it before every generation (the sampler) and after every
-optimizer step (the learner), so a copy never lags the master.
-
-**The sampler** (`BF16Sampler`): under autocast the decode loop keeps the residual stream and
-the KV cache in fp32 and re-casts them at every token (``aten::copy_`` was a quarter of a
-decode step on the CPU, 19M Llama); the copy runs without autocast, so activations and the
-cache stay bf16. On a CPU with oneDNN bf16 support its body's linear layers run on weights
-pre-packed into oneDNN's blocked layout (`torch.ops.mkldnn._linear_pointwise`, re-packed at
-every `sync`): an ``nn.Linear`` call re-packs its weight every time, half the cost of the
-matrix multiply at decode's few rows (19M Llama, 64 rows: 80 -> about 40 us per 512 x 512
-layer). The outputs are bit-identical to ``nn.Linear`` (checked once per process, else unused).
-On a CPU without AMX (e.g. an AVX-512 BF16 EPYC) its KV cache is kept in fp32
-(``kv_cache_dtype``, read by `posttrain.rollout.kv_cache.decode_cache`) and its attention runs
-PyTorch's fp32 kernel on it (`DECODE_ATTENTION`: queries cast up, outputs cast back to bf16):
-there the CPU flash kernel in bf16 cost 2-4x the fp32 one at decode's single query position
-(64 rows, 8 heads, 20-150 cached positions). On an AMX Xeon the bf16 kernel was the fast one
-of those tried (round 4 of benchmarks/performance_history.md; fp32 not measured there), so it
-stays (`fp32_decode_attention_pays`).
-
-**The learner and the reference** (`BF16Copy`; mixed precision with a bf16 model copy,
-Micikevicius et al. 2018, arXiv:1710.03740, bf16 so no loss scaling). With `trainable`, every
-body parameter's bf16 gradient is added into the master's fp32 ``.grad`` as soon as autograd
-has accumulated it (a post-accumulate-grad hook) and freed, so accumulation over micro-batches
-is fp32 and the optimizer, clipping and gradient sync only see the master; the head's gradient
-lands on the master directly. The frozen reference is built the same way, so before the first
-update its log-probs equal the learner's bit for bit (KL exactly 0). On the CPU both use
-transformers' eager attention (PyTorch's CPU flash-attention backward is slow in bf16, and the
-reference must take the learner's path). With ``compile_body`` (`torch_compile: true`) each
-decoder layer is compiled (`compile_layers`: one traced graph shared by every layer, so
-compilation does not grow with depth); no-grad passes (the reference, old log-probs) run the
-compiled layers without grad, holding no activations for a backward.
-
-Not supported: PEFT/LoRA models and FSDP2-sharded parameters (`bf16_copy_supported`).
+Every copy holds the transformer body in bf16 around the source's own fp32 LM head (the hidden
+state is cast to fp32 before it); only parameters are cast. `sync()` copies the source's weights
+in: before every generation (sampler) and after every optimizer step (learner).
+- `BF16Sampler`: runs without autocast (activations and KV cache stay bf16); on a oneDNN bf16
+  CPU its linear layers use pre-packed weights (bit-identical, checked once per process); on a
+  CPU without AMX its KV cache is fp32 with fp32 decode attention (`fp32_decode_attention_pays`).
+- `BF16Copy` (learner / reference; Micikevicius et al. 2018, no loss scaling): bf16 gradients
+  go into the master's fp32 ``.grad`` by a post-accumulate-grad hook; the reference is built the
+  same way (KL exactly 0 before the first update); eager attention on the CPU; ``compile_body``
+  compiles each decoder layer (`compile_layers`). Not supported: PEFT/LoRA, FSDP2 parameters.
+More: docs/performance.md, "Module notes", posttrain.models.bf16_copy.
 """
 
 from __future__ import annotations

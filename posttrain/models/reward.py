@@ -1,23 +1,16 @@
 """Reward models: build, check, load and run outcome (ORM) and process (PRM) scorers.
 
 Both are stock ``transformers`` heads on any causal LM, so ``from_pretrained`` loads what the
-trainers save and the scorer needs no code of ours to be used elsewhere:
-
-* ORM: ``AutoModelForSequenceClassification`` with ``num_labels=1``: the decoder plus a linear
-  ``score`` head (hidden -> 1). We read the score at the last real token (from the attention
-  mask, see :func:`sequence_scores`; HF's own pooling finds it from ``pad_token_id``, which is
-  wrong when pad == EOS and the text ends in EOS). Chosen over a value head on the LM because the
-  class exists for every HF decoder (Llama, Qwen2, Mistral, GPT-2, ...), its checkpoint is
-  self-describing (``architectures`` in config.json) and loads with one Auto call, and it drops
-  the LM head (a reward model needs none). ``posttrain.models.value_head`` (PPO's critic) is the
-  per-token value variant.
-* PRM: ``AutoModelForTokenClassification`` with ``num_labels`` = 2 or 3: the same decoder with a
-  per-token class head; predictions are read at step-end positions only (Lightman et al. 2023,
-  arXiv:2305.20050; see ``posttrain.ops.prm`` for the class layout).
-
+trainers save with no code of ours:
+* ORM: ``AutoModelForSequenceClassification`` with ``num_labels=1`` (a linear ``score`` head);
+  the score is read at the last real token from the attention mask (:func:`sequence_scores`),
+  not by HF's pad-based pooling (wrong when pad == EOS); why this class over a value head: More.
+* PRM: ``AutoModelForTokenClassification`` with ``num_labels`` = 2 or 3, read at step-end
+  positions only (Lightman et al. 2023; class layout: ``posttrain.ops.prm``).
 The PRM's step format is saved in its config.json under ``posttrain_prm``
 (``{"separator": "\\n", "split": "think", "num_classes": 2}``), so a scorer formats completions
 exactly as the trainer did. Notation: B sequences, T tokens, C classes, S steps.
+More: docs/reward_models.md, "Module notes", posttrain.models.reward.
 """
 
 from __future__ import annotations

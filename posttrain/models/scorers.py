@@ -1,23 +1,16 @@
 """The one ORM / PRM scorer: a saved reward model scores completions the same way everywhere.
 
-Used by the learned rewards (``posttrain.rewards.learned``), process supervision
-(``posttrain.trainers.process_steps``) and test-time search (``posttrain.search``), so the same
-PRM gives the same score to the same completion in every one of them. Inputs are formatted as
-the trainers (``posttrain rm`` / ``posttrain prm``) formatted them; no gradients; batched
+Used by the learned rewards, process supervision and test-time search, so the same PRM gives the
+same score in each. Inputs are formatted as the trainers formatted them; no gradients; batched
 (``batch_size`` sequences per forward pass) on the model's device.
-
-* :class:`ORMScorer` (ORM): ``render(prompt) + completion + EOS``, the score read at the
-  last real token. ``transform="raw"`` returns that logit (TRL's and OpenRLHF's reward-model
-  output), ``"sigmoid"`` maps it to (0, 1) (what a weighted vote adds up).
-* :class:`ProcessScorer` (PRM): the completion is cut into steps by the PRM's OWN saved rule
-  (``posttrain_prm.split`` in its config.json, see ``posttrain.data.steps``; it wins over any
-  separator a recipe names), written ``render(prompt) + s1 + sep + s2 + sep + ...`` with the
-  saved separator, and each step scores P(good) at its separator
-  (``posttrain.ops.step_scores_from_logits``). One completion score aggregates its step scores
-  (``posttrain.ops.aggregate_step_scores``): ``min`` by default (the weakest step, as
-  Math-Shepherd; a product would pay a reward for writing fewer steps), or ``prod`` (Lightman et
-  al. 2023: P(every step is correct)), ``last``, ``mean``. A completion without any step (blank
-  text) is not sent to the model and scores ``EMPTY_SCORE`` = 0.0, the worst P(good).
+* :class:`ORMScorer`: ``render(prompt) + completion + EOS``, scored at the last real token;
+  ``transform="raw"`` (the logit, as TRL / OpenRLHF) or ``"sigmoid"`` (in (0, 1)).
+* :class:`ProcessScorer`: steps cut by the PRM's OWN saved rule (``posttrain_prm.split``, wins
+  over a recipe's separator), written with its saved separator; each step scores P(good) at its
+  separator; the completion's score aggregates them (``min`` default, the weakest step;
+  ``prod``, ``last``, ``mean``). A completion without any step is not sent to the model and
+  scores ``EMPTY_SCORE`` = 0.0, the worst P(good).
+More: docs/reward_models.md, "Module notes", posttrain.models.scorers.
 """
 
 from __future__ import annotations

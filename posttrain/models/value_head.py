@@ -1,22 +1,13 @@
 """The PPO critic: a value head on a causal LM's transformer body, one value per completion token.
 
 ``V(s_t)`` is read from the hidden state of the position that *predicts* completion token ``t``
-(the last prompt token for ``t = 0``), exactly the positions whose logits give the policy's
-log-probs, so ``values[:, t]`` and ``logprobs[:, t]`` describe the same state.
-
-Three ways to build one (``load_critic``):
-
-- from the policy (the seed note's default, as in InstructGPT/Ziegler et al. 2019): a copy of
-  the policy's body and a new zero-initialised head (first values are 0);
-- from a reward model directory: an ``AutoModelForSequenceClassification`` with one label (its
-  ``score`` layer becomes the head, so the first values are the reward model's scores), or a
-  directory written by :meth:`ValueModel.save` (body + ``value_head.safetensors``);
-- from any other causal LM directory (a separate, e.g. smaller, critic): its body, a zero head.
-
-And one without a second copy of the weights (``shared_lora_critic``): policy and critic share
-one frozen base with two ``peft`` LoRA adapters, ``default`` (policy) and ``critic``; the
-critic's forward pass runs with the critic adapter active. The reference policy is then the
-base with adapters off (``posttrain.models.adapters_disabled``).
+(the last prompt token for ``t = 0``), so ``values[:, t]`` and ``logprobs[:, t]`` describe the
+same state. ``load_critic`` builds one from the policy (body copy, zero head: the default), from a
+reward model directory (its ``score`` layer becomes the head) or a :meth:`ValueModel.save`
+directory, or from any other causal LM (its body, a zero head). ``shared_lora_critic``: policy
+and critic share one frozen base with two LoRA adapters (``default`` and ``critic``); the
+reference is then the base with adapters off.
+More: docs/ppo.md, "Module notes", posttrain.models.value_head.
 
 Notation: n sequences, P prompt tokens (left padded), T completion tokens (right padded),
 H hidden size.

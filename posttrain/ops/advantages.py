@@ -9,7 +9,6 @@ tokens, S steps per completion. Per-sequence rewards are laid out group-contiguo
 
 All estimators run under ``torch.no_grad``: advantages and returns are targets, not graph
 nodes. Masked slots never feed into a real slot, and every masked slot of an output is 0.
-
 Deliberate choices: GRPO's std is the population std (``std_ddof=0``, seed note 001) unless
 ``std_ddof=1`` (TRL/verl); a group whose rewards are all equal gets exactly 0 (checked
 explicitly, because ``r - mean(r)`` is not always exactly 0 in floating point).

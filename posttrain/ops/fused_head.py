@@ -1,23 +1,14 @@
 """A fused, chunked LM head + log-softmax: per-token log-probs straight from hidden states.
 
 ``head_logprobs(hidden, weight, bias, tokens)`` returns ``log softmax((hidden @ W^T + b) / tau)``
-at ``tokens`` (and optionally the entropy of that distribution) WITHOUT ever holding the
-``[N, T, V]`` logits: the M = N * T rows are processed in blocks of ``rows`` rows, each block's
-logits ``[rows, V]`` are computed in fp32, reduced to a log-sum-exp and the token's logit, and
-dropped. The backward pass recomputes the logits from the saved hidden states by blocks of
-vocabulary columns ``[M, v]`` (each slice of ``grad_W`` is then written once) and accumulates
-``grad_hidden`` (``[M, H]``, fp32), so neither pass allocates anything of size M x V. At a
-real vocabulary (V = 151,936) and 8 x 1,024 completion tokens that is the difference between
-5 GB of fp32 logits (plus as much again for their gradient) and one 32 MB block. The same trick
-as Liger-Kernel's fused linear cross-entropy and verl's fused kernels, in plain torch.
-
-Numerics equal the unfused path (``model`` logits -> ``token_logprobs``) up to the summation
-order of the matmul: the head runs in the weight's dtype with autocast off (fp32 weights: fp32
-logits, as in ``posttrain.models.logits.head_outside_autocast``). `head_precision` trades that
-for speed on a GPU: ``tf32`` (TF32 tensor-core matmuls, 10-bit mantissa inputs) or ``bf16``
-(inputs rounded to bf16, products accumulated and logits kept in fp32); the log-softmax is fp32
-in every mode. The block size is chosen by device (`device_block_elements`): 32 MB on the CPU,
-up to 512 MB on a GPU, so a 151,936-token head is read a few times per micro-batch, not 150.
+at ``tokens`` (optionally the entropy) WITHOUT holding the ``[N, T, V]`` logits: the M rows go
+in blocks of ``rows`` rows (fp32 logits reduced to a log-sum-exp and the token's logit, then
+dropped); the backward recomputes the logits by blocks of vocabulary columns and accumulates
+``grad_hidden`` (fp32), so nothing of size M x V is allocated (Liger-Kernel's / verl's trick,
+in plain torch). Numerics equal the unfused path up to matmul summation order (the head in the
+weight's dtype, autocast off); `head_precision` ``tf32`` / ``bf16`` trades that for GPU speed
+(log-softmax fp32 always). Block size by device (`device_block_elements`).
+More: docs/performance.md, "Module notes", posttrain.ops.fused_head.
 
 Notation: M rows (flattened n x T), H hidden size, V vocabulary.
 """

@@ -1,35 +1,16 @@
 """Rollout correction: importance weights for the gap between the sampler and the learner.
 
-The sampler (a bf16 copy, vLLM) and the learner compute slightly different log-probs for the same
-tokens, so an "on-policy" batch is in truth sampled from q, not from pi_old. The learner-side
-ratio ``r[i,t] = pi_old(y_t) / q(y_t) = exp(logp_old - logp_q)`` corrects for it (truncated
-importance sampling, Ionides 2008; applied to RL post-training by Yao et al. 2025, "Your
-efficient RL framework secretly brings you off-policy RL training"). The weights are detached:
-they rescale each token's loss, they are not differentiated.
-
+The sampler's log-probs q differ slightly from the learner's pi_old, so the detached ratio
+``r[i,t] = exp(logp_old - logp_q)`` reweights each token's loss (truncated IS; Yao et al. 2025).
 Notation: N sequences, T completion tokens; ``m`` = response_mask (True = counts).
-
-Modes (config key ``rollout_is``; the cap C is ``rollout_is_cap``):
-
-- ``none``:              w = 1 (today's loss, bit for bit).
-- ``token_truncate``:    w[i,t] = min(r[i,t], C)                            (verl ``token``)
-- ``token_mask``:        w[i,t] = r[i,t], and tokens with r > C leave the loss
-- ``sequence_truncate``: w[i,t] = min(R_i, C),  R_i = exp(sum_t m (logp_old - logp_q))
-- ``sequence_mask``:     w[i,t] = R_i, and sequences with R_i > C leave the loss (TRL's default)
-
-"Leave the loss" means they drop out of the loss mask: out of the numerator AND the
-normalisers (token and sequence counts), as if they had not been sampled. Masked slots
-(m = False) never enter R_i, the weights or the metrics. Log-ratios are clamped to [-20, 20]
-before ``exp`` like the policy ratio. A NaN sampler log-prob (a sampler that could not score a
-token) counts as equal to the learner's: ratio 1 on that token, as TRL does; ``rollout/nan_frac``
-counts such tokens.
-
-Metrics (all ``rollout/*``, real tokens only; the ratio is taken at the mode's level, tokens for
-``none``): ``logprob_abs_diff`` = mean |logp_old - logp_q|; ``k3`` = mean of the k3 estimate of
-KL(q || pi_old) (``kl_penalty(logp_q, logp_old, "k3")``); ``is_mean`` = mean raw ratio;
-``is_clipfrac`` = fraction of ratios above C (truncated or rejected); ``ess`` = effective
-sample size fraction ``(sum r)^2 / (n sum r^2)`` in (0, 1] (1 = no mismatch); ``nan_frac`` =
-fraction of real tokens whose sampler log-prob was NaN (taken as ratio 1).
+Modes (``rollout_is``; cap C = ``rollout_is_cap``), R_i = exp(sum_t m (logp_old - logp_q)):
+``none`` w = 1; ``token_truncate`` min(r, C); ``token_mask`` r, tokens with r > C leave the loss;
+``sequence_truncate`` min(R_i, C); ``sequence_mask`` R_i, sequences with R_i > C leave the loss.
+"Leave the loss": out of the numerator AND the normalisers. Masked slots never enter R_i, the
+weights or the metrics; log-ratios clamped to [-20, 20]; a NaN sampler log-prob counts as
+ratio 1 (as TRL). Metrics ``rollout/*``: ``logprob_abs_diff``, ``k3``, ``is_mean``,
+``is_clipfrac``, ``ess``, ``nan_frac``.
+More: docs/algorithms.md, "Module notes", posttrain.ops.importance.
 """
 
 from __future__ import annotations

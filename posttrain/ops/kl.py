@@ -5,24 +5,13 @@ coefficient); the paper index is docs/algorithms.md.
 
 Notation: B prompts, G samples per prompt, N = B*G sequences, T response tokens, V vocab.
 
-Estimators of KL(pi_theta || pi_ref) from samples of pi_theta, with the log-ratio
-``d = logp_theta - logp_ref`` (Schulman, "Approximating KL divergence", 2020):
-
-- ``k1 = d``                    unbiased, can be negative.
-- ``k2 = d^2 / 2``              biased, low variance, never negative.
-- ``k3 = exp(-d) + d - 1``      unbiased, never negative; the DeepSeekMath (GRPO) estimator.
-
-Deliberate difference from seed note 000: that note writes k3 with the ratio upside down
-(``pi_theta / pi_ref``), which is biased; we use the paper form.
-
-Two clamps (formulas.md section 1):
-
-- ``d`` is clamped to ``[-log_ratio_clamp, log_ratio_clamp]`` (20) before ``exp`` (k3 only), so
-  one bad token cannot produce inf.
-- The per-token estimate itself is clamped to ``[-clamp, clamp]`` (default 10, as OpenRLHF does
-  for k1/k2/k3 and verl for k3): beyond the bound the value is the bound and the gradient 0, so
-  a token far below the reference (k3 is 16.09 with gradient -19.09 at ``d = -3``) cannot
-  dominate the loss. ``clamp=None`` or ``0`` turns it off.
+KL(pi_theta || pi_ref) from samples of pi_theta, ``d = logp_theta - logp_ref``: ``k1 = d``
+(unbiased, can be negative), ``k2 = d^2 / 2`` (biased, never negative), ``k3 = exp(-d) + d - 1``
+(unbiased, never negative; GRPO's). Deliberate: k3 in the paper form, not seed note 000's
+upside-down ratio. Two clamps: ``d`` to [-log_ratio_clamp, log_ratio_clamp] (20) before ``exp``;
+the per-token estimate to ``[-clamp, clamp]`` (default 10, as OpenRLHF / verl; ``None`` or 0:
+off), so one token far below the reference cannot dominate the loss.
+More: docs/algorithms.md, "Module notes", posttrain.ops.kl.
 """
 
 from __future__ import annotations

@@ -2,24 +2,16 @@
 
 Notation: B prompts, G samples per prompt, N = B*G sequences, T response tokens, V vocab.
 
-- Token ratio (PPO, arXiv:1707.06347 eq. 7, L^CLIP): ``rho[i,t] = exp(logp - logp_old)``,
-  ``L[i,t] = -min(rho*A, clip(rho, 1-eps_low, 1+eps_high)*A)``; ``eps_high > eps_low`` is
-  DAPO's clip-higher (arXiv:2503.14476). Optional dual clip (Ye et al. 2020, arXiv:1912.09729)
-  for ``A < 0``: ``L = min(L, -c*A)``.
-- Sequence ratio (GSPO, arXiv:2507.18071): ``s_i = exp(mean_t m*(logp - logp_old))``,
-  the geometric mean of token ratios (default). ``sequence_ratio="product"`` is the
-  unnormalized ``exp(sum_t ...)`` written in seed note 000.
-- GSPO-token (same paper): ``s[i,t] = sg(s_i) * exp(logp_t - sg(logp_t))``.
-- Aggregation: ``seq-mean-token-mean`` (GRPO), ``token-mean`` (DAPO, arXiv:2503.14476),
-  ``seq-mean-token-sum-norm`` (Dr. GRPO, arXiv:2503.20783).
-
-Deliberate details: the sequence-level loss ``L_i`` is broadcast to the sequence's tokens and
-then aggregated with ``loss_agg`` like the other levels; with the default
-``seq-mean-token-mean`` this is exactly the paper's average over sequences. For the sequence
-levels a [N, T] advantage is reduced to its per-sequence masked mean. Log-ratios are clamped
-to [-20, 20] before ``exp`` (and zeroed on masked slots) so garbage in padding or one
-exploding token cannot turn into inf/nan gradients; this only changes results where the
-ratio is already beyond 4.8e8.
+- Token ratio (PPO): ``rho = exp(logp - logp_old)``, ``L = -min(rho*A, clip(rho, 1-eps_low,
+  1+eps_high)*A)`` (``eps_high > eps_low``: DAPO's clip-higher); optional dual clip for A < 0.
+- Sequence ratio (GSPO): ``s_i = exp(mean_t m*(logp - logp_old))`` (``"product"``: exp of sum);
+  GSPO-token: ``s[i,t] = sg(s_i) * exp(logp_t - sg(logp_t))``.
+- Aggregation: ``seq-mean-token-mean`` (GRPO), ``token-mean`` (DAPO),
+  ``seq-mean-token-sum-norm`` (Dr. GRPO).
+Deliberate: a sequence-level loss is broadcast to its tokens and aggregated like the others; a
+[N, T] advantage is reduced to its per-sequence masked mean there; log-ratios are clamped to
+[-20, 20] before ``exp`` and zeroed on masked slots.
+More (papers, equations): docs/algorithms.md, "Module notes", posttrain.ops.policy_loss.
 """
 
 from __future__ import annotations

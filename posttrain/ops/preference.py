@@ -1,35 +1,17 @@
 """Preference and reward-model losses: DPO and variants, SimPO, online DPO's pairs,
 Bradley-Terry, token-level outcome BCE (KTO: ``posttrain.ops.kto``).
 
-Papers: DPO (Rafailov et al. 2023) and variants, SimPO (Meng et al. 2024), Bradley-Terry RM
-(Ouyang et al. 2022, eq. 1), the token-level verifier objective
-(Cobbe et al. 2021); the paper index is docs/algorithms.md.
-
 Notation: B preference pairs (chosen y_w, rejected y_l), T response tokens, V vocab, G samples
-per prompt.
-
-Implicit reward margin ``h = beta * [(logp(y_w) - logp_ref(y_w)) - (logp(y_l) - logp_ref(y_l))]``
-with sequence log-probs ``logp(y|x) = sum_t m * logp`` (see ``sequence_logprobs``). Each entry of
-``DPO_LOSSES`` declares what it needs from the caller (``PreferenceLoss``): reference log-probs,
-token-AVERAGED instead of summed log-probs, the target margin gamma. A trainer reads these flags
-and never branches on the loss name.
-
-- ``sigmoid`` (DPO, Rafailov et al. 2023, arXiv:2305.18290 eq. 7): ``-log sigmoid(h)``.
-- ``cdpo`` (conservative DPO, label smoothing s):
-  ``-(1-s) log sigmoid(h) - s log sigmoid(-h)``.
-- ``robust`` (rDPO, Chowdhury et al. 2024, arXiv:2403.00409):
-  ``[-(1-s) log sigmoid(h) + s log sigmoid(-h)] / (1 - 2s)``; needs s < 1/2.
-- ``ipo`` (Azar et al. 2023, arXiv:2310.12036): ``(h/beta - 1/(2*beta))^2`` on token-averaged
-  log-probs.
-- ``hinge`` (SLiC-style): ``relu(1 - h)``.
-- ``simpo`` (Meng et al. 2024, arXiv:2405.14734 eq. 6): reference-free, token-averaged,
-  ``cdpo(h - gamma)`` with ``h = beta * (avg logp(y_w) - avg logp(y_l))`` and the target margin
-  gamma (TRL's CPO trainer writes it as ``beta * (h/beta - gamma/beta)``, the same number).
-
-Deliberate choice: ``sigmoid`` also honours ``label_smoothing`` (as OpenRLHF's DPO loss does),
-which makes it identical to ``cdpo``; with the default s = 0 it is plain DPO. TRL 1.16's
-``sigmoid`` ignores ``label_smoothing`` (documented for ``robust`` only): the same config is
-plain DPO there and cDPO here.
+per prompt. Margin ``h = beta * [(logp(y_w) - logp_ref(y_w)) - (logp(y_l) - logp_ref(y_l))]``,
+``logp(y|x) = sum_t m * logp``. Each ``DPO_LOSSES`` entry declares what it needs
+(``PreferenceLoss``: reference, token-averaged log-probs, margin gamma); trainers read these flags
+and never branch on the loss name. Losses: ``sigmoid`` ``-log sigmoid(h)``; ``cdpo``
+``-(1-s) log sigmoid(h) - s log sigmoid(-h)``; ``robust``
+``[-(1-s) log sigmoid(h) + s log sigmoid(-h)] / (1 - 2s)`` (s < 1/2); ``ipo``
+``(h/beta - 1/(2*beta))^2`` (averaged); ``hinge`` ``relu(1 - h)``; ``simpo`` reference-free,
+averaged, ``cdpo(h - gamma)``. Deliberate: ``sigmoid`` honours ``label_smoothing`` (= ``cdpo``,
+as OpenRLHF; TRL 1.16 ignores it). Paper index: docs/algorithms.md.
+More: docs/dpo.md, "Module notes", posttrain.ops.preference.
 """
 
 from __future__ import annotations

@@ -2,18 +2,15 @@
 
 Notation: B solutions, T tokens, C classes (2 or 3), S steps per solution.
 
-Following Lightman et al. 2023 ("Let's Verify Step by Step", arXiv:2305.20050): a step
-separator marks the end of each reasoning step; at each separator position the model predicts
-the step's label with cross-entropy. Labels are 1 (positive), 0 (neutral), -1 (negative).
-
-Class layout (our convention): with ``num_classes=3`` the classes are
-``0 = negative, 1 = neutral, 2 = positive``; with ``num_classes=2`` they are
-``0 = negative, 1 = positive`` and a neutral label counts as POSITIVE (a valid but unhelpful
-step should not sink a correct solution). For the same reason ``step_scores_from_logits``
-returns P(positive) + P(neutral) for 3 classes unless told otherwise.
-
-A solution's score aggregates its step scores: ``min`` (our default, the weakest step),
-``prod`` (the paper's choice: probability that every step is correct), ``last`` or ``mean``.
+Lightman et al. 2023 ("Let's Verify Step by Step", arXiv:2305.20050): at each step separator
+(the end of a reasoning step) the model predicts the step's label with cross-entropy. Labels
+are 1 (positive), 0 (neutral), -1 (negative). Class layout (our convention): with
+``num_classes=3`` the classes are ``0 = negative, 1 = neutral, 2 = positive``; with
+``num_classes=2`` they are ``0 = negative, 1 = positive`` and a neutral label counts as
+POSITIVE (a valid but unhelpful step should not sink a correct solution). For the same reason
+``step_scores_from_logits`` returns P(positive) + P(neutral) for 3 classes unless told
+otherwise. A solution's score aggregates its step scores: ``min`` (our default, the weakest
+step), ``prod`` (the paper's choice: probability that every step is correct), ``last``, ``mean``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,16 @@
 """Code reward (formulas §10): run the completion's program against unit tests in a sandbox.
 
 ``code_reward(completion, tests)`` returns 1.0 when every test passes (``partial=True``: the
-fraction that passed). Timeouts, crashes, memory blow-ups, early exits and any misbehaviour
-score 0 for the tests they affect. The program is taken from the completion's fenced code
-blocks (:func:`extract_program`), else the whole completion.
-
-Tests: a list (one test each) of assert snippets or stdin/stdout dicts
-``{"input": str, "output": str}``, or one string. A string is one program: test *k* is the
-string up to and including its *k*-th top-level ``assert`` (every statement before it, earlier
-asserts included, in order), and the last test is the whole string, so statements after the
-last assert (a ``check(f)`` call, a loop, an ``if __name__ == "__main__":`` block) always run.
-Test *k* passes exactly when plain Python gets past the *k*-th assert, and every test passes
-exactly when plain Python runs the whole string without an error; a string without top-level
-asserts (e.g. HumanEval's ``def check(candidate): ...`` followed by ``check(f)``) is one test.
-A test of any other type or shape is a ``ValueError``, never a pass.
-
-Each test runs in fresh processes of its own. How a test is judged depends on its shape
-(:mod:`posttrain.sandbox.tests`, docs/sandbox.md): ``assert name(<literals>) ==
-<literal>`` and stdin/stdout tests are compared here, type-strictly, with the expected value
-the sandbox never sees (``compare`` options); any other assert runs in a judge process where
-the program's names are proxies returning plain data, so the comparison never runs in the
-program's interpreter (a test the proxies cannot carry falls back to it and is counted as
-``code/in_process_verdicts``). Never by what it prints.
-``timeout_s`` bounds each test (wall clock and CPU); with ``partial=False`` the run stops at the
-first failing test, so a stuck program costs about one ``timeout_s``.
+fraction passed); timeouts, crashes and any misbehaviour score 0 for the tests they affect. The
+program is the completion's fenced code blocks (:func:`extract_program`), else all of it.
+Tests: a list of assert snippets or ``{"input", "output"}`` dicts, or one string, cut so that
+test *k* passes exactly when plain Python gets past its *k*-th top-level assert (the last test
+is the whole string; no top-level assert: one test); any other shape is a ``ValueError``.
+Each test runs in fresh processes; literal asserts and stdin/stdout tests are compared here,
+type-strictly, any other assert in a judge process on proxies (:mod:`posttrain.sandbox.tests`,
+docs/sandbox.md), never by what it prints. ``timeout_s`` bounds each test (wall clock and CPU);
+``partial=False`` stops at the first failing test.
+More: docs/rewards.md, "Module notes", posttrain.rewards.code.
 """
 
 from __future__ import annotations

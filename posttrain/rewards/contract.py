@@ -1,21 +1,17 @@
 """The reward-function contract: which call form a function uses, and what it needs.
 
 Three call forms (docs/rewards.md):
-
-- ``per_sample``: ``fn(completion, **fields) -> float``, called once per sample; the row's fields
-  are passed by parameter name (every field with ``**kwargs``).
+- ``per_sample``: ``fn(completion, **fields) -> float``, once per sample, row fields by name.
 - ``batched`` (TRL's form): ``fn(completions, prompts=None, **fields) -> list[float | None]``,
-  called once per batch with keyword arguments: ``completions`` (the completion strings),
-  ``prompts`` (each row's ``prompt``) and every needed row field as a list (one value per
-  sample). A function is batched when one of its parameters is named ``completions`` or it
-  sets ``fn.batched = True``. ``None`` means "does not apply to this sample" (TRL's rule).
+  once per batch, every needed row field as a list; a function is batched when a parameter is
+  named ``completions`` or ``fn.batched = True``. ``None``: does not apply to this sample.
 - ``rows``: ``fn(completions, rows, **kwargs) -> list[float]`` with ``fn.batched = True`` and a
   second parameter named ``rows`` (the learned rewards, which run a model).
 
 A recipe entry's keys besides ``name``/``weight``/``kwargs`` become constant keyword arguments;
-:func:`check_entry_keys` refuses a key the function does not take (``wieght``) before any work,
-and :func:`needed_fields` lists the row fields each function requires, so the data loader can
-check every row before any model loads. Pure Python: no torch.
+:func:`check_entry_keys` refuses one the function does not take, and :func:`needed_fields` lists
+the row fields each function requires, checked before any model loads. Pure Python: no torch.
+More: docs/rewards.md, "Module notes", posttrain.rewards.contract.
 """
 
 from __future__ import annotations

@@ -1,27 +1,16 @@
 """Learned rewards: a trained ORM or PRM used anywhere a reward function is.
 
-Recipe entries (extra keys are passed to the scorer)::
-
-    rewards:
-      - {name: math, weight: 1.0}
-      - {name: reward_model, path: runs/rm/final, weight: 0.5}
-      - {name: process_reward_model, path: runs/prm/final, aggregate: min, weight: 0.5}
-
-Each scorer loads its OWN model and tokenizer from ``path`` (so a reward model with another
-vocabulary than the policy works), once per process (cached by path, device and dtype), and
-scores a whole batch of completions without gradients. ``device: auto`` (the default, like the
-trainers') puts it on cuda when available. ``path`` is checked (config.json names a
-*ForSequenceClassification / *ForTokenClassification checkpoint) when the recipe is validated,
-before any model loads.
-
+Recipe entries: ``{name: reward_model, path: DIR}`` and ``{name: process_reward_model, path:
+DIR, aggregate: min}`` (extra keys go to the scorer). Each scorer loads its OWN model and
+tokenizer from ``path`` once per process (cached by path, device and dtype) and scores a batch
+without gradients; ``device: auto`` picks cuda when available; ``path`` is checked (a
+*ForSequenceClassification / *ForTokenClassification config.json) before any model loads.
 * ``reward_model``: the ORM's scalar score (a logit; ``transform: sigmoid`` maps it to (0, 1)).
 * ``process_reward_model``: the PRM's step scores aggregated (``aggregate``: ``min`` by default,
   ``prod``, ``last``, ``mean``), steps cut by the PRM's saved rule.
-
-Both are the library's one scorer (:mod:`posttrain.models.scorers`, which documents the input
-format, the step split and what a completion without steps scores), so a PRM gives the same
-score here as in process supervision and in ``posttrain search``. This module imports torch only
-when a scorer is built: ``posttrain.rewards`` stays torch-free.
+Both are the library's one scorer (:mod:`posttrain.models.scorers`), so a PRM scores the same
+here as in process supervision and search. torch is imported only when a scorer is built.
+More: docs/rewards.md, "Module notes", posttrain.rewards.learned.
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
 """Math correctness reward: extract the final answer, compare by math equivalence (formulas §10).
 
 ``math_reward(completion, answer)`` returns 1.0 when the completion's final answer equals the
-gold answer, else 0.0.
-
-Extraction: the content of the last ``<answer>...</answer>`` block (if it holds a
-``\\boxed{}``, the last boxed content inside it); otherwise the last ``\\boxed{...}`` of the
-completion, with balanced braces. No answer found -> 0.0.
-
+gold answer, else 0.0. Extraction: the last ``<answer>...</answer>`` block (its last
+``\\boxed{}`` if it holds one), else the last ``\\boxed{...}`` (balanced braces); none -> 0.0.
 Comparison:
-1. Fast path (exact): if both strings are plain decimal numbers after removing spaces, commas
-   and ``$`` (``"1,000"``, ``"-3"``, ``"0.50"``), they are compared exactly as
-   :class:`decimal.Decimal` values (``"0.5" == "0.50"``, ``"7" == "7.0"``). No rounding, no
-   math-verify.
-2. Otherwise math-verify (``parse`` + ``verify``) runs in a worker *process* with its own
-   signal timeouts disabled; the caller kills the worker when ``timeout_s`` passes. This keeps a
-   hard time limit from any thread (math-verify's ``signal.alarm`` only works in the main thread,
-   and cannot interrupt long C-level arithmetic such as ``9^{9^{9}}`` anyway).
-
-A gold answer that math-verify cannot parse (or whose parsing exceeds the limit) raises
-:class:`UnscorableError`: the scorer excludes and counts the sample. A prediction that does not
-parse, or whose check exceeds the limit, scores 0.0 (the policy's answer is at fault).
+1. plain decimal numbers (after removing spaces, commas, ``$``) compare exactly as
+   :class:`decimal.Decimal` (``"0.5" == "0.50"``); no rounding, no math-verify;
+2. otherwise math-verify (``parse`` + ``verify``) in a worker *process* the caller kills after
+   ``timeout_s`` (a hard limit from any thread, even inside long C-level arithmetic).
+A gold answer that cannot be parsed in time raises :class:`UnscorableError` (the sample is
+excluded and counted); a prediction that does not parse or times out scores 0.0.
+More: docs/rewards.md, "Module notes", posttrain.rewards.math.
 """
 
 from __future__ import annotations

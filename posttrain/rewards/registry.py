@@ -1,29 +1,17 @@
 """Named reward functions, their weighted sum, and a scorer that counts every failure.
 
-A reward function is a plain callable ``fn(completion, **fields) -> float``, or TRL's batched
-form ``fn(completions, prompts=None, **fields) -> list[float]`` (the contract, with the learned
-rewards' ``fn(completions, rows, **kwargs)``, is :mod:`posttrain.rewards.contract` and
-docs/rewards.md). Built-in names: ``math``, ``format``, ``code``, and the learned
-``reward_model`` / ``process_reward_model`` (:mod:`posttrain.rewards.learned`); anything else is
-``"package.module:function"``. A recipe entry's keys other than ``name``/``weight``/``kwargs``
-become keyword arguments (:meth:`RewardSpec.from_dict`); :func:`validate_specs` refuses one the
-function does not take. The dataset row's fields are passed by parameter name, so
-``math_reward(completion, answer)`` and ``code_reward(completion, tests)`` work unchanged; a
-function with ``**kwargs`` receives every field. ``RewardSpec.kwargs`` win over a row field of
-the same name. :meth:`RewardScorer.needed_fields` lists the row fields each function requires,
-for the data loader to check every row before any model loads.
-
-``RewardScorer.score`` returns the weighted sum per sample over the functions that score it
-(``None`` from a function: it does not score this sample, TRL's rule; a sample no function
-scores gets 0, is counted in ``reward/unscored`` and recorded; ``nan`` if any function raised
-:class:`UnscorableError` for it: the sample is excluded and counted), each function's values
-(``nan`` where it returned ``None``), metrics (means, error counts, unscorable count, code
-outcome counters) and the error records. A function that raises anything else is counted and
-recorded, and so is a NaN or infinite value; ``on_error`` decides what then happens:
-``auto`` (default) raises :class:`RewardFunctionError` with the first error and its sample
-when one function fails on more than half of a batch's samples (a broken reward must not train
-on zeros), ``zero`` never raises, ``raise`` raises at the first failure; always so for
-:class:`SandboxUnavailableError` (a strict sandbox that cannot run is a set-up error).
+Call forms: :mod:`posttrain.rewards.contract`, docs/rewards.md. Built-in names: ``math``,
+``format``, ``code``, ``reward_model`` / ``process_reward_model``; anything else is
+``"package.module:function"``. Entry keys other than ``name``/``weight``/``kwargs`` become
+keyword arguments (:func:`validate_specs` refuses unknown ones); row fields go by parameter name
+(``RewardSpec.kwargs`` win over a field of the same name).
+``RewardScorer.score``: the weighted sum per sample over the functions that score it (``None``:
+not scored; no function scores it: 0, counted in ``reward/unscored``; :class:`UnscorableError`:
+``nan``, excluded and counted), per-function values, metrics and error records. Other errors and
+NaN / infinite values are counted and recorded; ``on_error``: ``auto`` raises
+:class:`RewardFunctionError` when one function fails on more than half a batch, ``zero`` never,
+``raise`` at the first failure; :class:`SandboxUnavailableError` always raises.
+More: docs/rewards.md, "Module notes", posttrain.rewards.registry.
 """
 
 from __future__ import annotations

@@ -9,10 +9,8 @@ temperature; `update_weights(model, version)` hands the engine the policy's curr
 engine's memory around training; `close` releases it for good. An engine may return its rollout
 on any device (vLLM's are built on the CPU): whoever trains on it takes it through `on_device`,
 which moves it to the trainer's device or refuses it in one line.
-
-Engines: `hf` (`HFEngine`, today's transformers sampler, the default and the CPU path) and the
-vLLM engines of `posttrain.rollout.vllm_engine` (an optional extra). `register_engine` adds or
-replaces a factory, e.g. a test double that wraps the `hf` engine.
+Engines: `hf` (`HFEngine`, the default and the CPU path) and the vLLM engines of
+`posttrain.rollout.vllm_engine`. `register_engine` adds or replaces a factory (e.g. a test double).
 """
 
 from __future__ import annotations

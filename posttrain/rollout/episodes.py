@@ -1,23 +1,16 @@
 """Multi-turn episodes with tools and environments on every rollout engine (docs/agents.md).
 
-An episode: the prompt (the row's, with the tools' schemas through the chat template and the
-environment's `reset` text appended to the last user message) -> the model samples a turn
-until a stop id -> the turn's tool calls run (all episodes of a turn concurrently) -> their
-answers are appended as `tool` messages -> the model samples again, up to
-`max_tool_calling_iterations` rounds and `max_new_tokens` tokens for the whole episode.
-
-Token in, token out: the sampled ids are never decoded and re-tokenized; only the tool messages
-are tokenized and appended. In the `Rollout`, `completion_ids` [N, T] hold the model's turns and
-the tool answers in order, `completion_mask` marks every real token (what attention sees) and
-`response_mask` only the model's (what the loss, the KL, the entropy and the sampler's log-probs
-cover: the tool tokens have log-prob 0 and count nowhere).
-
-The episode loop is shared; a turn is one `sample_ids` call of the engine: `hf` continues each
-episode on its KV cache of the last turn (`posttrain.rollout.hf.sample_turn`: only the ids
-appended since are prefilled; the samples are those of re-prefilling the whole episode, to
-float rounding); the vLLM engines send each context as token ids (vLLM's prefix caching reuses
-the earlier turns). Each episode samples at most its own remaining budget. Notation: N
-sequences, T completion tokens.
+An episode: the prompt (tools' schemas through the chat template, the environment's `reset`
+text appended to the last user message) -> the model samples a turn until a stop id -> the
+turn's tool calls run (all episodes concurrently) -> answers appended as `tool` messages ->
+sample again, up to `max_tool_calling_iterations` rounds and `max_new_tokens` for the episode.
+Token in, token out: sampled ids are never re-tokenized; only tool messages are tokenized. In
+the `Rollout`, `completion_ids` [N, T] hold turns and tool answers, `completion_mask` every real
+token, `response_mask` only the model's (loss, KL, entropy, sampler log-probs; tool tokens have
+log-prob 0). A turn is one `sample_ids` call: `hf` continues on its KV cache of the last turn,
+vLLM gets token ids (prefix caching); each episode samples at most its remaining budget.
+Notation: N sequences, T completion tokens.
+More: docs/agents.md, "Module notes", posttrain.rollout.episodes.
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
 """vLLM rollout engines (`rollout_engine: vllm_colocate | vllm_server`; `posttrain[vllm]`).
 
-vLLM is imported only inside these engines. Both send every sequence as its own request
-(token ids, n=1, the sequence's seed), with no top-k / top-p (`validate()` refuses them) and
-log-probs of the sampled token after temperature (`logprobs_mode=processed_logprobs`), so a
-sequence's log-probs mean what the learner recomputes: log softmax(logits / temperature).
-Outputs become a `Rollout` through `posttrain.rollout.vllm_convert.to_rollout`; weights go
-over as HF-named bf16 buckets from `posttrain.rollout.weights.iter_weights` (LoRA merged,
-FSDP2 gathered per parameter).
-
-- `VLLMColocateEngine`: a `vllm.LLM` in each trainer process, on that rank's GPU, in sleep
-  mode: asleep (weights in CPU memory, KV cache freed) while the trainer trains, woken for
-  the next generation; each rank pushes its own replica's weights with `load_weights`.
-- `VLLMServerEngine`: a `vllm serve` process (its own GPUs and environment) started with
-  `VLLM_SERVER_DEV_MODE=1`, `--logprobs-mode processed_logprobs` and
-  `--worker-extension-cls posttrain.rollout.vllm_worker.WeightReceiver`; requests over its
-  OpenAI-compatible HTTP API, weights over an NCCL group (docs/rollout.md).
-
-Pinned to the vLLM releases whose source scripts/check_vllm_api.py checked (pyproject.toml).
-On the CPU the engines run against a stand-in built to that surface (tests/rollout/fake_vllm.py);
-nothing here has run on a GPU or with the real vLLM yet (docs/rollout.md).
+vLLM is imported only inside these engines. Both send every sequence as its own request (token
+ids, n=1, its seed), no top-k / top-p (`validate()` refuses them), log-probs after temperature
+(`logprobs_mode=processed_logprobs`): what the learner recomputes. Outputs become a `Rollout`
+via `posttrain.rollout.vllm_convert.to_rollout`; weights go as HF-named bf16 buckets
+(`posttrain.rollout.weights.iter_weights`; LoRA merged, FSDP2 gathered per parameter).
+- `VLLMColocateEngine`: a `vllm.LLM` per trainer process on its GPU, asleep while training;
+  each rank pushes its replica's weights with `load_weights`.
+- `VLLMServerEngine`: a `vllm serve` process (own GPUs and environment); HTTP requests, weights
+  over an NCCL group (`posttrain.rollout.vllm_worker.WeightReceiver`).
+Pinned to the vLLM releases scripts/check_vllm_api.py checked; on the CPU tested against
+tests/rollout/fake_vllm.py only, never yet on a GPU or with the real vLLM.
+More: docs/rollout.md, "Module notes", posttrain.rollout.vllm_engine.
 """
 
 from __future__ import annotations

@@ -3,18 +3,13 @@
 At each round every live beam (a partial completion) is expanded into M candidate next steps
 by the policy, each candidate partial solution is scored by the PRM (its step scores
 aggregated), and the top B candidates are kept. A kept candidate that reached the end of the
-completion (the policy stopped after its answer) leaves the beam as a finished solution; the
-others are expanded again. The search ends when no beam is live or after ``max_steps`` rounds;
-the answer is the finished solution with the highest score. The first round expands the
-prompt into B*M candidates, so every round samples at most B*M steps.
-
-This is the search of Snell et al. 2024 ("Scaling LLM test-time compute optimally") and of
-Hugging Face's search-and-learn, with the step boundary of Lightman et al. 2023: the step
-separator of the solution format (``"; "`` inside ``<think>`` for the arithmetic task).
-See ``docs/search.md``.
-
+completion leaves the beam as a finished solution; the others are expanded again. The search
+ends when no beam is live or after ``max_steps`` rounds; the answer is the finished solution
+with the highest score. The first round expands the prompt into B*M candidates, so every round
+samples at most B*M steps. Steps end at the solution format's separator (Lightman et al. 2023).
 Compute is reported as generated tokens: every token the policy sampled for any candidate,
-kept or not (prompt and prefix re-encoding is not counted: it is a prefill, not generation).
+kept or not (prompt and prefix re-encoding is a prefill, not counted).
+More (Snell et al. 2024, search-and-learn): docs/search.md, "Module notes", posttrain.search.beam.
 """
 
 from __future__ import annotations

@@ -4,28 +4,14 @@ One step: 1 next batch of pairs -> 2 policy sequence log-probs of chosen and rej
 pass over both) -> 3 reference log-probs (precomputed table or on the fly) -> 4 the loss from
 ``posttrain.ops.dpo_loss``, backward per micro-batch (normalised over the whole step), clip, step.
 
-Where the reference comes from:
-- LoRA (``lora_r > 0``): the policy itself with its adapters disabled; no second copy.
-- Full fine-tune with ``precompute_ref``: the policy before its first update IS the reference, so
-  the table for the whole dataset is computed with it once and no reference model is loaded.
-- Full fine-tune without ``precompute_ref``: a frozen copy loaded from ``cfg.model``.
-
-What the loss needs comes from its ``DPO_LOSSES`` entry (``posttrain.ops.preference``): a
-reference-free loss (``simpo``) loads and precomputes no reference; ``average`` losses (ipo,
-simpo) use token-averaged log-probs.
-
-Reference cache (``posttrain.engine.reference``): per-pair summed AND token-averaged log-probs
-of chosen and rejected, under ``ref_cache_dir`` (default ``out_dir/refcache``). Deliberate
-difference from keying on the loss type: both sums (DPO) and averages (IPO) are stored, so one
-cache serves every ``loss_type``.
-
-Optional RPO term (``rpo_alpha > 0``, Pang et al. 2024): each pair's loss gets
-``rpo_alpha * NLL(chosen)`` with the NLL averaged over the chosen tokens, as in SFT.
-
-Other choices: completions are tokenized as ``completion + EOS`` (as SFT trains them); implicit
-reward accuracy counts ties as wrong (so it is 0 before training, when policy == reference), and
-``ref_accuracy`` reports the reference's own ranking ``logp_ref(y_w) > logp_ref(y_l)`` as a
-baseline.
+Reference: LoRA: the policy with adapters disabled; full fine-tune with ``precompute_ref``: the
+policy before its first update (one table, no reference loaded); else a frozen copy of
+``cfg.model``. The loss's ``DPO_LOSSES`` entry decides: ``simpo`` needs no reference, ipo /
+simpo use token-averaged log-probs. The cache (``posttrain.engine.reference``) stores sums AND
+averages, so one cache serves every ``loss_type``. ``rpo_alpha > 0`` adds
+``rpo_alpha * NLL(chosen)`` (token-averaged). Completions are ``completion + EOS``; reward
+accuracy counts ties as wrong; ``ref_accuracy`` is the reference's own ranking.
+More: docs/dpo.md, "Module notes", posttrain.trainers.dpo.
 """
 
 from __future__ import annotations

@@ -2,27 +2,15 @@
 
 One step: 1 generate G completions per prompt -> 2 score them -> 3 group-relative advantages ->
 4 clipped policy-gradient update(s). The variants are choices along axes of `GRPOConfig`
-(advantage, scale, ratio_level, loss_agg, KL placement), all computed by `posttrain.ops`; this
-file only orchestrates.
-
-Deliberate simplifications, as in the papers' common implementations:
-- A group containing an unscorable sample (gold answer that cannot be parsed) is dropped whole
-  and counted in `reward/unscorable`: its baseline would be meaningless.
-- `kl_placement: reward` subtracts beta * (sum of per-token KL) from each sequence's score before
-  the group normalisation (the per-token reward shaping of PPO has no place in an outcome-only
-  advantage).
-- With one optimizer step per rollout (num_iterations = mini_batches = 1) the old log-probs are
-  the detached current ones (ratio = 1, gradient = policy gradient): no extra forward pass.
-
-Process supervision (`advantage: grpo_process`, DeepSeekMath section 4.1.3): after scoring, the
-kept completions are split into steps and scored by `process_reward_model`
-(`posttrain.trainers.process_steps`); the token advantage is the outcome advantage of `rewards`
-plus `process_weight` times `posttrain.ops.process_advantages`. Every run that trains on a
-learned reward logs `reward/verifier_accuracy` (the first `math`/`code` reward, whatever its
-weight), so a reward model being gamed shows up next to the reward it hands out.
-Randomness and torchrun: sampling as in `posttrain.trainers.prompt_rl`; mini-batch shuffles
-use a generator seeded by (seed, step); loss normalisers are all ranks' token / sequence
-counts. So rollouts and updates do not depend on the number of ranks or the resume point.
+(advantage, scale, ratio_level, loss_agg, KL placement), all computed by `posttrain.ops`.
+Deliberate choices: a group with an unscorable sample is dropped whole (`reward/unscorable`);
+`kl_placement: reward` subtracts beta * sum of per-token KL from each score before the group
+normalisation; with one optimizer step per rollout the old log-probs are the detached current
+ones (no extra forward). `advantage: grpo_process` adds `process_weight` times the PRM's
+process advantages (`posttrain.trainers.process_steps`); a learned reward run logs
+`reward/verifier_accuracy`. Shuffles seeded by (seed, step) and all ranks' normalisers make
+rollouts and updates independent of the number of ranks and the resume point.
+More: docs/algorithms.md, "Module notes", posttrain.trainers.grpo.
 """
 
 from __future__ import annotations

@@ -6,15 +6,11 @@ reference's, averaged over the whole step on every rank, clamped at 0 -> 3 the p
 log-probs of the rows' own completions and the reference's (precomputed table or on the fly)
 -> 4 ``posttrain.ops.kto.kto_loss``, mean over the step's rows, backward per micro-batch, step.
 
-Everything else is the DPO trainer's machinery: the rows are tokenized as pairs (chosen = the
-row's completion, rejected = its mismatched completion: ``posttrain.data.pairs.tokenize_unpaired``)
-so the reference table of both is computed once and cached exactly like DPO's, and a step's
-micro-batches, resume state and evaluation are DPO's.
-
-Deliberate differences from TRL 1.16 (``trl/trainer/kto_trainer.py``): the mismatched pairing
-is a fixed cycle over the dataset (TRL rotates completions within each sequential batch) and
-z0 is averaged over the whole optimizer step, not per device micro-batch; the loss is the mean
-over the step's rows, as TRL's ``nanmean``.
+Everything else is the DPO trainer's machinery (rows tokenized as pairs by
+``posttrain.data.pairs.tokenize_unpaired``: chosen = own, rejected = mismatched completion;
+reference table, micro-batches, resume state, evaluation). Deliberate: the mismatch is a fixed
+cycle over the dataset and z0 is averaged over the whole step (TRL 1.16 differs in both).
+More: docs/dpo.md, "Module notes", posttrain.trainers.kto.
 """
 
 from __future__ import annotations

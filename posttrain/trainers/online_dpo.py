@@ -1,5 +1,5 @@
-"""Online DPO (Guo et al. 2024, "Direct language model alignment from online AI feedback",
-arXiv:2402.04792) on a prompt dataset with reward functions, on the prompt-RL base like GRPO.
+"""Online DPO (Guo et al. 2024, arXiv:2402.04792) on a prompt dataset with reward functions,
+on the prompt-RL base like GRPO.
 
 One step: 1 sample `group_size` completions per prompt from the current policy (any rollout
 engine) -> 2 score them with `rewards` (verifier, ORM, a judge function) -> 3 the best and the
@@ -9,10 +9,9 @@ worst of each group form a pair (``posttrain.ops.best_worst_pairs``; a group of 
 optimizer step.
 
 The reference is the starting policy, frozen: a copy (full fine-tune) or the policy with its
-LoRA adapters off; a reference-free loss (``simpo``) loads none. Differences from TRL 1.16
-(``trl/experimental/online_dpo/online_dpo_trainer.py``, ``training_step``): G >= 2 samples with
-best vs worst (TRL: 2); tied groups are skipped (TRL trains the first sample as chosen); a
-truncated completion is scored by the rewards like any other (TRL: ``missing_eos_penalty``).
+LoRA adapters off; a reference-free loss (``simpo``) loads none. Differences from TRL 1.16:
+G >= 2 best vs worst, tied groups skipped, truncated completions scored like any other.
+More: docs/dpo.md, "Module notes", posttrain.trainers.online_dpo.
 """
 
 from __future__ import annotations

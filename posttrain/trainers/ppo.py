@@ -1,31 +1,17 @@
 """PPO for RLHF: actor, critic, frozen reference and reward functions / a reward model.
 
-One step (numbered as in the code):
-1. generate completions with the current policy (the shared rollout);
-2. score each completion (verifiable rewards and/or a reward model, weighted sum R);
-3. with no gradients: the rollout policy's log-probs (the "old" policy of the ratio), the
-   reference's log-probs, the critic's values; per-token rewards ``-beta * KL[t]`` plus R on the
-   last real token (Ziegler et al. 2019, arXiv:1909.08593; InstructGPT, arXiv:2203.02155);
-4. GAE advantages and returns (Schulman et al. 2015, arXiv:1506.02438) with V = 0 after the
-   last token, optionally whitened;
-5. ``ppo_epochs`` passes x ``mini_batches`` optimizer steps of the clipped policy loss (PPO,
-   arXiv:1707.06347) and the clipped value loss, with an entropy bonus, gradient clipping,
-   critic warm-up steps and early stopping on approx KL > ``target_kl``.
-All formulas are ``posttrain.ops`` functions (docs/algorithms.md); this file orchestrates.
-
-Deliberate choices (docs/ppo.md):
-- Policy and critic never share trainable weights (a separate body, or a separate LoRA adapter
-  on one frozen base), so each has its own AdamW, learning rate and gradient clipping; the
-  total loss ``L_policy + c_v L_V - c_e H`` then splits into independent updates.
-- The old log-probs are recomputed with the training forward pass (not the sampler's decode
-  numbers), so the first update's ratio is 1 up to float rounding and approx KL starts at 0.
-- A completion whose score is unscorable (NaN) is dropped and counted (`reward/unscorable`).
-- Multi-turn episodes (`tools` / `environment`, docs/agents.md): every forward (policy,
-  reference, critic) reads the whole episode (`attention_mask`); rewards, KL, GAE, losses and
-  entropy count the model's tokens only (`response_mask`): GAE skips tool tokens.
-- Early stop stops both the policy and the critic for the rest of the step.
-
+One step (numbered as in the code): 1 generate completions (the shared rollout) -> 2 score each
+(verifiable rewards and/or a reward model, weighted sum R) -> 3 no-grad old log-probs, reference
+log-probs, values; per-token rewards ``-beta * KL[t]`` plus R on the last real token -> 4 GAE
+advantages and returns (V = 0 after the last token), optionally whitened -> 5 ``ppo_epochs`` x
+``mini_batches`` steps of the clipped policy and value losses, entropy bonus, clipping, critic
+warm-up, early stop on approx KL > ``target_kl`` (stops policy and critic for the step).
+Deliberate choices (docs/ppo.md): policy and critic share no trainable weights (own AdamW, LR,
+clipping); old log-probs recomputed by the training forward (first ratio 1); an unscorable
+completion is dropped and counted (`reward/unscorable`); multi-turn episodes read the whole
+episode but count only the model's tokens (`response_mask`; GAE skips tool tokens).
 Notation: N sequences in the step, T completion tokens.
+More (papers): docs/ppo.md, "Module notes", posttrain.trainers.ppo.
 """
 
 from __future__ import annotations

@@ -1,25 +1,17 @@
 """Process reward model (PRM): a per-step classifier on step-labelled rows.
 
-Rows ``{"prompt", "steps", "labels"}`` (labels 1 / 0 / -1, one per step) are written as
-``render(prompt) + s1 + sep + s2 + sep + ...``; the model (``AutoModelForTokenClassification``
-with ``num_classes`` labels on the policy's decoder) predicts each step's class at the last token
-of its separator, and the loss (``posttrain.ops.prm_step_loss``) counts those positions only
-(Lightman et al. 2023, "Let's Verify Step by Step", arXiv:2305.20050). With ``soft_labels: true``
-the targets are a row's ``soft_labels`` (Math-Shepherd's fraction of rollouts that reach the
-answer, Wang et al. 2023, arXiv:2312.08935) and the loss is the cross-entropy against
-``(1 - q, q)`` (2 classes only).
-
+Rows ``{"prompt", "steps", "labels"}`` (labels 1 / 0 / -1) are written as
+``render(prompt) + s1 + sep + s2 + sep + ...``; the model (``AutoModelForTokenClassification``,
+``num_classes`` labels) predicts each step's class at the last token of its separator, and the
+loss (``posttrain.ops.prm_step_loss``) counts those positions only (Lightman et al. 2023). With
+``soft_labels: true`` the targets are a row's ``soft_labels`` (Math-Shepherd), cross-entropy
+against ``(1 - q, q)`` (2 classes only).
 One step: 1 next batch of rows -> 2 class logits at every position -> 3 the loss at step ends,
 normalised by the steps of the whole optimizer step, backward per micro-batch, clip, step.
-
-Held-out metrics (``eval_data``: step rows): ``step_accuracy`` (predicted class == label class),
-``bad_f1`` / ``bad_precision`` / ``bad_recall`` of the "bad step" class (label -1; a step is
-predicted bad when its score P(good) < 0.5), ``first_error_accuracy`` (the first predicted bad
-step, or "none", equals the first labelled -1, or "none"), and ``solution_auc`` of the ``min``
-aggregated score against "every step is good".
-
-The step format (separator, how completions are split into steps, classes) is saved in the
-checkpoint's config.json (``posttrain_prm``) for the scorer (``posttrain.models.scorers``).
+Held-out metrics: ``step_accuracy``, ``bad_f1`` / ``bad_precision`` / ``bad_recall``,
+``first_error_accuracy``, ``solution_auc``. The step format is saved in config.json
+(``posttrain_prm``) for the scorer (``posttrain.models.scorers``).
+More: docs/process_supervision.md, "Module notes", posttrain.trainers.prm.
 """
 
 from __future__ import annotations

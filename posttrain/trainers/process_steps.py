@@ -1,28 +1,17 @@
 """Process supervision for GRPO: steps, their token positions and their scores.
 
-`advantage: grpo_process` (DeepSeekMath, arXiv:2402.03300, section 4.1.3; docs/algorithms.md,
-docs/process_supervision.md) needs, for every sampled completion, where each reasoning step
-ends and a score per step. A *step scorer* supplies both; anything with this call works::
+`advantage: grpo_process` (DeepSeekMath section 4.1.3; docs/process_supervision.md) needs, per
+sampled completion, where each step ends and a score per step, from a *step scorer*::
 
     scorer(prompts: list, completions: list[str])
         -> list[(char_ends: list[int], scores: list[float])]  # one pair per completion
 
-`char_ends[j]` is the character offset (exclusive) in the completion text where step `j` ends.
-
-* :class:`PRMStepScorer` is the one a recipe gets from ``process_reward_model: DIR``: a PRM saved
-  by ``posttrain prm``, run by the library's one scorer (``posttrain.models.scorers``): steps
-  are cut with the PRM's OWN saved rule (``posttrain.data.steps``, the rule it was trained on)
-  and each step's score is the PRM's P(good) at that step's end, the same scores its
-  ``process_reward_model`` reward and ``posttrain search`` aggregate.
-* ``process_reward_model: package.module:name`` loads any other callable of the shape above (or
-  a zero-argument factory of one, when ``name`` is a class).
-
-:func:`step_tensors` maps character ends to token positions of the sampled tokens. The token
-that completes step `j`'s last character ends step `j`; the LAST step is extended to the last
-counted token (the EOS included), so a completion's final tokens share its last step's credit
-and a completion with one step gets its outcome advantage on every token. A completion without
-any step (blank text) gets one step scored ``EMPTY_SCORE`` (0.0, the worst P(good)), the
-score such a completion gets as a reward and in search.
+`char_ends[j]`: the character offset (exclusive) where step `j` ends. :class:`PRMStepScorer`
+(``process_reward_model: DIR``) runs the library's one scorer with the PRM's OWN saved step
+rule; ``package.module:name`` loads any other callable (or zero-argument factory) of that shape.
+:func:`step_tensors` maps character ends to sampled-token positions; the LAST step extends to
+the last counted token (EOS included); a stepless completion gets one step of ``EMPTY_SCORE``.
+More: docs/process_supervision.md, "Module notes", posttrain.trainers.process_steps.
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
 """Outcome reward model (ORM): a causal LM turned into a scalar scorer.
 
-The model is ``AutoModelForSequenceClassification`` with one label on the policy's decoder (see
-``posttrain.models.reward`` for why); the score is read at the last real token of
+``AutoModelForSequenceClassification`` with one label on the policy's decoder
+(``posttrain.models.reward``); the score is read at the last real token of
 ``render(prompt) + completion + EOS``. Two objectives (``docs/reward_models.md``):
-
-* ``bradley_terry`` on preference rows ``{"prompt", "chosen", "rejected"}``:
-  ``-log sigmoid(r_w - r_l - m)`` (``posttrain.ops.bradley_terry_loss``; Ouyang et al. 2022,
-  arXiv:2203.02155). ``m`` is ``margin`` plus a row's own ``margin`` field when present
-  (the Llama-2 variant, Touvron et al. 2023, arXiv:2307.09288).
-* ``binary`` on outcome rows ``{"prompt", "completion", "label": 1 | 0}``: binary cross-entropy
-  of ``sigmoid(r)`` against the label, what "Let's Verify Step by Step" (Lightman et al. 2023,
-  arXiv:2305.20050) trains its ORM on. With ``token_level: true`` the label is predicted at
-  every completion token (``posttrain.ops.token_outcome_loss``; Cobbe et al. 2021,
-  arXiv:2110.14168); the score used everywhere else is still the last real token's.
-
+* ``bradley_terry`` on ``{"prompt", "chosen", "rejected"}``: ``-log sigmoid(r_w - r_l - m)``,
+  ``m`` = ``margin`` plus a row's own ``margin`` field (Llama-2's variant).
+* ``binary`` on ``{"prompt", "completion", "label": 1 | 0}``: BCE of ``sigmoid(r)``; with
+  ``token_level: true`` at every completion token (the score is still the last token's).
 One step: 1 next batch of rows -> 2 scores at the last real token (one forward over chosen and
 rejected together) -> 3 the loss, backward per micro-batch normalised over the whole step,
-clip, step. Held-out metrics (``eval_data``, same kind as ``train_data``): pair accuracy (ties
-count as wrong), ROC AUC (chosen = positive, rejected = negative; or label vs score), margin,
-score mean/std of chosen and rejected (positives and negatives), loss.
+clip, step. Held-out metrics: pair accuracy (ties wrong), ROC AUC, margin, score mean/std of
+each side, loss.
+More: docs/reward_models.md, "Module notes", posttrain.trainers.reward_model.
 """
 
 from __future__ import annotations
