@@ -32,6 +32,7 @@ import ast
 import logging
 import os
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
@@ -145,6 +146,11 @@ def with_imports(tests: str | Sequence[str | dict], test_imports: str | Sequence
     return [head + item if isinstance(item, str) else item for item in tests]
 
 
+SANDBOXES = threading.BoundedSemaphore(max(1, os.cpu_count() or 1))
+"""One bound for the sandboxes a process runs at once, code rewards and the `python` tool
+alike: one per core (the default pool of `code_rewards_batch` and of the reward scorer)."""
+
+
 def code_reward_detailed(completion: str, tests: str | Sequence[str | dict],
                          timeout_s: float = 5.0, partial: bool = False, *, mode: str = "auto",
                          limits: SandboxLimits | None = None, compare: Compare = None,
@@ -153,8 +159,9 @@ def code_reward_detailed(completion: str, tests: str | Sequence[str | dict],
     """``code_reward`` plus the sandbox result (status for the per-reason counters)."""
     snippets = split_tests(with_imports(tests, test_imports))
     limits = replace(limits or SandboxLimits(), timeout_s=timeout_s)
-    result = run_sandboxed(extract_program(completion), snippets, limits=limits, mode=mode,
-                           stop_on_failure=not partial, compare=compare)
+    with SANDBOXES:
+        result = run_sandboxed(extract_program(completion), snippets, limits=limits, mode=mode,
+                               stop_on_failure=not partial, compare=compare)
     if partial:
         return result.tests_passed / result.tests_total, result
     return (1.0 if result.status == "passed" else 0.0), result
@@ -181,7 +188,8 @@ def code_rewards_batch(completions: Sequence[str],
                        timeout_s: float = 5.0, partial: bool = False, *, mode: str = "auto",
                        limits: SandboxLimits | None = None, max_workers: int | None = None,
                        compare: Compare = None) -> list[float]:
-    """``code_reward`` over many completions with a bounded pool (default: one per core).
+    """``code_reward`` over many completions with a bounded pool (default: one per core; a
+    larger pool still runs at most ``SANDBOXES`` sandboxes at once).
 
     Each run is bounded by its own deadline, so the batch never waits on one stuck program for
     longer than that program's limit. One item that cannot be scored (a malformed test, an
