@@ -215,7 +215,7 @@ def check_environment_rows(spec: AgentSpec | None, rows: Iterable[dict[str, Any]
     for i, row in enumerate(rows, 1):
         name = row.get("environment")
         if not isinstance(name, str) or name not in spec.factory:
-            raise ValueError(f"config key 'environment': {source} row {i} has environment="
+            raise ValueError(f"config key 'environment': row {i} of {source} has environment="
                              f"{name!r}; each row names one of {sorted(spec.factory)} in its "
                              "'environment' field")
 
@@ -293,7 +293,7 @@ class AgentSpec:
     def new_environment(self, row: dict[str, Any]) -> Any:
         """One environment instance for a rollout of `row` (None without a factory)."""
         if isinstance(self.factory, dict):
-            check_environment_rows(self, [row], "the")
+            check_environment_rows(self, [row], "this rollout")
             return self.factory[row["environment"]]()
         return self.factory() if self.factory is not None else None
 

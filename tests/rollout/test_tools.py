@@ -384,7 +384,7 @@ def test_rows_must_name_a_known_environment() -> None:
     check_environment_rows(spec, [{"environment": "slow"}])
     for row, shown in (({}, "None"), ({"environment": "fast"}, "'fast'"),
                        ({"environment": ["slow"]}, r"\['slow'\]")):
-        with pytest.raises(ValueError, match=f"train_data row 2 has environment={shown}; each "
+        with pytest.raises(ValueError, match=f"row 2 of train_data has environment={shown}; each "
                                              r"row names one of \['slow'\]"):
             check_environment_rows(spec, [{"environment": "slow"}, row])
     check_environment_rows(AgentSpec.build(cfg(), None, Slow), [{}])  # one class: no field
