@@ -126,7 +126,7 @@ def python_containment(mode: str) -> str:
                              "limits to run it with resource limits only (no file-system or "
                              "network isolation; docs/sandbox.md)") from err
     _SANDBOX_MODE["mode"] = "strict" if mode == "bwrap" else "limits"
-    line = ("[posttrain] python tool: model code runs in bubblewrap (no network, no host files, "
+    line = ("[posttrain] python tool: model code runs in bubblewrap (no network, no host data, "
             "private /tmp, resource limits; docs/sandbox.md)" if mode == "bwrap" else
             "[posttrain] python tool: model code runs with resource limits only (sandbox_mode: "
             "limits): NO file-system or network isolation; docs/sandbox.md")
