@@ -173,6 +173,25 @@ def test_calls_after_a_timeout_never_run_and_the_environment_is_closed() -> None
     assert env.log == ["wait"]  # the timed-out call finished; nothing after it ran
 
 
+def test_a_later_turn_never_touches_an_environment_whose_call_timed_out() -> None:
+    """In the episode loop: turn 1's call times out, turn 2 pokes the environment while the
+    timed-out call still sleeps; the poke is answered, not run."""
+    t1, t2 = call("wait", s=0.8) + "</s>", call("poke") + "</s>"
+    a1 = "<tool_response>error: wait timed out after 0.2 s</tool_response>\n"
+    inner = ScriptedHF(TOK)
+    inner.script_model = ScriptLM(ids(TOK, "<s>Q\n" + t1 + a1 + t2 + "x" * 400), len(TOK))
+    inner.update_weights(inner.script_model, 0)
+    eng = AgentEngine(inner, AgentSpec({}, Slow, 3, 0.2),
+                      lambda msgs, schemas: render_prompt(TOK, msgs, "auto"))
+    r = eng.generate([], rows=[{"prompt": "Q"}], group_size=1,
+                     params=SamplingParams(len(ids(TOK, t1 + a1 + t2)) + 150, greedy=True))
+    tool = [m["content"] for m in r.rows[0]["messages"] if m["role"] == "tool"]
+    assert tool[0] == "error: wait timed out after 0.2 s" and "not run" in tool[1]
+    assert r.episodes[0]["errors"] == {"timeout": 2}
+    time.sleep(1.0)
+    assert r.rows[0]["environments"].log == ["wait"]
+
+
 def test_a_timed_out_async_tool_is_cancelled() -> None:
     done: list[int] = []
 
