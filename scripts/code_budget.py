@@ -17,14 +17,18 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-BUDGETS = {"core": 160, "config+cli": 950, "data": 650, "models": 830, "ops": 1050,
-           "engine": 2150, "rollout": 1600, "sandbox": 2000, "rewards": 800, "search": 500,
+BUDGETS = {"core": 160, "config+cli": 960, "data": 650, "models": 830, "ops": 1050,
+           "engine": 2150, "rollout": 1760, "sandbox": 2000, "rewards": 800, "search": 500,
            "trainers": 1600}
-LIBRARY = 12300
+LIBRARY = 12470
 PROSE = (0.10, 0.36)
 PEERS = {  # what a family's budget was sized against: feature -> (peer, its lines, ours)
     "trainers: KTO": ("TRL 1.16 kto_trainer.py", 1945, 208),
     "library, like for like": ("OpenRLHF 0.11.2", 7978, 8320),
+    "rollout + config: the tool path under attack (parse never raises, timed-out calls never "
+    "run, calls and turn time bounded, one sandbox bound, containment said, async tools, "
+    "environments checked at start)": ("verl sandbox_fusion_tools.py, its rate-limited "
+                                       "execution pool and code tool, about", 125, 168),
 }
 NOT_LIBRARY = ("tasks", "demo.py")  # the offline demo world: uses the library, never imported
 FAMILY_OF = {"__init__.py": "core", "__main__.py": "config+cli", "cli.py": "config+cli",

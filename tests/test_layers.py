@@ -206,6 +206,8 @@ ROLLOUT_CALLABLES = {
     ("tools.py", "tool_schemas", "fns"): "the user's tool functions",
     ("tools.py", "_run_one", "fns"): "the user's tool functions",
     ("tools.py", "call_tools", "jobs"): "the user's tool functions",
+    ("tools.py", "__init__", "fns"): "the user's tool functions (an episode's `Toolbox`)",
+    ("tools.py", "_spawn", "fn"): "tools.py's own call runner, on a thread",
     ("vllm_engine.py", "__init__", "barrier"): "torch.distributed's barrier (a collective)",
 }
 

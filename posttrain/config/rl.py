@@ -64,7 +64,17 @@ class PromptRLConfig(BaseConfig):
     episode (counted in agent/cut_by_turns). The whole episode, model and tool tokens, fits
     in max_new_tokens."""
     tool_timeout_s: float = 10.0
-    """Wall-clock limit of one tool call; past it the call's answer is a timeout message."""
+    """Wall-clock limit of one tool call; past it the call's answer is a timeout message, the
+    episode's later calls of the turn are not run, and an environment it ran on is closed."""
+    max_tool_calls_per_turn: int = 8
+    """Most tool calls one model turn runs (TRL has no such bound); the others are answered
+    with an error message (agent/tool_errors/too_many)."""
+    tool_turn_timeout_s: float = 30.0
+    """Wall-clock limit of one turn's tool calls of an episode; calls not done by then answer
+    with a timeout message."""
+    sandbox_mode: Literal["bwrap", "limits"] = "bwrap"
+    """Containment of the `python` tool: bwrap (bubblewrap; the run is refused where it does
+    not work) or limits (resource limits only: no file-system or network isolation)."""
     # --- rollout correction (posttrain/ops/importance.py, docs/algorithms.md) ---
     rollout_is: Literal["auto", "none", "token_truncate", "token_mask", "sequence_truncate",
                         "sequence_mask"] = "auto"
@@ -113,5 +123,7 @@ class PromptRLConfig(BaseConfig):
             "max_tool_calling_iterations": (self.max_tool_calling_iterations >= 0,
                                             "expected >= 0"),
             "tool_timeout_s": (self.tool_timeout_s > 0, "expected > 0"),
+            "max_tool_calls_per_turn": (self.max_tool_calls_per_turn >= 1, "expected >= 1"),
+            "tool_turn_timeout_s": (self.tool_turn_timeout_s > 0, "expected > 0"),
             "max_prompt_len": (self.max_prompt_len >= 0, "expected >= 0 (0: only the model's "
                                "context)")})

@@ -28,6 +28,7 @@ from posttrain.models.lora import check_lora_targets
 from posttrain.rewards.registry import RewardScorer, RewardSpec, validate_specs
 from posttrain.rollout import SamplingParams
 from posttrain.rollout.engine import Sampler, build_engine
+from posttrain.rollout.tools import check_environment_rows
 
 
 @dataclass
@@ -241,13 +242,15 @@ def _needed_fields(scorer: RewardScorer | None, answer_field: str) -> dict[str, 
 def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
                  loader: Callable[[], tuple[Any, Any]] | None = None, model: Any = None,
                  tokenizer: Any = None, train_data: Any = None, eval_data: Any = None,
-                 reward_fns: dict[str, Any] | None = None, place: bool = True) -> Session:
+                 reward_fns: dict[str, Any] | None = None, place: bool = True,
+                 agent: Any = None) -> Session:
     """Validate rewards and data (cheap, first), check the rows against the tokenizer and the
     model's context, then load the model.
 
     `model`, `tokenizer`, `train_data`, `eval_data` and `reward_fns` are in-memory objects from
     the Python API; what is not given is loaded from the config (`loader` loads the model).
     `place`: move the model to `cfg.device` (not under FSDP2, which places each rank's shards).
+    `agent`: the run's tools and environments; the rows must name a known environment.
     """
     if with_train:
         check_trackers(cfg)
@@ -268,6 +271,11 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
     if kind == "prompts":
         train_rows = _normalise_rows(train_rows, answer_field, marker)
     eval_rows = _normalise_rows(eval_rows, answer_field, marker)
+    try:
+        check_environment_rows(agent, train_rows, "train_data")
+        check_environment_rows(agent, eval_rows, "eval_data")
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     if model is None or isinstance(model, str):
         # the tokenizer and the model's config first (cheap): rows are checked against them
         # before the weights load

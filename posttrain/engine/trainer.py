@@ -116,7 +116,8 @@ class Trainer:
         self._lock = prepare_out_dir(cfg, self.dist.is_main, self.name)
         # Data, rewards and config are validated inside load_session before any model loads.
         self.session = session or load_session(cfg, kind=self.data_kind, loader=self.load_model,
-                                         place=not self.sharded_start, **objects)
+                                               place=not self.sharded_start, agent=self.agent,
+                                               **objects)
         self.session.maybe_lora()
         self.session.dist = self.dist  # held-out evaluation: sharded by rank, gathered
         self.device = resolve_device(cfg.device)

@@ -24,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from posttrain.sandbox import SANDBOXES
 from posttrain.sandbox.run import (
     SandboxLimits,
     SandboxResult,
@@ -140,8 +141,9 @@ def code_reward_detailed(completion: str, tests: str | Sequence[str | dict],
     """``code_reward`` plus the sandbox result (status for the per-reason counters)."""
     snippets = split_tests(with_imports(tests, test_imports))
     limits = replace(limits or SandboxLimits(), timeout_s=timeout_s)
-    result = run_sandboxed(extract_program(completion), snippets, limits=limits, mode=mode,
-                           stop_on_failure=not partial, compare=compare)
+    with SANDBOXES:
+        result = run_sandboxed(extract_program(completion), snippets, limits=limits, mode=mode,
+                               stop_on_failure=not partial, compare=compare)
     if partial:
         return result.tests_passed / result.tests_total, result
     return (1.0 if result.status == "passed" else 0.0), result
@@ -168,7 +170,8 @@ def code_rewards_batch(completions: Sequence[str],
                        timeout_s: float = 5.0, partial: bool = False, *, mode: str = "auto",
                        limits: SandboxLimits | None = None, max_workers: int | None = None,
                        compare: Compare = None) -> list[float]:
-    """``code_reward`` over many completions with a bounded pool (default: one per core).
+    """``code_reward`` over many completions with a bounded pool (default: one per core; a
+    larger pool still runs at most ``SANDBOXES`` sandboxes at once).
 
     Each run is bounded by its own deadline, so the batch never waits on one stuck program for
     longer than that program's limit. One item that cannot be scored (a malformed test, an

@@ -46,8 +46,12 @@ RewardFn = Callable[..., float]
 
 def environment_reward(completions: list[str], environments: list[Any]) -> list[float | None]:
     """The environment's own score of each episode (`get_reward()`; docs/agents.md): None
-    (not scored) for a sample without an environment or whose environment has no get_reward."""
-    return [env.get_reward() if hasattr(env, "get_reward") else None for env in environments]
+    (not scored) for a sample without an environment or whose environment has no get_reward.
+    An `async def get_reward` is awaited on the run's event loop."""
+    from posttrain.rollout.tools import resolve
+
+    return [resolve(env.get_reward()) if hasattr(env, "get_reward") else None
+            for env in environments]
 
 
 BUILTIN_REWARDS: dict[str, RewardFn] = {

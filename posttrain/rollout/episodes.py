@@ -59,6 +59,8 @@ class Episode:
     key: int = 0
     """Its index in the step's episodes (the name of its rows in the carried KV cache)."""
     ids: list[int] = dataclasses.field(default_factory=list)
+    said: list[str] = dataclasses.field(default_factory=list)
+    """The model's turns as text (special tokens skipped): what rewards read."""
     model: list[bool] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     turns: int = 0
@@ -197,10 +199,12 @@ class AgentEngine:
         return Rollout.from_sequences(
             [e.prompt for e in eps], [e.ids for e in eps], [e.logprobs for e in eps],
             [e.cut == "length" for e in eps], group_size=group_size,
-            pad_token_id=pad_id(self.tokenizer, stops), tokenizer=self.tokenizer,
-            rows=[{**rows[i // group_size], "messages": e.messages, "environments": e.env}
-                  for i, e in enumerate(eps)],
-            model_tokens=[e.model for e in eps], episodes=[e.stats() for e in eps])
+            pad_token_id=pad_id(self.tokenizer, stops), tokenizer=None,
+            rows=[{**rows[i // group_size], "messages": e.messages,  # a closed env: a late call
+                   "environments": None if getattr(e.tools, "closed", False) else e.env}
+                  for i, e in enumerate(eps)],  # may still change it; no reward reads it
+            model_tokens=[e.model for e in eps], episodes=[e.stats() for e in eps],
+            texts=["\n".join(e.said) for e in eps])  # rewards read what the model wrote
 
     def _take_turn(self, eps: list[Episode], turns: list[Turn], turn: int) -> None:
         """Append each episode's sampled turn and parse its tool calls (or end it)."""
@@ -209,6 +213,7 @@ class AgentEngine:
             e.turns += 1
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             e.messages.append({"role": "assistant", "content": text})
+            e.said.append(text)
             if cut:
                 e.cut, e.done = "length", True
                 continue

@@ -75,14 +75,16 @@ class Rollout:
                        pad_token_id: int, tokenizer: Any = None,
                        rows: list[dict[str, Any]] | None = None,
                        model_tokens: list[list[bool]] | None = None,
-                       episodes: list[dict[str, Any]] | None = None) -> Rollout:
+                       episodes: list[dict[str, Any]] | None = None,
+                       texts: list[str] | None = None) -> Rollout:
         """The one way token lists become a `Rollout` (every engine, every episode loop).
 
         N group-contiguous sequences: `prompts` (N id lists, left padded to P),
         `completions` and their `logprobs` (right padded to T with `pad_token_id` / 0),
         `truncated` (N); `rows`: N rows; `model_tokens` (multi-turn): True on the model's
         tokens, which alone are in `response_mask` (the rest only in `completion_mask`);
-        texts decoded with `tokenizer` (special tokens skipped) when given."""
+        `texts`: the N completions as rewards read them, else decoded with `tokenizer` (special
+        tokens skipped) when given."""
         N, P = len(completions), max(map(len, prompts), default=0)
         T = max(map(len, completions), default=0)
         prompt_ids = torch.full((N, P), pad_token_id, dtype=torch.long)  # [N, P]
@@ -101,8 +103,9 @@ class Rollout:
             response_mask = torch.zeros((N, T), dtype=torch.bool)
             for i, m in enumerate(model_tokens):
                 response_mask[i, :len(m)] = torch.tensor(m, dtype=torch.bool)
-        texts = (tokenizer.batch_decode(completions, skip_special_tokens=True)
-                 if tokenizer is not None else [])
+        if texts is None:
+            texts = (tokenizer.batch_decode(completions, skip_special_tokens=True)
+                     if tokenizer is not None else [])
         return cls(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
                    response_mask=response_mask, logprobs=lps,
                    truncated=torch.tensor(truncated, dtype=torch.bool), group_size=group_size,

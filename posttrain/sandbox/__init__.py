@@ -4,6 +4,9 @@ Standard library and :mod:`posttrain.data` only. :func:`run_sandboxed` is the en
 :mod:`posttrain.rewards.code` is its client. The guarantees are in ``docs/sandbox.md``.
 """
 
+import os
+import threading
+
 from posttrain.sandbox.run import (
     SandboxLimits,
     SandboxResult,
@@ -11,4 +14,9 @@ from posttrain.sandbox.run import (
     run_sandboxed,
 )
 
-__all__ = ["SandboxLimits", "SandboxResult", "SandboxUnavailableError", "run_sandboxed"]
+__all__ = ["SANDBOXES", "SandboxLimits", "SandboxResult", "SandboxUnavailableError",
+           "run_sandboxed"]
+
+SANDBOXES = threading.BoundedSemaphore(max(1, os.cpu_count() or 1))
+"""The process's one bound on sandboxes at once (one per core): code rewards and the `python`
+tool both hold it around `run_sandboxed`."""

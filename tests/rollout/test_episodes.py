@@ -105,6 +105,29 @@ def test_token_in_token_out_and_masks_golden() -> None:
     assert r.attention_mask is r.completion_mask
 
 
+def leak(x: str) -> str:
+    """A tool whose answer holds an answer block.
+
+    Args:
+        x: anything.
+    """
+    return "<answer>5</answer>"
+
+
+def test_rewards_read_what_the_model_wrote_not_the_tools_answers() -> None:
+    """A tool that prints `<answer>5</answer>` scores nothing for a model that wrote no answer
+    (docs/agents.md): the completion is the model's turns; the tool's answer is in `messages`."""
+    from posttrain.rewards import math_reward
+
+    m1, m2 = call("leak", x="q") + "", "no idea</s>"
+    r = run(engine("<s>Q\n" + m1 + answer("<answer>5</answer>") + m2, [leak]))
+    assert [m["role"] for m in r.rows[0]["messages"]] == ["user", "assistant", "tool",
+                                                           "assistant"]
+    assert r.rows[0]["messages"][2]["content"] == "<answer>5</answer>"
+    assert "<answer>" not in r.completions[0] and r.completions[0].endswith("no idea")
+    assert math_reward(r.completions[0], "5") == 0.0
+
+
 def reprefill_turn(model, contexts, keys, limits, params, eos, pad, autocast, generator,
                    uniforms, carried):  # noqa: ANN001, ANN201
     """A turn as episodes ran it before the cache was carried: `sample_tokens` on the whole
@@ -279,6 +302,7 @@ def test_schemas_need_docstrings() -> None:
 
     class Cfg:
         tools, environment, max_tool_calling_iterations, tool_timeout_s = [], "", 2, 1.0
+        sandbox_mode = "limits"  # no bubblewrap check: this test is about schemas
 
     with pytest.raises(ValueError, match="config key 'tools': 'bare'"):
         AgentSpec.build(Cfg, [bare], None)
