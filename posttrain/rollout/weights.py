@@ -79,18 +79,19 @@ def _full(t: Tensor) -> Tensor:
     return full() if callable(full) else t
 
 
-def named_weights(model: torch.nn.Module, dtype: torch.dtype | None = torch.bfloat16
-                  ) -> Iterator[tuple[str, Tensor]]:
+def named_weights(model: torch.nn.Module, dtype: torch.dtype | None = torch.bfloat16,
+                  tied: bool = False) -> Iterator[tuple[str, Tensor]]:
     """(checkpoint name, detached tensor) of every parameter and persistent buffer, tied
-    parameters once; floating-point tensors cast to `dtype` (None: as they are). A LoRA model
-    must be inside `lora_merged` (`iter_weights` does that)."""
+    parameters once (`tied`: under each of their names, e.g. the LM head tied to the
+    embedding); floating-point tensors cast to `dtype` (None: as they are). A LoRA model must
+    be inside `lora_merged` (`iter_weights` does that)."""
     seen: set[int] = set()
     persistent = set(model.state_dict().keys())
     tensors = [*model.named_parameters(remove_duplicate=False),
                *((n, b) for n, b in model.named_buffers(remove_duplicate=False)
                  if n in persistent)]
     for live, t in tensors:
-        if id(t) in seen:
+        if id(t) in seen and not tied:
             continue
         seen.add(id(t))
         name = hf_name(live)
@@ -104,14 +105,14 @@ def named_weights(model: torch.nn.Module, dtype: torch.dtype | None = torch.bflo
 
 
 def iter_weights(model: torch.nn.Module, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 dtype: torch.dtype | None = torch.bfloat16
+                 dtype: torch.dtype | None = torch.bfloat16, tied: bool = False
                  ) -> Iterator[list[tuple[str, Tensor]]]:
     """Buckets of (checkpoint name, `dtype` tensor) covering the model once (see the module
-    doc); each bucket holds about `bucket_bytes` (at least one tensor)."""
+    doc; `tied` as `named_weights`); each bucket holds about `bucket_bytes` (at least one)."""
     with lora_merged(model):
         bucket: list[tuple[str, Tensor]] = []
         size = 0
-        for name, t in named_weights(model, dtype):
+        for name, t in named_weights(model, dtype, tied):
             bucket.append((name, t))
             size += t.numel() * t.element_size()
             if size >= bucket_bytes:

@@ -11,5 +11,16 @@ from tests.rollout import fake_vllm
 def vllm(monkeypatch):
     monkeypatch.setattr(engine_checks, "vllm_available", lambda: True)
     monkeypatch.setattr(engine_checks, "_cuda", lambda: True)
+    monkeypatch.setattr(engine_checks, "vllm_cpu_build", lambda: False)  # plays a CUDA vLLM
     monkeypatch.setattr(vllm_engine, "_KEPT", [], raising=False)
     return fake_vllm.install(monkeypatch)
+
+
+@pytest.fixture(autouse=True)
+def no_push_check_on_the_fake(monkeypatch, request):
+    """The stand-in samples fixed log-probs, so it cannot score a probe like the learner: the
+    push check runs against the real vLLM only (`pytest -m vllm`, test_real_vllm.py)."""
+    if "vllm" in request.fixturenames:
+        from posttrain.engine import trainer
+
+        monkeypatch.setattr(trainer, "check_push", lambda *a, **k: 0.0)

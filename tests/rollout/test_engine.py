@@ -122,7 +122,7 @@ def test_vllm_colocate_without_vllm_is_a_clear_error(model_tok, monkeypatch):
 
 
 @pytest.mark.parametrize("keys, needle", [
-    ({"device": "cpu"}, "needs a CUDA device (device=cpu)"),
+    ({"device": "cpu"}, "on a CPU (device=cpu) needs vLLM's CPU build"),
     ({"top_k": 5}, "top_k=5 / top_p=1.0: vLLM's log-probs would be renormalised"),
     ({"top_p": 0.9}, "top_p=0.9"),
     ({"vllm_gpu_memory_utilization": 1.0}, "'vllm_gpu_memory_utilization'=1.0"),
