@@ -93,7 +93,9 @@ class BaseConfig:
     replay recomputes its part of the shared cache); the plain forward runs with torch_compile
     or active dropout and for other families (docs/performance.md)."""
     threads: int = 0
-    """torch.set_num_threads; 0 keeps torch's default."""
+    """torch.set_num_threads; 0: torch's default (OMP_NUM_THREADS, else one per core) less the
+    cores other processes keep busy when the run starts, said in one line (threads waiting on
+    a taken core run steps several times slower: benchmarks/busy_threads.py)."""
     device: str = "auto"
     """Where the models run: auto (cuda when available, else cpu), cpu, cuda, cuda:1, ..."""
     lora_r: int = 0
