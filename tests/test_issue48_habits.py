@@ -65,12 +65,14 @@ def test_kto_warns_at_start_on_unbalanced_rows(tmp_path, capsys):
 
 
 def test_preference_pairs_given_to_kto_are_named_as_pairs():
-    rows = [(1, {"prompt": "1+1", "chosen": "2", "rejected": "3"})]
+    rows = [(n, {"prompt": f"1+{n}", "chosen": "2", "rejected": "3"}) for n in (1, 2, 3)]
     with pytest.raises(DataError) as err:
         validate_rows(rows, "unpaired", "pairs.jsonl")
     message = str(err.value)
-    assert "these are preference pairs (chosen / rejected): use `posttrain dpo`" in message
-    assert "or unpair them" in message and "columns={" not in message
+    assert "these are preference pairs (chosen / rejected), not KTO's unpaired rows: use " \
+           "`posttrain dpo`, or unpair them" in message
+    assert "columns={" not in message and "(missing from 3 rows)" in message
+    assert len(message.splitlines()) == 1  # once, not once per row or per field
 
 
 # ---- item 15: threads on a busy machine ---------------------------------------------------------
