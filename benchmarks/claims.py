@@ -514,6 +514,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     per_seed = {j: {sd: json.loads((out / "jobs" / f"{j}_s{sd}.json").read_text())
                     for sd in s["seeds"] if (out / "jobs" / f"{j}_s{sd}.json").is_file()}
                 for j in JOBS}
+    if args.table and not any(per_seed.values()):
+        sys.exit(f"[claims] --table: no finished jobs in {out / 'jobs'} (seeds {s['seeds']}); "
+                 f"run `python benchmarks/claims.py --out {out}` first")
     if per_seed["process"] and per_seed["demo"]:  # the outcome arm is the demo run
         for sd, r in per_seed["process"].items():
             r["outcome_after"] = per_seed["demo"].get(sd, {}).get("after", float("nan"))

@@ -17,6 +17,9 @@ from typing import Any
 from posttrain.config import ConfigError, build_config, config_help
 from posttrain.trainers import TRAINERS, config_class, train
 
+# TRL's trainers that are a setting of one of ours: `posttrain cpo` -> what to run instead
+TRL_COMMANDS = {"cpo": "posttrain dpo loss_type=simpo (CPO's NLL term: rpo_alpha)",
+                "simpo": "posttrain dpo loss_type=simpo", "rloo": "posttrain grpo advantage=rloo"}
 COMMANDS: dict[str, str] = {
     **{name: text for name, (_, text) in TRAINERS.items()},
     "eval": "greedy held-out evaluation of a model with reward functions",
@@ -53,9 +56,9 @@ def _config_command(command: str, argv: list[str]) -> int:
     if command == "eval" and not any(o.startswith("train_data=") for o in overrides):
         # eval reads eval_data; train_data is only required by the trainers
         overrides.append("train_data=__unused__")
+    from posttrain.core.errors import UserFunctionError
     from posttrain.engine.distributed import close_process_group
     from posttrain.models.loading import ModelLoadError
-    from posttrain.rewards.errors import RewardFunctionError
 
     finished = False
     try:
@@ -72,8 +75,8 @@ def _config_command(command: str, argv: list[str]) -> int:
         print(f"posttrain {command}: model error: {' '.join(str(err).split())}",
               file=sys.stderr)
         return 2
-    except RewardFunctionError as err:  # a broken reward stopped the run (docs/rewards.md)
-        print(f"posttrain {command}: reward error: {err}", file=sys.stderr)
+    except UserFunctionError as err:  # a broken reward or tool stopped the run (docs/rewards.md)
+        print(f"posttrain {command}: {err.kind} error: {err}", file=sys.stderr)
         return 1
     finally:
         close_process_group(finished)
@@ -185,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     if command == "demo":
         return _demo(rest)
     if command not in COMMANDS:
-        print(f"posttrain: unknown command '{command}'\n{usage}", file=sys.stderr)
+        trl = f" (TRL's trainer: run {TRL_COMMANDS[command]})" if command in TRL_COMMANDS else ""
+        print(f"posttrain: unknown command '{command}'{trl}\n{usage}", file=sys.stderr)
         return 2
     return _config_command(command, rest)
 

@@ -25,11 +25,13 @@ from posttrain.config import GRPOConfig, SFTConfig, build_config
 from posttrain.core.io import finished, peak_rss_mb, write_summary
 from posttrain.models.loading import save_checkpoint
 
-# The demo's settings, tuned on a 2-core CPU. Two torch threads: side by side on an otherwise
-# idle 2-core AMD EPYC (AVX-512), 300 SFT steps took 40.2/40.1 s against 59.0/61.9 s with one
-# and 10 GRPO steps 4.1/4.1 s against 6.0/5.9 s (benchmarks/demo_threads.py).
+# The demo's settings, tuned on a 2-core CPU. Threads 0: one per free core. On an otherwise
+# idle 2-core AMD EPYC (AVX-512) two threads took 40.2/40.1 s for 300 SFT steps against
+# 59.0/61.9 s with one and 10 GRPO steps 4.1/4.1 s against 6.0/5.9 s
+# (benchmarks/demo_threads.py); beside other work two run several times slower than one
+# (benchmarks/busy_threads.py).
 DEMO = {
-    "threads": 2,
+    "threads": 0,
     "model": {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "intermediate_size": 512},
     "sft": {"rows": 96_000, "flaw_rate": 0.6, "max_steps": 1500, "batch_size": 64, "lr": 2e-3,
             "warmup_steps": 100, "micro_batch_size": 0},  # CPU sizes (the defaults: a GPU's)

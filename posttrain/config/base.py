@@ -28,7 +28,7 @@ import yaml
 
 from posttrain.config.engine import check_rollout_engine
 from posttrain.config.errors import ConfigError, check_table
-from posttrain.config.hints import note_shared_names, unknown_key_message
+from posttrain.config.hints import note_shared_names, null_note, unknown_key_message
 
 TRACKERS = ("tensorboard", "trackio", "wandb")
 
@@ -93,7 +93,9 @@ class BaseConfig:
     replay recomputes its part of the shared cache); the plain forward runs with torch_compile
     or active dropout and for other families (docs/performance.md)."""
     threads: int = 0
-    """torch.set_num_threads; 0 keeps torch's default."""
+    """torch.set_num_threads; 0: torch's default (OMP_NUM_THREADS, else one per core) less the
+    cores other processes keep busy when the run starts, said in one line (threads waiting on
+    a taken core run steps several times slower: benchmarks/busy_threads.py)."""
     device: str = "auto"
     """Where the models run: auto (cuda when available, else cpu), cpu, cuda, cuda:1, ..."""
     lora_r: int = 0
@@ -284,7 +286,7 @@ def _check_value(key: str, value: Any, tp: Any, where: str) -> Any:
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}{key}={value!r}: expected an integer")
+            raise ConfigError(f"{where}{key}={value!r}: expected an integer{null_note(key)}")
         return value
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
@@ -371,7 +373,7 @@ def build_config(
     if overrides:
         ov = parse_overrides(overrides) if isinstance(overrides, list) else dict(overrides)
         sources.append((ov, "override "))
-    values = _checked_values(sources, hints, valid)
+    values = _checked_values(sources, hints, valid, cls.__name__)
     note_shared_names(list(values))
     cfg = dataclasses.replace(base, **values) if base is not None else cls(**values)
     validate_config(cfg)
@@ -390,9 +392,9 @@ def _flat(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _checked_values(sources: list[tuple[dict[str, Any], str]], hints: dict[str, Any],
-                    valid: list[str]) -> dict[str, Any]:
+                    valid: list[str], trainer: str) -> dict[str, Any]:
     """Every key of every source type-checked; all unknown or wrong keys in one ConfigError
-    (one line each, the valid keys once at the end)."""
+    (one line each, the valid keys once at the end; hints for `trainer`, a config class)."""
     values: dict[str, Any] = {}
     errors: list[str] = []
     unknown = False
@@ -400,7 +402,7 @@ def _checked_values(sources: list[tuple[dict[str, Any], str]], hints: dict[str, 
         for key, value in mapping.items():
             if key not in hints or key not in valid:
                 nested = _flat(value, f"{key}.") if isinstance(value, dict) else {key: value}
-                errors += [unknown_key_message(str(k), valid, where, with_valid=False)
+                errors += [unknown_key_message(str(k), valid, where, False, trainer)
                            for k in nested]
                 unknown = True
                 continue

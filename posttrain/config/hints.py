@@ -2,9 +2,10 @@
 names that exist in both worlds with another meaning (docs/trainers.md "Names from TRL and
 verl").
 
-A hint names the key with the same meaning, never a look-alike: verl's `max_response_length`
-is our `max_new_tokens` (not `max_prompt_len`), its `data.train_batch_size` our
-`prompts_per_step`. Pure Python, no posttrain imports.
+A hint is per trainer (config class): it names the key with the same meaning in that trainer,
+or no key and what to do instead, never a look-alike (DPO's `max_new_tokens` is its held-out
+budget, not TRL's `max_completion_length`; PPO's `gamma` is the discount, not `simpo_gamma`).
+tests/test_hint_meanings.py checks every hint against a table of meanings. Pure Python.
 """
 
 from __future__ import annotations
@@ -23,15 +24,39 @@ TRL_NAMES: dict[str, str] = {
     "model_name_or_path": "model", "dataset_name": "train_data", "loss_type": "loss_agg",
     "bf16": "bf16_compute", "max_steps_per_epoch": "max_steps", "num_train_epochs": "max_steps",
     "max_prompt_length": "max_prompt_len", "warmup_ratio": "warmup_steps",
+    "gradient_accumulation_steps": "micro_batch_size", "use_vllm": "rollout_engine",
+    "vllm_mode": "rollout_engine", "reward_model_path": "rewards", "judge": "rewards",
+    "simpo_gamma": "gamma", "cpo_alpha": "rpo_alpha", "num_completions_to_print":
+    "log_completions", "per_device_train_batch_size": "prompts_per_step",
 }
-_TRL_NOTES: dict[str, str] = {
+# where the first key is not in a trainer: the key of the same meaning there
+_SECOND: dict[str, str] = {"per_device_train_batch_size": "batch_size"}
+_REWARD_MODEL = "rewards (an entry {name: reward_model, path: DIR}, docs/rewards.md)"
+# what a hint says instead of the bare key
+_NOTES: dict[str, str] = {
     "processing_class": "the `tokenizer=` argument of the trainer (Python API)",
     "bf16": "bf16_compute or autocast_bf16 (weights stay fp32)",
     "num_train_epochs": "max_steps (posttrain counts steps, not epochs)",
     "warmup_ratio": "warmup_steps (a count of optimizer steps, not a fraction)",
     "gradient_accumulation_steps": "micro_batch_size (sequences per forward/backward; the "
                                    "step's batch is accumulated in micro-batches)",
+    "use_vllm": "rollout_engine (use_vllm: true is rollout_engine: vllm_colocate or vllm_server)",
+    "vllm_mode": "rollout_engine (vllm_mode colocate is rollout_engine: vllm_colocate, server "
+                 "is vllm_server)",
+    "rollout.name": "rollout_engine (hf, vllm_colocate or vllm_server)",
+    "reward_model_path": _REWARD_MODEL,
+    "judge": f"{_REWARD_MODEL}: a scalar reward ranks the samples; there are no pairwise judges",
+    "simpo_gamma": "gamma (SimPO's target reward margin, with loss_type: simpo)",
+    "cpo_alpha": "rpo_alpha (the chosen completion's NLL weight; CPO-SimPO is loss_type: simpo "
+                 "with rpo_alpha)",
+    "num_completions_to_print": "log_completions (samples of each step written and printed)",
+    "max_length": "max_seq_len (a longer row is an error, never truncated)",
+    "per_device_train_batch_size": (
+        "prompts_per_step (prompts per step; TRL counts completions: per_device_train_batch_size"
+        " = prompts_per_step * group_size) and micro_batch_size (sequences per forward/backward)"),
+    "max_turns": "max_tool_calling_iterations (rounds of tool calls per episode)",
 }
+_NOTES["max_assistant_turns"] = _NOTES["max_user_turns"] = _NOTES["max_turns"]
 # verl's names (dotted as in its Hydra config; matched on their last components) -> ours
 VERL_NAMES: dict[str, str] = {
     "max_response_length": "max_new_tokens", "response_length": "max_new_tokens",
@@ -44,6 +69,33 @@ VERL_NAMES: dict[str, str] = {
     "ppo_micro_batch_size_per_gpu": "micro_batch_size", "total_training_steps": "max_steps",
     "total_epochs": "max_steps", "save_freq": "save_every", "test_freq": "eval_every",
     "default_local_dir": "out_dir", "entropy_coeff": "ent_coef",
+    "max_prompt_length": "max_prompt_len",
+    "max_turns": "max_tool_calling_iterations",
+    "max_assistant_turns": "max_tool_calling_iterations",
+    "max_user_turns": "max_tool_calling_iterations", "rollout.name": "rollout_engine",
+}
+# our keys that mean something else in some trainers (config classes) than the names hinted
+# to them: there those names get no key
+LOOK_ALIKES: dict[str, tuple[str, ...]] = {
+    "max_new_tokens": ("SFTConfig", "DPOConfig", "KTOConfig"),  # the held-out budget there
+    "rewards": ("SFTConfig", "DPOConfig", "KTOConfig"),  # score held-out samples only
+    "clip_eps_low": ("OnlineDPOConfig",), "clip_eps_high": ("OnlineDPOConfig",),  # no ratio
+    "gamma": ("PPOConfig",),  # the discount
+    "batch_size": ("SearchConfig",),  # prompts per generation batch
+}
+# what to do where a name has no key of its meaning (any other: docs/trainers.md)
+_NOT_CUT = ("rows are never truncated here: max_seq_len bounds prompt + completion (a longer row "
+            "is an error); max_new_tokens is only the held-out generation budget")
+_NO_SCORER = ("this trainer trains on its rows' labels; rewards only score held-out samples "
+              "(posttrain ppo / grpo / online_dpo take one)")
+_SIMPO = ("SimPO and CPO are `posttrain dpo loss_type=simpo` (gamma: the margin, rpo_alpha: the "
+          "NLL weight)")
+_NO_KEY: dict[str, str] = {
+    "max_completion_length": _NOT_CUT, "max_prompt_length": _NOT_CUT,
+    "max_response_length": _NOT_CUT, "reward_model_path": _NO_SCORER, "judge": _NO_SCORER,
+    "simpo_gamma": _SIMPO, "cpo_alpha": _SIMPO,
+    "max_length": "GRPO, PPO and online DPO sequences are at most max_prompt_len + "
+                  "max_new_tokens tokens",
 }
 # names that mean something else here than in TRL / verl: said once, when a config sets them
 SHARED_NAMES: dict[str, str] = {
@@ -52,48 +104,70 @@ SHARED_NAMES: dict[str, str] = {
         "generation batch; the step's size does not change); TRL's generation_batch_size, the "
         "completions sampled per step, is prompts_per_step * group_size here"),
 }
+# what TRL's null means for a key that takes a number here: said with the type error
+TRL_NULLS: dict[str, str] = {
+    "max_tool_calling_iterations": (
+        "TRL's null (its default) means no limit on tool-calling rounds; here set a count (e.g. "
+        "16): the whole episode is bounded by max_new_tokens either way"),
+}
 _noted: set[str] = set()
 
 
-def _trl_hint(key: str, valid: list[str]) -> str | None:
-    """A hint for a TRL name, if it has an equivalent in this config."""
-    if key == "per_device_train_batch_size":
-        if "prompts_per_step" in valid:
-            return ("prompts_per_step (prompts per step; TRL counts completions: "
-                    "per_device_train_batch_size = prompts_per_step * group_size) and "
-                    "micro_batch_size (sequences per forward/backward)")
-        return "batch_size" if "batch_size" in valid else None
-    if key in _TRL_NOTES and key not in TRL_NAMES:
-        return _TRL_NOTES[key]
-    target = TRL_NAMES.get(key)
-    if target is None or (target not in valid and target != "tokenizer"):
-        return None
-    return _TRL_NOTES.get(key, target)
+def _usable(target: str, valid: list[str], trainer: str) -> bool:
+    """Whether `target` is a key of this trainer with the meaning of the names hinted to it."""
+    return (target in valid or target == "tokenizer") and trainer not in LOOK_ALIKES.get(
+        target, ())
 
 
-def _verl_hint(key: str, valid: list[str]) -> str | None:
-    """Our key for a verl name (`data.train_batch_size`, `actor_rollout_ref.rollout.n`)."""
+def _foreign(key: str) -> tuple[str, str, str] | None:
+    """(world, name as in the tables, our key) for a TRL or verl name."""
+    if key in TRL_NAMES:
+        return "TRL", key, TRL_NAMES[key]
     parts = key.split(".")
     for i in range(len(parts)):
-        target = VERL_NAMES.get(".".join(parts[i:]))
-        if target is not None:
-            return target if target in valid else None
+        name = ".".join(parts[i:])
+        if name in VERL_NAMES:
+            return "verl", name, VERL_NAMES[name]
     return None
 
 
-def unknown_key_message(key: str, valid: list[str], where: str, with_valid: bool = True) -> str:
-    """"unknown config key 'k'. Did you mean ...?" with the key of the same meaning for a TRL
-    or verl name, else the closest spellings; `with_valid`: append every valid key."""
-    trl, verl = _trl_hint(key, valid), _verl_hint(key, valid)
-    if trl is not None:
-        hint = f" Did you mean {trl}? ('{key}' is TRL's name)"
-    elif verl is not None:
-        hint = f" Did you mean {verl}? ('{key}' is verl's name)"
-    else:
+def foreign_hint(key: str, valid: list[str], trainer: str = "") -> tuple[str, str, str | None,
+                                                                         str] | None:
+    """For a TRL or verl name in `trainer` (a config class name): (its world, its name in the
+    tables, our key of the same meaning or None when this trainer has none, the hint's text:
+    that key with its note, or what to do instead)."""
+    found = _foreign(key)
+    if found is None:
+        return None
+    world, name, target = found
+    for key_here, text in ((target, _NOTES.get(name, target)),
+                           (_SECOND.get(name, ""), _SECOND.get(name, ""))):
+        if key_here and _usable(key_here, valid, trainer):
+            return world, name, key_here, text
+    return world, name, None, _NO_KEY.get(name, "see docs/trainers.md, Names from TRL and verl")
+
+
+def unknown_key_message(key: str, valid: list[str], where: str, with_valid: bool = True,
+                        trainer: str = "") -> str:
+    """"unknown config key 'k'. Did you mean ...?" with the key of the same meaning in
+    `trainer` (a config class name) for a TRL or verl name (or that it has none, and what to
+    do), else the closest spellings; `with_valid`: append every valid key."""
+    foreign = foreign_hint(key, valid, trainer)
+    if foreign is None:
         close = difflib.get_close_matches(key.split(".")[-1], valid, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
+    elif foreign[2] is not None:
+        hint = f" Did you mean {foreign[3]}? ('{key}' is {foreign[0]}'s name)"
+    else:
+        hint = (f" '{key}' is {foreign[0]}'s name; this trainer has no key with its meaning: "
+                f"{foreign[3]}")
     tail = f" Valid keys: {', '.join(valid)}" if with_valid else ""
     return f"{where}unknown config key '{key}'.{hint}{tail}"
+
+
+def null_note(key: str) -> str:
+    """What TRL's null means for `key`, said with the type error of a null."""
+    return f": {TRL_NULLS[key]}" if key in TRL_NULLS else ""
 
 
 def note_shared_names(keys: list[str]) -> None:

@@ -28,9 +28,10 @@ class PromptRLConfig(BaseConfig):
     error and sample; zero: always score 0 and go on (a reward that always fails then trains on
     nothing); raise: stop at the first failure (docs/rewards.md)."""
     log_completions: int | bool = 0
-    """Write this many sampled training completions of each step, with their prompt, weighted
-    reward and each reward function's value, to out_dir/completions.jsonl and the console
-    (true: one group of group_size); 0: none (held-out samples are in eval_*.jsonl)."""
+    """Write this many sampled training completions of each step (at most the step's), with
+    their prompt, weighted reward and each reward function's value, to out_dir/completions.jsonl
+    and the console (true: one group of group_size; TRL's num_completions_to_print); 0 or
+    false: none (held-out samples are in eval_*.jsonl); a negative count is refused."""
     # --- sampling ---
     max_new_tokens: int = 64
     """Longest completion sampled; longer ones are truncated and flagged."""
@@ -118,6 +119,9 @@ class PromptRLConfig(BaseConfig):
         check_table(self, {
             "temperature": (self.temperature > 0, "expected > 0 (sampling is required)"),
             "rewards": (bool(self.rewards), "at least one reward function is required"),
+            "log_completions": (self.log_completions is True or self.log_completions >= 0,
+                                "expected true (one group), false / 0 (none) or a count of "
+                                "samples per step (TRL's num_completions_to_print)"),
             "kl_clamp": (self.kl_clamp >= 0, "expected >= 0 (0: off)"),
             "rollout_is_cap": (self.rollout_is_cap > 0, "expected > 0"),
             "max_tool_calling_iterations": (self.max_tool_calling_iterations >= 0,

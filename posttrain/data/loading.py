@@ -87,6 +87,8 @@ def _column_hint(field: str, raw: Any, columns: Mapping[str, str] | None, kind: 
     """For a missing field: the row's columns and how to map one to the field."""
     if not isinstance(raw, dict) or (columns and field in columns) or field in raw:
         return ""
+    if kind == "unpaired" and {"chosen", "rejected"} <= set(raw):
+        return ""  # preference pairs: said by the schema, no column to map
     required, optional = schema(kind)
     have = sorted(map(str, raw))
     others = [c for c in have if c not in required and c not in optional]

@@ -188,6 +188,10 @@ def row_problems(row: Any, kind: str) -> list[tuple[str, str]]:
         return [("<row>", f"expected a JSON object, got {_type_name(row)}")]
     if kind == "sft" and "messages" in row and "prompt" not in row:  # TRL's conversational SFT
         return [p] if (p := sft_messages_problem(row)) else []
+    if kind == "unpaired" and "completion" not in row and {"chosen", "rejected"} <= set(row):
+        return [("completion", "missing: these are preference pairs (chosen / rejected), not "
+                               "KTO's unpaired rows: use `posttrain dpo`, or unpair them into "
+                               "{prompt, completion, label} rows")]
     problems = []
     for field, check in required.items():
         if field not in row:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from posttrain.core.errors import UserFunctionError
+
 
 class UnscorableError(ValueError):
     """The sample cannot be scored (e.g. its gold answer does not parse).
@@ -11,12 +13,14 @@ class UnscorableError(ValueError):
     """
 
 
-class RewardFunctionError(RuntimeError):
+class RewardFunctionError(UserFunctionError):
     """A reward function raised; carries the function name, the sample index and its completion.
 
     The message is one line: the function, the sample, the error and the completion's first
     200 characters (``repr``, so newlines stay escaped), plus an optional note.
     """
+
+    kind = "reward"
 
     def __init__(self, name: str, index: int, exc: BaseException,
                  completion: str | None = None, note: str = "") -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from posttrain.core.errors import UserFunctionError
 from posttrain.core.runtime import sequence_seed
 from posttrain.data.prompts import as_messages, render_prompt
 from posttrain.rollout.hf import SamplingParams
@@ -277,8 +278,10 @@ def episode_metrics(episodes: list[dict[str, Any]]) -> tuple[dict[str, float],
     return counts, means
 
 
-class ToolFailureError(RuntimeError):
+class ToolFailureError(UserFunctionError):
     """A tool raised or timed out on most of its calls of a step."""
+
+    kind = "tool"
 
 
 def check_failing_tools(per_rank: list[list[dict[str, list]]]) -> None:

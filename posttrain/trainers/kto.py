@@ -15,6 +15,8 @@ More: docs/dpo.md, "Module notes", posttrain.trainers.kto.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import Tensor
 
@@ -39,8 +41,12 @@ class KTOTrainer(DPOTrainer):
     cfg: KTOConfig
 
     def setup(self) -> None:
-        super().setup()
         self.labels = torch.tensor([bool(r["label"]) for r in self.session.train_rows])  # [M]
+        note = weight_note(int(self.labels.sum()), len(self.labels) - int(self.labels.sum()),
+                           self.cfg.desirable_weight, self.cfg.undesirable_weight)
+        if note and self.dist.is_main:
+            print(f"[kto] warning: {note}", file=sys.stderr)
+        super().setup()
 
     def side_logprobs(self, model: torch.nn.Module, idx: Tensor, side: str) -> Tensor:
         """Summed log-probs [n] of the rows ``idx`` with their own completion (``chosen``) or
@@ -90,3 +96,16 @@ class KTOTrainer(DPOTrainer):
         out = self.optimize(plan, counts, loss_fn)
         self.ref.updated = True
         return out
+
+
+def weight_note(n_d: int, n_u: int, w_d: float, w_u: float) -> str | None:
+    """The KTO paper's advice (TRL warns likewise): w_d * n_d / (w_u * n_u) in
+    [1, 4/3] for n_d desirable and n_u undesirable rows; outside it, the desirable_weight range
+    that fits. None when it holds or one kind is absent."""
+    if not (n_d and n_u and w_u) or 1.0 <= w_d * n_d / (w_u * n_u) <= 4 / 3:
+        return None
+    low = w_u * n_u / n_d
+    return (f"{n_d} desirable vs {n_u} undesirable rows: desirable_weight * {n_d} / "
+            f"(undesirable_weight * {n_u}) = {w_d * n_d / (w_u * n_u):.3g}, outside the KTO "
+            f"paper's [1, 4/3]: set desirable_weight in [{low:.3g}, {4 / 3 * low:.3g}] (with "
+            f"undesirable_weight {w_u:g})")

@@ -1,0 +1,62 @@
+"""A TRL user's agent script (issue 48): what the command line says when a run stops because a
+user's function failed (item 12), and `benchmarks/claims.py --table` before any job (item 9)."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import posttrain.cli as cli
+from posttrain.core.errors import UserFunctionError
+from posttrain.rewards.errors import RewardFunctionError
+
+ROOT = Path(__file__).resolve().parents[1]
+ARGS = ["grpo", "model=m", "train_data=d.jsonl", "report_to=[]"]
+
+
+def _tool_failure_error() -> type[Exception]:
+    """ToolFailureError wherever it lives (posttrain/rollout/ or the prompt-RL trainer)."""
+    for module in ("posttrain.rollout.tools", "posttrain.rollout.episodes", "posttrain.rollout",
+                   "posttrain.trainers.prompt_rl"):
+        found = getattr(importlib.import_module(module), "ToolFailureError", None)
+        if found is not None:
+            return found
+    raise AssertionError("ToolFailureError not found")
+
+
+def _stopped_by(error: Exception, monkeypatch, capsys) -> tuple[int, list[str]]:
+    def fail(command, cfg):
+        raise error
+
+    monkeypatch.setattr(cli, "train", fail)
+    code = cli.main(ARGS)
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_a_reward_and_a_tool_failure_stop_with_one_line(monkeypatch, capsys):
+    class ToolBroke(UserFunctionError):
+        kind = "tool"
+
+    reward = RewardFunctionError("r", 3, ValueError("no"), "text")
+    for error, start in ((reward, "posttrain grpo: reward error: reward function 'r' failed"),
+                         (ToolBroke("tool 'calc' failed on 3 of its 4 calls"),
+                          "posttrain grpo: tool error: tool 'calc' failed on 3 of its 4")):
+        code, lines = _stopped_by(error, monkeypatch, capsys)
+        assert code == 1 and len(lines) == 1 and lines[0].startswith(start)
+
+
+def test_the_real_tool_failure_stops_with_one_line(monkeypatch, capsys):
+    error = _tool_failure_error()("tool 'calc' failed on 3 of its 4 calls this step")
+    code, lines = _stopped_by(error, monkeypatch, capsys)
+    assert code == 1 and len(lines) == 1 and "tool 'calc' failed on 3 of its 4" in lines[0]
+
+
+def test_claims_table_before_any_job_is_one_line(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "claims.py"), "--table",
+                          "--out", str(tmp_path / "none")], capture_output=True, text=True,
+                         timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": ""}, cwd=tmp_path)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no finished jobs" in lines[0] and "--table" in lines[0]
