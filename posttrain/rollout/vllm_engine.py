@@ -21,7 +21,7 @@ import json
 import os
 import random
 import sys
-import threading
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -375,6 +375,8 @@ class VLLMServerEngine(_Sampler):
         """Every torchrun rank's barrier (None: one process): no rank samples before rank 0
         has pushed the weights."""
         self.version: int | None = None
+        self.via_file = not torch.cuda.is_available()
+        """No CUDA: weights go through a file in shared memory (same machine), not NCCL."""
         self._comm: Any = None
         self._src = 0
         self._served = self._get("/v1/models")["data"][0]["id"]
@@ -439,49 +441,65 @@ class VLLMServerEngine(_Sampler):
 
     # ---- weights ------------------------------------------------------------------------------
     def update_weights(self, model: torch.nn.Module, version: int) -> None:
-        """Rank 0 broadcasts every bucket to the server's workers; under FSDP2 every rank
-        iterates (each parameter's `full_tensor()` is a collective) and only rank 0 sends."""
+        """Rank 0 sends every bucket to the server's workers (NCCL; on a CPU, one safetensors
+        file in shared memory that the workers reload); under FSDP2 every rank iterates (each
+        parameter's `full_tensor()` is a collective) and only rank 0 sends. Every server-side
+        error of a push is raised here with the server's message."""
         if version == self.version:
             return
         sharded = any(hasattr(p, "full_tensor") for p in model.parameters())
-        if self.is_main or sharded:
+        if self.is_main and self.via_file:
+            self._push_file(model)
+        elif self.is_main or sharded:
             if self.is_main and self._comm is None:
                 self._init_group()
             for bucket in iter_weights(model, self.bucket_bytes):
                 if self.is_main:
                     self._send(bucket)
-            if self.is_main:
-                self._post("/reset_prefix_cache")
+        if self.is_main:
+            self._post("/reset_prefix_cache")
         if self.barrier is not None:  # the other ranks wait for the push before sampling
             self.barrier()
         self.version = version
 
+    def _push_file(self, model: torch.nn.Module) -> None:
+        """The CPU path (no NCCL): every weight, the tied head under its own name too, in one
+        safetensors file in shared memory, reloaded by the workers (`receive_file`)."""
+        from safetensors.torch import save_file
+
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        with tempfile.TemporaryDirectory(dir=folder, prefix="posttrain-push-") as tmp:
+            path = os.path.join(tmp, "weights.safetensors")
+            save_file({n: t.contiguous() for b in iter_weights(model, self.bucket_bytes, tied=True)
+                       for n, t in b}, path)
+            self._post("/collective_rpc", {"method": "receive_file", "args": [path]})
+
     def _init_group(self) -> None:
         """An NCCL group of the server's workers (ranks 0..w-1, rank 0 hosts the store) and
-        this process (rank w, the broadcast source)."""
+        this process (rank w, the broadcast source); a communicator that disabled itself on
+        either side is refused."""
         from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
         from vllm.distributed.utils import StatelessProcessGroup
 
         workers = len(self._post("/collective_rpc", {"method": "weight_group_rank"})["results"])
         world = workers + 1
         rpc = {"method": "init_weight_group", "args": [self.group_host, self.group_port, world]}
-        thread = threading.Thread(target=self._post, args=("/collective_rpc", rpc))
-        thread.start()  # the workers block until this process joins the group
-        group = StatelessProcessGroup.create(host=self.group_host, port=self.group_port,
-                                             rank=workers, world_size=world)
-        self._comm = PyNcclCommunicator(group, device=torch.cuda.current_device())
+        with _Request(self, rpc):  # the workers block until this process joins the group
+            group = StatelessProcessGroup.create(host=self.group_host, port=self.group_port,
+                                                 rank=workers, world_size=world)
+            self._comm = PyNcclCommunicator(group, device=torch.cuda.current_device())
+            if getattr(self._comm, "disabled", False):
+                raise RuntimeError(f"vllm_server: vLLM's NCCL communicator disabled itself on "
+                                   f"the trainer's side (world {world}): nothing would be sent")
         self._src = workers
-        thread.join()
 
     def _send(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
         specs = [[name, str(t.dtype).removeprefix("torch."), list(t.shape)] for name, t in bucket]
-        rpc = {"method": "receive_weights", "args": [specs]}
-        thread = threading.Thread(target=self._post, args=("/collective_rpc", rpc))
-        thread.start()  # the workers allocate and wait on the broadcasts below
-        for _, t in bucket:
-            self._comm.broadcast(t.cuda(), src=self._src, stream=torch.cuda.current_stream())
-        torch.cuda.current_stream().synchronize()
-        thread.join()
+        with _Request(self, {"method": "receive_weights", "args": [specs]}):
+            for _, t in bucket:  # the workers allocate and wait on these broadcasts
+                self._comm.broadcast(t.cuda(), src=self._src,
+                                     stream=torch.cuda.current_stream())
+            torch.cuda.current_stream().synchronize()
 
     # ---- sampling -----------------------------------------------------------------------------
     def _run(self, contexts: list[list[int]], kwargs: list[dict[str, Any]],
@@ -505,6 +523,21 @@ class VLLMServerEngine(_Sampler):
                 "return_token_ids": True, "return_tokens_as_token_ids": True,
                 "skip_special_tokens": False, **NEUTRAL}
         return server_choice(self._post("/v1/completions", body)["choices"][0])
+
+
+class _Request:
+    """A `/collective_rpc` request that runs while the block talks to the workers; its error
+    (the server's HTTP answer, or no answer) is raised when the block ends, never lost."""
+
+    def __init__(self, engine: VLLMServerEngine, rpc: dict[str, Any]) -> None:
+        self.future = ThreadPoolExecutor(max_workers=1).submit(
+            engine._post, "/collective_rpc", rpc)
+
+    def __enter__(self) -> _Request:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.future.result()  # raises the request's error, after the block's own
 
 
 def server_choice(choice: dict[str, Any]) -> Completion:

@@ -40,6 +40,9 @@ class WeightReceiver:
                                              rank=self.weight_group_rank(),
                                              world_size=world_size)
         self._posttrain_comm = PyNcclCommunicator(group, device=self.device)
+        if getattr(self._posttrain_comm, "disabled", False):
+            raise RuntimeError(f"vLLM's NCCL communicator disabled itself on the server's worker "
+                               f"(world {world_size}): no weights would arrive")
         self._posttrain_src = world_size - 1
 
     def receive_weights(self, specs: list[list[Any]]) -> None:
@@ -52,3 +55,12 @@ class WeightReceiver:
             weights.append((name, buf))
         torch.cuda.current_stream().synchronize()
         self.model_runner.model.load_weights(weights=weights)
+
+    def receive_file(self, path: str) -> None:
+        """Reload every weight from the safetensors file at `path` (the CPU path, no NCCL):
+        vLLM's in-place reload re-processes each module whose weights arrive (its CPU backend
+        repacks linear weights after loading, so `load_weights` alone would not do)."""
+        from safetensors.torch import load_file
+
+        weights = load_file(path)
+        self.model_runner.reload_weights(weights_iterator=iter(weights.items()))

@@ -94,6 +94,7 @@ def test_no_rank_samples_before_the_push_ends(world, monkeypatch):
             time.sleep(0.1)  # NCCL broadcasts take a while
             events.append("sent")
 
+        main.via_file = False  # the NCCL path
         monkeypatch.setattr(main, "_init_group", lambda: setattr(main, "_comm", object()))
         monkeypatch.setattr(main, "_send", send)
         real_post = main._post

