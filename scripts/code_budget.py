@@ -25,8 +25,8 @@ PROSE = (0.10, 0.36)
 PEERS = {  # what a family's budget was sized against: feature -> (peer, its lines, ours)
     "trainers: KTO": ("TRL 1.16 kto_trainer.py", 1945, 208),
     "library, like for like": ("OpenRLHF 0.11.2", 7978, 8320),
-    "config: hints per trainer, TRL / verl habits (issue 48)": ("no peer gives hints; TRL's "
-                                                               "configs refuse unknown keys", 0, 75),
+    "config: hints per trainer, TRL / verl habits (issue 48)":
+        ("no peer gives hints; TRL's configs refuse unknown keys", 0, 75),
     "core: threads from the cores free at start, one error line for user functions (issue 48)":
         ("no peer adapts its threads; torch's default takes every core", 0, 34),
     "rollout + config: the tool path under attack (parse never raises, timed-out calls never "
