@@ -6,7 +6,8 @@
 # SIGTERM and a resume; torchrun data parallel and FSDP2; the vLLM engines when vLLM imports
 # (colocated, also with a tool; on 2 GPUs also 2 torchrun ranks each with its own engine, and
 # a `vllm serve` on 127.0.0.1 with the trainer on another GPU), at temperature 0.7 with the
-# sampler/learner gap bounded and the samples shown to come from vLLM; (full mode)
+# sampler/learner gap bounded, every push verified, a clean exit and the samples shown to come
+# from vLLM; (full mode)
 # bf16_compute, torch.compile, the device tests and a recipe-shaped probe. Not run yet: no GPU
 # has been lent to this project.
 # One PASS/FAIL/SKIP line per part; exits non-zero when any part fails.
@@ -155,9 +156,11 @@ done
 # temperature 0.7: vLLM's log-probs must be the tempered ones (logprobs_mode), or the gap is
 # large; the mean |logp diff| is bounded (bf16 sampler vs learner); a gap of exactly 0 or no
 # "Initializing a V1 LLM engine" line means the samples did not come from vLLM; the server part
-# requires the server to have answered completions. NCCL needs the trainer and the server on
+# requires the server to have answered completions; every weight push is verified
+# (rollout/push_check_gap at every step) and no traceback may follow a run that exited 0 (the
+# process-group teardown). NCCL needs the trainer and the server on
 # different GPUs, hence 2 GPUs for vllm_server and 3 for its torchrun variant.
-VLLM_RUN=(--kl --gap --gap-max 0.05)
+VLLM_RUN=(--kl --gap --gap-max 0.05 --push-check --clean-exit)
 VLLM_KEYS=("${COMMON[@]}" "${GRPO[@]}" autocast_bf16=true temperature=0.7)
 VLLM_MARK="Initializing a V1 LLM engine"
 VLLM_PARTS=(vllm_colocate vllm_colocate_tools vllm_colocate_torchrun vllm_server

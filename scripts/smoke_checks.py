@@ -255,11 +255,22 @@ def build_world(out: Path, size: str) -> None:
          f"tokenizer rows at std {c:.2f}/sqrt(hidden): text_chars {share:.2f} on other prompts")
 
 
+def check_push_gaps(rows: Sequence[dict[str, Any]]) -> str:
+    """Every weight push was verified (`rollout/push_check_gap` at every training step)."""
+    gaps = [r.get("rollout/push_check_gap") for r in train_rows(rows)]
+    if not gaps or any(g is None for g in gaps):
+        raise CheckFailed(f"rollout/push_check_gap missing at steps "
+                          f"{[r.get('step') for r in train_rows(rows)]}: pushes not verified")
+    return f"push check: gap max {max(gaps):.4g} over {len(gaps)} steps"
+
+
 def run_checked(out: Path, cmd: list[str], *, kl: bool, gap: bool, metrics: bool,
-                reload: bool, gap_max: float = 0.0, log_has: str = "") -> None:
+                reload: bool, gap_max: float = 0.0, log_has: str = "",
+                push_check: bool = False, clean_exit: bool = False) -> None:
     """Run `cmd` (exit 0 required), then check `out`: finite losses, first-step KL (`kl`), the
     sampler/learner gap (`gap`; `gap_max` > 0: bounded, `check_gap_bound`), `final/` reloads
-    (`reload`); `log_has`: a line the run must print (e.g. vLLM's engine start)."""
+    (`reload`); `log_has`: a line the run must print (e.g. vLLM's engine start);
+    `push_check`: every push verified; `clean_exit`: no traceback in the output."""
     proc = subprocess.run(cmd, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, errors="replace")
     sys.stdout.write(proc.stdout)
@@ -267,6 +278,8 @@ def run_checked(out: Path, cmd: list[str], *, kl: bool, gap: bool, metrics: bool
         raise CheckFailed(f"exit code {proc.returncode}: {' '.join(cmd[:6])} ...")
     if log_has and log_has not in proc.stdout:
         raise CheckFailed(f"the run never printed {log_has!r}: it did not use that engine")
+    if clean_exit and "Traceback" in proc.stdout:
+        raise CheckFailed("a traceback in the output of a run that exited 0 (teardown?)")
     summary = check_summary(out)
     if "stopped_at_step" in summary:
         raise CheckFailed(f"run stopped early at step {summary['stopped_at_step']}")
@@ -279,6 +292,8 @@ def run_checked(out: Path, cmd: list[str], *, kl: bool, gap: bool, metrics: bool
             note(check_gap(rows, required=all(library_logs(k) for k in GAP_KEYS)))
         if gap_max > 0:
             note(check_gap_bound(rows, gap_max))
+        if push_check:
+            note(check_push_gaps(rows))
     if "methods" in summary:  # search: every method's accuracy (per n)
         accs = {m: v["accuracy"] if "accuracy" in v else {n: r["accuracy"] for n, r in v.items()}
                 for m, v in summary["methods"].items()}
@@ -443,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--gap", action="store_true", help="sampler/learner gap logged")
         p.add_argument("--gap-max", type=float, default=0.0, help="mean |logp diff| bound")
         p.add_argument("--log-has", default="", help="a line the run must print")
+        p.add_argument("--push-check", action="store_true", help="every weight push verified")
+        p.add_argument("--clean-exit", action="store_true", help="no traceback in the output")
         p.add_argument("--no-metrics", action="store_true", help="search / eval: no metrics")
         p.add_argument("--no-reload", action="store_true", help="no final/ to reload")
     resume = sub.add_parser("resume")
@@ -461,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
             def checked(out: Path, command: list[str]) -> None:
                 run_checked(out, command, kl=args.kl, gap=args.gap, gap_max=args.gap_max,
                             log_has=args.log_has, metrics=not args.no_metrics,
-                            reload=not args.no_reload)
+                            reload=not args.no_reload, push_check=args.push_check,
+                            clean_exit=args.clean_exit)
             if args.what == "run":
                 checked(args.out, cmd)
             else:

