@@ -1,31 +1,26 @@
 """The two sides of an assert test (standard library only; runs inside the sandbox).
 
-An assert test runs in two processes forked by the supervisor (:mod:`.harness`):
+* The **program process** runs the program, then :func:`serve_program`: a hello frame naming
+  its top-level names, then one answer frame per request (call, attribute, item, iteration,
+  truth, length, text), with plain data (:mod:`.wire`), an opaque handle, and the top-level
+  names whose binding changed (so the test reads the program's current values).
+* The **judge process** (:func:`judge_test`) runs the test with the program's names bound to
+  plain copies, :class:`Handle` proxies or stand-ins of its exception classes (their real
+  hierarchy, never a name). Every comparison, helper and prelude runs here. The judge is forked
+  from the non-dumpable supervisor before any program code runs; its verdict goes to the
+  supervisor on a pipe the program never had.
 
-* the **program process** runs the program, then :func:`serve_program`: it sends a hello frame
-  naming its top-level names and answers requests (call, attribute get/set, iter, next, bool)
-  on a socket, one answer frame per request, with plain data (:mod:`.wire`) or an opaque
-  handle;
-* the **judge process** (:func:`judge_test`) runs the test's source with the program's
-  top-level names bound to plain copies or :class:`Handle` proxies. Every comparison, ``abs``,
-  helper and prelude runs here, on plain data of exact types rebuilt by the judge's own
-  decoder. The judge is forked from the non-dumpable supervisor before any program code runs,
-  so the program cannot read, write or trace it; the judge's verdict goes to the supervisor on
-  a pipe the program never had.
-
-Every name the program binds is the program's, whatever object it holds (a module, ``exec``,
-``type``): calling it runs in the program's process. The judge calls only what the test
-imports or defines, and builtins (a program's ``abs`` does not replace the test's). While the
-test runs, an audit hook (:func:`guard_judge`) refuses code made at run time, so nothing built
-from the program's output runs here.
+A name the program's code binds is the program's, wherever plain Python would see it (it
+shadows a builtin); dunders and names its code never mentions are never bound. The audit guard
+(:mod:`.guard`) keeps program text from running here.
 """
 
 import builtins
-import os
 import select
 import sys
 
-# <parent-only> (removed from the sandbox's source, which starts with wire's)
+# <parent-only> (removed from the sandbox's source, which starts with wire's and guard's)
+from posttrain.sandbox.guard import guard_judge
 from posttrain.sandbox.wire import (
     FrameTooLarge,
     WireError,
@@ -584,64 +579,3 @@ def judge_test(check, link, reached_top):
     except BaseException:
         return "failed", True
     return "passed", True
-
-
-# events that run code made at run time, or start or signal processes: refused in the judge
-# while the test runs, so nothing built from the program's output (``eval(f(1))``, ``exec``,
-# ``pickle.loads``, a docstring run by ``doctest``, a string annotation evaluated by ``typing``)
-# ever runs where the verdict is decided. Code may run only when it is the test itself, a
-# module the import system loads from the standard library, or made by one of the standard
-# library's generators that paste validated identifiers into fixed templates (``namedtuple``,
-# ``dataclass``): no caller is exempt because of the file it lives in.
-_CODE_EVENTS = frozenset(("exec", "marshal.loads", "marshal.load"))
-_REFUSED_EVENTS = frozenset((
-    "pickle.find_class", "os.system", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
-    "os.kill", "os.killpg", "subprocess.Popen", "ctypes.dlopen", "ctypes.dlsym",
-    "ctypes.cdata", "ctypes.call_function", "sys.settrace", "sys.setprofile",
-    "code.__new__", "function.__new__"))
-_STDLIB = os.path.dirname(os.__file__) + os.sep
-_IMPORTS = frozenset((("<frozen importlib._bootstrap>", "_call_with_frames_removed"),
-                      ("<frozen importlib._bootstrap>", "exec_module"),
-                      ("<frozen importlib._bootstrap_external>", "_compile_bytecode")))
-_GENERATORS = frozenset(((_STDLIB + "collections/__init__.py", "namedtuple"),
-                         (_STDLIB + "dataclasses.py", "_create_fn"),  # Python <= 3.12
-                         (_STDLIB + "dataclasses.py", "add_fns_to_class")))  # 3.13
-
-
-def _allowed(event, args, caller):
-    """May this code event run in the judge (see above)? ``caller``: the calling code object."""
-    where = (caller.co_filename, caller.co_name)
-    if where in _GENERATORS:
-        return True
-    if where not in _IMPORTS:
-        return False
-    if event != "exec":  # marshal: a module's cached bytecode, checked again when it runs
-        return True
-    origin = getattr(args[0], "co_filename", "") if args else ""
-    return origin.startswith(_STDLIB) or origin.startswith("<frozen ")
-
-
-class RefusedInJudge(BaseException):
-    """The test tried to run code made at run time (``eval``, ``exec``, ``pickle``...)."""
-
-
-def guard_judge(check):
-    """Install the judge's audit hook (it cannot be removed). Returns ``(disarm, refused)``:
-    ``disarm()`` ends the guard once the test is over; ``refused`` is non-empty when the test
-    tried something the guard refused (the test then fails, even if it caught the error)."""
-    getframe, armed, refused = sys._getframe, [True], []
-
-    def hook(event, args):
-        if not armed[0]:
-            return
-        if event in _CODE_EVENTS:
-            if (event == "exec" and args and args[0] is check) or \
-                    _allowed(event, args, getframe(1).f_code):
-                return
-        elif event not in _REFUSED_EVENTS and not event.startswith("os.exec"):
-            return
-        refused.append(event)
-        raise RefusedInJudge(event)
-
-    sys.addaudithook(hook)
-    return (lambda: armed.__setitem__(0, False)), refused

@@ -70,12 +70,12 @@ def test_an_honest_round_of_its_own_scores() -> None:
 
 
 # ---- 2. no standard-library runner runs program text in the judge ---------------------------
-_ANNOTATED = "def f(x: {!r}):\n    return x\n".format("exec(%r) or int" % _PAYLOAD)
+_ANNOTATED = "def f(x: {!r}):\n    return x\n".format(f"exec({_PAYLOAD!r}) or int")
 _RUNNERS = {  # each hands text read from a program object to a standard-library code runner
     "type_hints": ("import typing\nassert typing.get_type_hints(f) is not None", _ANNOTATED),
     "eval_str": ("import inspect\nassert inspect.get_annotations(f, eval_str=True)", _ANNOTATED),
     "doctest": ("import doctest\ndoctest.run_docstring_examples(f, {})\nassert False",
-                "def f(x):\n    {!r}\n    return x\n".format(">>> exec(%r)\n" % _PAYLOAD)),
+                "def f(x):\n    {!r}\n    return x\n".format(f">>> exec({_PAYLOAD!r})\n")),
     "timeit": ("import timeit\ntimeit.timeit(f(1), number=1)\nassert False",
                f"def f(x):\n    return 'exec(%r)' % {_PAYLOAD!r}\n"),
 }
