@@ -139,7 +139,7 @@ class _Shared:
             self.handles.append(value)
         return number
 
-    def resolve(self, number):
+    def resolve(self, number, *view):
         if number < 0:
             return self.objects[-1 - number]
         return self.handles[number]
@@ -288,7 +288,15 @@ class Link:
             raise ProgramGone("the program ended")
         return frame
 
-    def handle(self, number):
+    def handle(self, number, *view):
+        """The judge's object for handle ``number``; with ``view`` (the object's value as its
+        plain base type, ``["x", n, base]``), a :data:`_VIEWS` copy that keeps the handle."""
+        if view:
+            if type(view[0]) not in _VIEWS or number < 0:
+                raise WireError("bad view")
+            made = _VIEWS[type(view[0])](view[0])
+            made._program = self.handle(number)
+            return made
         if type(number) is not int:
             raise WireError("bad handle")
         if number < 0:
@@ -382,6 +390,8 @@ class Link:
                 return obj._number
             if id(obj) in self.class_numbers and self.classes[self.class_numbers[id(obj)]] is obj:
                 return self.class_numbers[id(obj)]
+            if type(obj) in _VIEW_TYPES and type(obj._program) is Handle:
+                return obj._program._number
             raise Unsupported(f"a {type(obj).__name__} cannot be sent to the program")
 
         try:
@@ -454,6 +464,24 @@ def _program_attr(self, attr):
 
 def _program_str(self):
     return BaseException.__str__(self) if self._program is None else str(self._program)
+
+
+def _view_method(name):
+    def forward(self, *args):
+        return getattr(self._program, name)(*args)
+    return forward
+
+
+# A program's instance of a subclass of a plain type (namedtuple, Counter, IntEnum...) in the
+# judge: a copy of its value as the base type, so ==, hashing, len, [] and arithmetic are the
+# base type's, computed here; attributes, text and missing keys are read from the program's
+# object (``p.x``, ``c.most_common()``, ``str(p)``, ``counts['absent']``).
+_VIEWS = {base: type(f"program_{base.__name__}", (base,), {
+    "_program": None, "__getattr__": _program_attr, "__str__": _view_method("__str__"),
+    "__repr__": _view_method("__repr__"),
+    **({"__missing__": _view_method("__getitem__")} if base is dict else {})})
+    for base in (dict, list, tuple, set, frozenset, str, int, float)}
+_VIEW_TYPES = frozenset(_VIEWS.values())
 
 
 class Handle:

@@ -145,8 +145,8 @@ def is_finite(value: Any) -> bool:
 _OPAQUE = object()
 
 
-def _opaque(number: int) -> object:
-    """A program object the value path cannot compare (it fails the test)."""
+def _opaque(number: int, *view: object) -> object:
+    """A program object (or a view of one) the value path cannot compare (it fails the test)."""
     return _OPAQUE
 
 

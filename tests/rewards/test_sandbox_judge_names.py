@@ -186,16 +186,27 @@ _OBJECTS = ("import collections\n"
             "class Box:\n    def __init__(self, *items):\n        self.items = list(items)\n"
             "    def __len__(self):\n        return len(self.items)\n"
             "    def __getitem__(self, i):\n        return self.items[i]\n"
+            "def same(p):\n    return type(p)\n"
             "def point(x):\n    return Point(x)\n"
             "def box():\n    return Box(3, 4, 5)\n"
             "def window():\n    return collections.deque([1, 2, 3], maxlen=3)\n"
-            "BIG = list(range(600))\nTEXT = 'ab' * 1000\n")
+            "BIG = list(range(600))\nTEXT = 'ab' * 1000\n"
+            "import enum\nclass Color(enum.IntEnum):\n    RED = 1\n"
+            "Pair = collections.namedtuple('Pair', 'x y')\n"
+            "def pair(x, y):\n    return Pair(x, y)\n"
+            "def counts(s):\n    return collections.Counter(s)\n"
+            "def color():\n    return Color.RED\n")
 HONEST_SHAPES = [
     "assert str(point(2)) == '<2>' and repr(point(3)) == 'Point(3)'",
     "assert f'{point(2)}' == '<2>' and '%s' % point(1) == '<1>'",
     "assert len(box()) == 3 and box()[0] == 3 and box()[-1] == 5 and box()[1:] == [4, 5]",
     "assert len(window()) == 3 and window()[2] == 3",
     "assert len(BIG) == 600 and BIG[599] == 599 and len(TEXT) == 2000 and TEXT[:3] == 'aba'",
+    "assert pair(1, 2) == (1, 2) and pair(1, 2).y == 2 and str(pair(1, 2)) == 'Pair(x=1, y=2)'",
+    "assert counts('abca') == {'a': 2, 'b': 1, 'c': 1} and counts('ab')['z'] == 0\n"
+    "assert counts('aab').most_common(1) == [('a', 2)] and sorted(counts('ba')) == ['a', 'b']",
+    "assert color() == 1 and color() + 1 == 2 and repr(color()) == '<Color.RED: 1>'",
+    "assert {pair(1, 2): 'p'}[(1, 2)] == 'p' and same(pair(3, 4)) is Pair",
 ]
 
 
@@ -203,3 +214,17 @@ HONEST_SHAPES = [
 def test_honest_shapes_score_what_python_gives(shape: int, mode: str) -> None:
     assert _plain(_OBJECTS, HONEST_SHAPES[shape]) == 1.0
     _check(_OBJECTS, HONEST_SHAPES[shape], mode)
+
+
+@pytest.mark.parametrize("base", ["tuple", "dict", "int", "str"])
+def test_a_subclass_compares_as_its_base_type_here(base: str, mode: str) -> None:
+    # stricter than plain Python: the subclass's own __eq__ never decides (it lies here)
+    value = {"tuple": "()", "dict": "{}", "int": "0", "str": "''"}[base]
+    program = (f"class Liar({base}):\n    def __eq__(self, other):\n        return True\n"
+               "    __hash__ = None\n    def __ne__(self, other):\n        return False\n"
+               f"def f(x):\n    return Liar({value})\n")
+    tests = ["assert f(1) == (5,)", "assert f(1) == {'a': 5}", "assert f(1) == 5",
+             "assert not f(1) != 'five'"]
+    assert _plain(program, tests[0]) == 1.0
+    score, result = _score(program, tests, mode)
+    assert score == 0.0 and result.in_process_verdicts == 0, result.test_status
