@@ -5,10 +5,9 @@
   truth, length, text), with plain data (:mod:`.wire`), an opaque handle, and the top-level
   names whose binding changed (so the test reads the program's current values).
 * The **judge process** (:func:`judge_test`) runs the test with the program's names bound to
-  plain copies, :class:`Handle` proxies or stand-ins of its exception classes (their real
-  hierarchy, never a name). Every comparison, helper and prelude runs here. The judge is forked
-  from the non-dumpable supervisor before any program code runs; its verdict goes to the
-  supervisor on a pipe the program never had.
+  plain copies, :class:`Handle` proxies or stand-ins (:mod:`.views`). Every comparison, helper
+  and prelude runs here. The judge is forked from the non-dumpable supervisor before any
+  program code runs; its verdict goes to the supervisor on a pipe the program never had.
 
 A name the program's code binds is the program's, wherever plain Python would see it (it
 shadows a builtin); dunders and names its code never mentions are never bound. The audit guard
@@ -19,8 +18,10 @@ import builtins
 import select
 import sys
 
-# <parent-only> (removed from the sandbox's source, which starts with wire's and guard's)
+# <parent-only> (removed from the sandbox's source, which starts with wire's, guard's
+# and views')
 from posttrain.sandbox.guard import guard_judge
+from posttrain.sandbox.views import VIEW_TYPES, VIEWS, program_attr, program_str
 from posttrain.sandbox.wire import (
     FrameTooLarge,
     WireError,
@@ -35,7 +36,6 @@ from posttrain.sandbox.wire import (
 HELLO_VALUE_BYTES = 1024  # a top-level plain value larger than this is sent as a handle,
 HELLO_BUDGET = 65536  # and so is every plain value once the hello's values reach this size
 MAX_NAMES = 4096
-_MUTABLE = (list, dict, set)
 _EMPTY = {"l": list, "d": dict, "s": set}
 # attributes of the form __x__ a test may read from a program object (the rest are refused)
 _DUNDERS = frozenset(("__doc__", "__name__", "__qualname__", "__module__", "__defaults__",
@@ -290,11 +290,11 @@ class Link:
 
     def handle(self, number, *view):
         """The judge's object for handle ``number``; with ``view`` (the object's value as its
-        plain base type, ``["x", n, base]``), a :data:`_VIEWS` copy that keeps the handle."""
+        plain base type, ``["x", n, base]``), a :data:`VIEWS` copy that keeps the handle."""
         if view:
-            if type(view[0]) not in _VIEWS or number < 0:
+            if type(view[0]) not in VIEWS or number < 0:
                 raise WireError("bad view")
-            made = _VIEWS[type(view[0])](view[0])
+            made = VIEWS[type(view[0])](view[0])
             made._program = self.handle(number)
             return made
         if type(number) is not int:
@@ -347,8 +347,8 @@ class Link:
             if number not in self.classes:
                 bases = tuple(self.exception_class(base, depth + 1) for base in bases)
                 try:
-                    made = type(name, bases, {"_program": None, "__getattr__": _program_attr,
-                                              "__str__": _program_str})
+                    made = type(name, bases, {"_program": None, "__getattr__": program_attr,
+                                              "__str__": program_str})
                 except TypeError:
                     made = type(name, (ProgramError,), {})
                 self.classes[number], self.class_numbers[id(made)] = made, number
@@ -390,7 +390,7 @@ class Link:
                 return obj._number
             if id(obj) in self.class_numbers and self.classes[self.class_numbers[id(obj)]] is obj:
                 return self.class_numbers[id(obj)]
-            if type(obj) in _VIEW_TYPES and type(obj._program) is Handle:
+            if type(obj) in VIEW_TYPES and type(obj._program) is Handle:
                 return obj._program._number
             raise Unsupported(f"a {type(obj).__name__} cannot be sent to the program")
 
@@ -453,35 +453,6 @@ class Link:
 
 
 _UNSET = object()
-
-
-def _program_attr(self, attr):
-    """Attributes of a raised program exception: read from the program's own instance."""
-    if self._program is None or attr.startswith("__"):
-        raise AttributeError(attr)
-    return getattr(self._program, attr)
-
-
-def _program_str(self):
-    return BaseException.__str__(self) if self._program is None else str(self._program)
-
-
-def _view_method(name):
-    def forward(self, *args):
-        return getattr(self._program, name)(*args)
-    return forward
-
-
-# A program's instance of a subclass of a plain type (namedtuple, Counter, IntEnum...) in the
-# judge: a copy of its value as the base type, so ==, hashing, len, [] and arithmetic are the
-# base type's, computed here; attributes, text and missing keys are read from the program's
-# object (``p.x``, ``c.most_common()``, ``str(p)``, ``counts['absent']``).
-_VIEWS = {base: type(f"program_{base.__name__}", (base,), {
-    "_program": None, "__getattr__": _program_attr, "__str__": _view_method("__str__"),
-    "__repr__": _view_method("__repr__"),
-    **({"__missing__": _view_method("__getitem__")} if base is dict else {})})
-    for base in (dict, list, tuple, set, frozenset, str, int, float)}
-_VIEW_TYPES = frozenset(_VIEWS.values())
 
 
 class Handle:
