@@ -146,8 +146,9 @@ _OPAQUE = object()
 
 
 def _opaque(number: int, *view: object) -> object:
-    """A program object (or a view of one) the value path cannot compare (it fails the test)."""
-    return _OPAQUE
+    """A program object the value path cannot compare (it fails the test); an instance of a
+    subclass of a plain type (``["x", n, base]``) compares as its base value."""
+    return view[0] if view else _OPAQUE
 
 
 def decode_value(text: str) -> tuple[bool, Any]:

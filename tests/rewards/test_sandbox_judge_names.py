@@ -88,6 +88,15 @@ def test_standard_library_runners_never_run_program_text(name: str, mode: str) -
     assert score == 0.0 and result.test_status == ["failed"], result.test_status
 
 
+def test_the_standard_library_imports_under_the_guard(mode: str) -> None:
+    modules = ("typing, dataclasses, inspect, doctest, unittest, fractions, decimal, statistics, "
+               "enum, json, re, heapq, bisect, itertools, functools, collections, math, cmath, "
+               "random, string, datetime, copy, pprint, operator, textwrap, numbers, array, "
+               "struct, hashlib, io, abc, timeit, ast, difflib, calendar, queue, contextlib")
+    test = f"import {modules}\nassert f(1) == 5 and bool(re.match('a+', 'aa'))"
+    assert _score("def f(x):\n    return 2 * x + 3\n", [test], mode)[0] == 1.0
+
+
 def test_the_standard_library_still_generates_its_own_code(mode: str) -> None:
     test = ("import typing\nfrom dataclasses import make_dataclass\n"
             "class P(typing.NamedTuple):\n    x: int\nQ = make_dataclass('Q', ['y'])\n"
@@ -194,6 +203,7 @@ _OBJECTS = ("import collections\n"
             "import enum\nclass Color(enum.IntEnum):\n    RED = 1\n"
             "Pair = collections.namedtuple('Pair', 'x y')\n"
             "def pair(x, y):\n    return Pair(x, y)\n"
+            "def pairs():\n    return [Pair(0, 1)]\n"
             "def counts(s):\n    return collections.Counter(s)\n"
             "def color():\n    return Color.RED\n")
 HONEST_SHAPES = [
@@ -228,3 +238,15 @@ def test_a_subclass_compares_as_its_base_type_here(base: str, mode: str) -> None
     assert _plain(program, tests[0]) == 1.0
     score, result = _score(program, tests, mode)
     assert score == 0.0 and result.in_process_verdicts == 0, result.test_status
+
+
+@pytest.mark.parametrize("test", ["assert pair(1, 2) == (1, 2)", "assert color() == 1",
+                                  "assert counts('aba') == {'a': 2, 'b': 1}",
+                                  "assert pairs() == [(0, 1)]"])
+def test_value_tests_compare_a_subclass_as_its_base_value(test: str, mode: str) -> None:
+    assert _plain(_OBJECTS, test) == 1.0
+    score, result = _score(_OBJECTS, [test], mode)
+    assert (score, result.test_kinds) == (1.0, ["value"]), result.test_status
+    wrong = test.replace("== (1, 2)", "== (2, 1)").replace("== 1", "== 2").replace(
+        "'a': 2", "'a': 1").replace("[(0, 1)]", "[(1, 0)]")
+    assert _score(_OBJECTS, [wrong], mode)[0] == _plain(_OBJECTS, wrong) == 0.0
