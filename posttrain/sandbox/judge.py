@@ -62,6 +62,11 @@ class AnswerTooLarge(BaseException):
     """An answer over the frame cap (``4 x max_value_bytes + 1 KiB``): the test fails."""
 
 
+class NoFallback(BaseException):
+    """A callback or test-made object sent to a program name that shadows a builtin: the test
+    fails (the in-process fallback would be the program's choice, not the test's shape)."""
+
+
 class ProgramMemory(BaseException):
     """The program ran out of memory in a call."""
 
@@ -94,7 +99,7 @@ def describe_names(namespace, shared, sent=None):
             if size <= min(HELLO_VALUE_BYTES, budget):
                 names[name], budget = ["v", encoded], budget - size
                 continue
-        except (WireError, RecursionError, ValueError):
+        except Exception:  # not plain data (or a class whose lineage cannot be sent)
             pass
         names[name] = ["h", shared.register(value)]
     return names
@@ -270,6 +275,7 @@ class Link:
         self.shared, self.numbers, self.next_shared = {}, {}, 0
         self.classes, self.class_numbers = {}, {}  # stand-ins of the program's classes
         self.definable, self.namespace, self.bound = definable, {}, {}
+        self.shadowing = set()  # handles bound to names that shadow a builtin
 
     def hello(self):
         frame = self._read()
@@ -318,7 +324,9 @@ class Link:
         for name, how in names.items():
             if name in self.definable and \
                     self.namespace.get(name, _UNSET) is self.bound.get(name, _UNSET):
-                self.namespace[name] = self.bound[name] = self._value(name, how)
+                value = self.namespace[name] = self.bound[name] = self._value(name, how)
+                if type(value) is Handle and hasattr(builtins, name):
+                    self.shadowing.add(value._number)
 
     def _value(self, name, how):
         if type(how) is list and len(how) == 2:
@@ -470,8 +478,13 @@ class Handle:
 
     def __call__(self, *args, **kwargs):
         link = self._link
-        return self._ask("call", args=[link.encode(a) for a in args],
-                         kwargs=[[k, link.encode(v)] for k, v in kwargs.items()])
+        try:
+            sent = [link.encode(a) for a in args], [[k, link.encode(v)] for k, v in kwargs.items()]
+        except Unsupported:
+            if self._number in link.shadowing:
+                raise NoFallback() from None
+            raise
+        return self._ask("call", args=sent[0], kwargs=sent[1])
 
     def __getattr__(self, attr):
         if attr.startswith("__") and attr not in _DUNDERS:

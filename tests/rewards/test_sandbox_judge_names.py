@@ -61,6 +61,18 @@ def test_builtin_named_entry_points_are_the_programs(program: int, test: str, mo
     _check(BUILTIN_PROGRAMS[program], test, mode)
 
 
+@pytest.mark.parametrize("test", ["assert all(f(a) == b for a, b in [(1, 5)])",
+                                  "assert sorted([f(1)], key=lambda v: -v) == [5]",
+                                  "assert sum(f(a) for a in [1]) == 5"])
+def test_a_builtin_name_never_pulls_a_test_into_the_fallback(test: str, mode: str) -> None:
+    # the program's names would take the test's generator or lambda: the in-process fallback
+    # (forgeable) would then be the program's choice, so such a test fails instead
+    program = ("def all(xs):\n    return True\ndef sorted(xs, key=None):\n    return [5]\n"
+               "def sum(xs):\n    return 5\ndef f(x):\n    return 0\n")
+    score, result = _score(program, [test], mode)
+    assert (score, result.in_process_verdicts) == (0.0, 0), result.test_status
+
+
 def test_an_honest_round_of_its_own_scores() -> None:
     honest = ("def round(x, digits=0):\n    scale = 10 ** digits\n"
               "    return int(x * scale + 0.5) / scale\n")  # half up, not Python's half even
