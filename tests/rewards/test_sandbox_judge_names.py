@@ -82,14 +82,21 @@ def test_an_honest_round_of_its_own_scores() -> None:
 
 
 # ---- 2. no standard-library runner runs program text in the judge ---------------------------
-_ANNOTATED = "def f(x: {!r}):\n    return x\n".format(f"exec({_PAYLOAD!r}) or int")
+# one expression (no nested exec, which the guard refused even before issue 47) that writes a
+# "passed" verdict on every writable descriptor and leaves, if it runs in the judge
+_VERDICT = b'{"verdict":"passed","top":true}'
+_EXPR = ("[__import__('os').write(i, {frame!r}) for i in range(3, 64) if __import__('os').path"
+         ".exists('/proc/self/fd/%d' % i) and __import__('fcntl').fcntl(i, 3) & 3]"
+         " + [__import__('os')._exit(0)]").format(frame=len(_VERDICT).to_bytes(4, "big") + _VERDICT)
+_ANNOTATED = "def f(x: {!r}):\n    return 0\n".format(f"{_EXPR} or int")
 _RUNNERS = {  # each hands text read from a program object to a standard-library code runner
-    "type_hints": ("import typing\nassert typing.get_type_hints(f) is not None", _ANNOTATED),
-    "eval_str": ("import inspect\nassert inspect.get_annotations(f, eval_str=True)", _ANNOTATED),
-    "doctest": ("import doctest\ndoctest.run_docstring_examples(f, {})\nassert False",
-                "def f(x):\n    {!r}\n    return x\n".format(f">>> exec({_PAYLOAD!r})\n")),
-    "timeit": ("import timeit\ntimeit.timeit(f(1), number=1)\nassert False",
-               f"def f(x):\n    return 'exec(%r)' % {_PAYLOAD!r}\n"),
+    "type_hints": ("import typing\ntyping.get_type_hints(f)\nassert f(1) == 5", _ANNOTATED),
+    "eval_str": ("import inspect\nassert inspect.get_annotations(f, eval_str=True) and f(1) == 5",
+                 "def f(x: {!r}):\n    return 0\n".format(f"exec({_PAYLOAD!r}) or int")),
+    "doctest": ("import doctest\ndoctest.run_docstring_examples(f, {})\nassert f(1) == 5",
+                "def f(x):\n    {!r}\n    return 0\n".format(f">>> {_EXPR}\n")),
+    "timeit": ("import timeit\ntimeit.timeit(f(1), number=1)\nassert f(2) == 5",
+               f"def f(x):\n    return {_EXPR!r} if x == 1 else 0\n"),
 }
 
 
