@@ -371,6 +371,8 @@ class Link:
             raise ProgramBroke("bad exception answer")
         name, message, arguments, lineage, number = raised
         kind = ProgramError if lineage is None else self.exception_class(lineage)
+        if not issubclass(kind, BaseException):  # a lineage without an exception base
+            kind = ProgramError
         if issubclass(kind, MemoryError):
             return ProgramMemory(message)
         if issubclass(kind, (StopIteration, StopAsyncIteration)) and op != "next":
