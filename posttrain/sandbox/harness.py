@@ -35,7 +35,7 @@ import sys
 import time
 
 # <parent-only> (removed from the sandbox's source, which starts with wire's and judge's)
-from posttrain.sandbox.judge import Link, judge_test, serve_program
+from posttrain.sandbox.judge import Link, judge_test, program_names, serve_program
 from posttrain.sandbox.procs import _apply_limits, _clear_keyrings, _deny_sysinfo, _prctl, _sweep
 from posttrain.sandbox.wire import (
     WireError,
@@ -431,7 +431,8 @@ def _judge_process(code, run, link, verdict_w, close, index):
     except BaseException:
         write_frame(verdict_w, {"verdict": "sandbox_error", "top": False})
         os._exit(0)
-    verdict, top = judge_test(check, Link(link, 4 * run["max_value_bytes"] + 1024),
+    verdict, top = judge_test(check, Link(link, 4 * run["max_value_bytes"] + 1024,
+                                          program_names(code)),
                               lambda: write_frame(verdict_w, {"top": True}))
     report = {"verdict": verdict, "top": top}
     if verdict == "unsupported":  # judged in-process after all (counted, docs/sandbox.md)

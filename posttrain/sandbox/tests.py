@@ -145,9 +145,10 @@ def is_finite(value: Any) -> bool:
 _OPAQUE = object()
 
 
-def _opaque(number: int) -> object:
-    """A program object the value path cannot compare (it fails the test)."""
-    return _OPAQUE
+def _opaque(number: int, *view: object) -> object:
+    """A program object the value path cannot compare (it fails the test); an instance of a
+    subclass of a plain type (``["x", n, base]``) compares as its base value."""
+    return view[0] if view else _OPAQUE
 
 
 def decode_value(text: str) -> tuple[bool, Any]:

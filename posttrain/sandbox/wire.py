@@ -12,8 +12,10 @@ never imports posttrain and uses no ``from __future__`` import.
   when ``|n| < 2**53`` and ``["I", hex]`` beyond (exact, no digit limit), ``float`` as
   ``["f", float.hex()]`` (exact; non-finite floats survive the trip and are the judge's
   business), containers as ``["l"|"t"|"s"|"z", item, ...]`` (list, tuple, set, frozenset),
-  ``["d", key, value, ...]``, ``["b", hex]`` bytes, ``["c", real, imag]`` complex, and
-  ``["h", n]`` for an opaque handle (anything else, where the caller allows handles).
+  ``["d", key, value, ...]``, ``["b", hex]`` bytes, ``["c", real, imag]`` complex,
+  ``["h", n]`` for an opaque handle (anything else, where the caller allows handles), and
+  ``["x", n, base]`` for an instance of a subclass of a plain type (a namedtuple, ``Counter``,
+  ``IntEnum``): its handle and its value as the plain base type, where handles are allowed.
 """
 
 import json
@@ -24,6 +26,9 @@ WIRE_MAX_DEPTH = 100
 _SAFE_INT = 1 << 53
 _HEADER = struct.Struct(">I")
 _SEQUENCES = {"l": list, "t": tuple, "s": set, "z": frozenset}
+# plain base types of a subclass instance sent as ["x", n, base], with their exact copy
+_BASES = ((dict, dict), (list, list), (tuple, tuple), (set, set), (frozenset, frozenset),
+          (str, str.__str__), (int, int.__int__), (float, float.__float__))
 
 
 class WireError(ValueError):
@@ -66,6 +71,9 @@ def wire_encode(value, handle=None, depth=0, ref=None):
             return ["c", value.real.hex(), value.imag.hex()]
     if handle is None:
         raise WireError(f"not plain data: {kind.__name__}")
+    for base, copy in _BASES if depth < WIRE_MAX_DEPTH else ():
+        if issubclass(kind, base):
+            return ["x", handle(value), wire_encode(copy(value), handle, depth + 1, ref)]
     return ["h", handle(value)]
 
 
@@ -86,6 +94,8 @@ def _decode_tagged(tag, rest, handle, depth):
         return complex(float.fromhex(_text(rest[0])), float.fromhex(_text(rest[1])))
     if tag == "h" and len(rest) == 1 and handle is not None and type(rest[0]) is int:
         return handle(rest[0])
+    if tag == "x" and len(rest) == 2 and handle is not None and type(rest[0]) is int:
+        return handle(rest[0], wire_decode(rest[1], handle, depth + 1))
     if tag in _SEQUENCES:
         items = [wire_decode(item, handle, depth + 1) for item in rest]
         made = _SEQUENCES[tag](items)

@@ -75,11 +75,10 @@ LYING_PROGRAMS = {
     "patched_stdlib": "import math, operator\n"
                       "math.isclose = lambda *a, **k: True\noperator.eq = lambda a, b: True\n"
                       "def f(x):\n    return 0\n",
-    "shadowing_names": "import math\n"
-                       "def abs(v):\n    return 0\ndef all(v):\n    return True\n"
+    "shadowing_names": "import math\n"  # names the test defines or imports itself
                        "def isclose(*a, **k):\n    return True\n"
                        "def close(a, b):\n    return True\ncheck = lambda candidate: None\n"
-                       "ok1 = True\nAssertionError = None\ndef bool(v):\n    return True\n"
+                       "ok1 = True\nAssertionError = None\n"
                        "def f(x):\n    return 0\n",
     "lying_module_attribute": "import math\nmath.isclose = lambda *a, **k: True\n"
                               "from math import isclose\ndef f(x):\n    return 0\n",
@@ -123,6 +122,35 @@ def test_every_shape_is_judged_outside_and_honest_scores_hold(shape: str, mode: 
 def test_lying_programs_score_zero_in_every_shape(shape: str, liar: str, mode: str) -> None:
     score, result = _score(LYING_PROGRAMS[liar], _tests(shape), mode)
     assert score == 0.0, (result.test_status, result.detail)
+    assert result.in_process_verdicts == 0
+
+
+# names the program binds that shadow a builtin the test calls are the program's, as in plain
+# Python (issue 47): the score is plain Python's in every shape, never more
+SHADOWING_BUILTINS = ("def abs(v):\n    return 0\ndef all(v):\n    return True\n"
+                      "def bool(v):\n    return True\ndef f(x):\n    return 0\n")
+
+
+def _plain_score(program: str, tests: list[str]) -> float:
+    passed = 0
+    for test in tests:
+        namespace: dict = {"__name__": "__main__"}
+        try:
+            exec(program, namespace)
+            exec(test, namespace)
+            passed += 1
+        except Exception:
+            pass
+    return passed / len(tests)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_names_shadowing_builtins_score_what_plain_python_gives(shape: str, mode: str) -> None:
+    # but a generator the test built never reaches the program's `all`: that would make the
+    # program choose the (forgeable) in-process fallback, so the test fails instead
+    expected = 0.0 if shape == "all_generator" else _plain_score(SHADOWING_BUILTINS, _tests(shape))
+    score, result = _score(SHADOWING_BUILTINS, _tests(shape), mode)
+    assert score == expected, (result.test_status, result.detail)
     assert result.in_process_verdicts == 0
 
 
