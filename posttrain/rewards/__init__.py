@@ -1,7 +1,7 @@
 """Verifiable rewards (formulas §10): math, format and code, their registry and scorer.
 
 Pure Python: this package never imports torch. ``math_reward`` needs ``math-verify``;
-``code_reward`` runs programs in the sandbox of :mod:`posttrain.sandbox.run`.
+``code_reward`` runs programs in the sandbox of :mod:`posttrain.sandbox.jail`.
 """
 
 from posttrain.rewards.code import (
@@ -25,7 +25,7 @@ from posttrain.rewards.registry import (
     resolve_reward,
     validate_specs,
 )
-from posttrain.sandbox.run import (
+from posttrain.sandbox.jail import (
     SandboxLimits,
     SandboxResult,
     SandboxUnavailableError,

@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from posttrain.sandbox import SANDBOXES
-from posttrain.sandbox.run import (
+from posttrain.sandbox.jail import (
     SandboxLimits,
     SandboxResult,
     SandboxUnavailableError,

@@ -39,7 +39,7 @@ from posttrain.rewards.errors import RewardFunctionError, UnscorableError
 from posttrain.rewards.format import format_reward
 from posttrain.rewards.learned import process_reward_model_reward, reward_model_reward
 from posttrain.rewards.math import math_reward
-from posttrain.sandbox.run import STATUSES, SandboxUnavailableError
+from posttrain.sandbox.jail import STATUSES, SandboxUnavailableError
 
 RewardFn = Callable[..., float]
 

@@ -7,7 +7,7 @@ Standard library and :mod:`posttrain.data` only. :func:`run_sandboxed` is the en
 import os
 import threading
 
-from posttrain.sandbox.run import (
+from posttrain.sandbox.jail import (
     SandboxLimits,
     SandboxResult,
     SandboxUnavailableError,

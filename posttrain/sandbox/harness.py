@@ -1,6 +1,6 @@
 """Sandbox supervisor (standard library only, never imports posttrain; runs inside the sandbox).
 
-Started by :mod:`posttrain.sandbox.run` as ``python -I -S -B -u -c <wire + judge +
+Started by :mod:`posttrain.sandbox.jail` as ``python -I -S -B -u -c <wire + judge +
 procs + this source> RESULT_FD TESTS_FD`` (or a bootstrap that loads the same code compiled by
 the parent, when the interpreters share a bytecode format). It makes itself non-dumpable
 (``PR_SET_DUMPABLE 0``: processes of its uid cannot open its ``/proc/<pid>/mem`` or

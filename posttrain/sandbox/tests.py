@@ -66,7 +66,7 @@ class CodeTest:
     def sandbox_message(self, index: int) -> dict[str, Any]:
         """What the supervisor receives for this test: never ``expected``, and for an assert
         test not even its source (that goes to the judge process alone, see
-        :func:`posttrain.sandbox.run.run_sandboxed`)."""
+        :func:`posttrain.sandbox.jail.run_sandboxed`)."""
         if self.kind == "value":
             return {"kind": "value", "prelude": self.source, "name": self.expr,
                     "args": self.args[0], "kwargs": self.args[1]}

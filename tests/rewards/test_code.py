@@ -18,7 +18,7 @@ from posttrain.rewards import (
     run_sandboxed,
     split_tests,
 )
-from posttrain.sandbox import run as sandbox_module
+from posttrain.sandbox import jail as sandbox_module
 
 GOOD = "def f(x):\n    return 2 * x + 3\n"
 TESTS = ["assert f(1) == 5", "assert f(2) == 7", "assert f(3) == 9"]
@@ -120,7 +120,7 @@ def test_auto_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch,
                                           caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(sandbox_module, "_BWRAP_OK", {True: "no bwrap", False: "no bwrap"})
     monkeypatch.setattr(sandbox_module, "_WARNED", set())
-    with caplog.at_level(logging.WARNING, logger="posttrain.sandbox.run"):
+    with caplog.at_level(logging.WARNING, logger="posttrain.sandbox.jail"):
         first = run_sandboxed(GOOD, TESTS, mode="auto")
         second = run_sandboxed(GOOD, TESTS, mode="auto")
     assert first.mode == second.mode == "limits"

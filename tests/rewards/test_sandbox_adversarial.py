@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from posttrain.rewards import SandboxLimits, code_reward_detailed
-from posttrain.sandbox.run import _bwrap_problem
+from posttrain.sandbox.jail import _bwrap_problem
 
 AS_ROOT = os.geteuid() == 0
 LIMITS = SandboxLimits(timeout_s=1.0)

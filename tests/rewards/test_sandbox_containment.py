@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.rewards import SandboxLimits, SandboxUnavailableError, run_sandboxed
-from posttrain.sandbox import run as sandbox_module
+from posttrain.sandbox import jail as sandbox_module
 from tests.rewards.test_sandbox_adversarial import AS_ROOT, _own_children, mode
 
 __all__ = ["mode"]

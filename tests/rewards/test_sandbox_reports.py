@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from posttrain.sandbox import run as sandbox_module
+from posttrain.sandbox import jail as sandbox_module
 from tests.rewards.test_sandbox_adversarial import VALUE_TESTS, mode, run_case
 
 __all__ = ["mode"]  # the fixture: bwrap and limits mode

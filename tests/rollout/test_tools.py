@@ -285,7 +285,7 @@ def test_python_tool_and_code_rewards_share_one_bound_per_process() -> None:
 def test_python_tool_refuses_limits_mode_unless_set(monkeypatch, capsys) -> None:
     from posttrain.rollout import tools
     from posttrain.sandbox import SandboxUnavailableError
-    from posttrain.sandbox import run as sandbox_run
+    from posttrain.sandbox import jail as sandbox_run
 
     monkeypatch.setattr(tools, "_SANDBOX_MODE", {"mode": "strict"}, raising=False)
     monkeypatch.setattr(tools, "_SAID", set(), raising=False)

@@ -10,7 +10,7 @@ import yaml
 
 from posttrain.config import GRPOConfig, build_config
 from posttrain.models.loading import save_checkpoint
-from posttrain.sandbox.run import STATUSES
+from posttrain.sandbox.jail import STATUSES
 from posttrain.tasks import functions as F
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer

@@ -45,7 +45,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -530,8 +530,3 @@ def _children(pid: int) -> list[int]:
             return [int(x) for x in f.read().split()]
     except (OSError, ValueError):
         return []
-
-
-def limits_dict(limits: SandboxLimits) -> dict:
-    """The limits as a plain dict (for logs and docs)."""
-    return asdict(limits)
