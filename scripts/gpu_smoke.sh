@@ -172,7 +172,7 @@ if VLLM_ERR=$("$PY" -c "import vllm" 2>&1); then
   # own budget): the path runs on the real vLLM with the same checks; a random model seldom
   # writes a call, so a second turn is shown only on the CPU (tests/rollout/test_vllm_episodes.py)
   train vllm_colocate_tools "${VLLM_RUN[@]}" --log-has "$VLLM_MARK" -- grpo "${VLLM_KEYS[@]}" \
-    rollout_engine=vllm_colocate "tools=[posttrain.tasks.tool_world:calculator]"
+    rollout_engine=vllm_colocate "tools=[posttrain.tasks.tool_world:calculator]" tool_schemas=none
   if [ "$NGPU" -ge 2 ]; then  # each rank its own engine (external_launcher) on its own GPU
     part vllm_colocate_torchrun "${CHECK[@]}" run --out "$W/vllm_colocate_torchrun" \
       "${VLLM_RUN[@]}" --log-has "$VLLM_MARK" -- "${TORCHRUN[@]}" grpo "${VLLM_KEYS[@]}" \

@@ -73,6 +73,11 @@ class PromptRLConfig(BaseConfig):
     tool_turn_timeout_s: float = 30.0
     """Wall-clock limit of one turn's tool calls of an episode; calls not done by then answer
     with a timeout message."""
+    tool_schemas: Literal["template", "none"] = "template"
+    """How the model learns its tools: `template`, their JSON schemas rendered by the
+    tokenizer's chat template (`tools=`); a template that renders none is refused before the
+    model loads (as TRL refuses it). `none`: no schemas in the prompt, for a model that knows
+    its tools already (e.g. from SFT, as the demo's tool world)."""
     sandbox_mode: Literal["bwrap", "limits"] = "bwrap"
     """Containment of the `python` tool: bwrap (bubblewrap; the run is refused where it does
     not work) or limits (resource limits only: no file-system or network isolation)."""
@@ -118,7 +123,8 @@ class PromptRLConfig(BaseConfig):
         check_generation_budget(self, "max_new_tokens", "eval_max_new_tokens")
         check_table(self, {
             "temperature": (self.temperature > 0, "expected > 0 (sampling is required)"),
-            "rewards": (bool(self.rewards), "at least one reward function is required"),
+            "rewards": (bool(self.rewards or self.environment), "at least one reward function "
+                        "is required (or an environment's get_reward)"),
             "log_completions": (self.log_completions is True or self.log_completions >= 0,
                                 "expected true (one group), false / 0 (none) or a count of "
                                 "samples per step (TRL's num_completions_to_print)"),

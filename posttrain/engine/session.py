@@ -28,6 +28,7 @@ from posttrain.models.lora import check_lora_targets
 from posttrain.rewards.registry import RewardScorer, RewardSpec, validate_specs
 from posttrain.rollout import SamplingParams
 from posttrain.rollout.engine import Sampler, build_engine
+from posttrain.rollout.episodes import check_tool_template
 from posttrain.rollout.tools import check_environment_rows
 
 
@@ -281,6 +282,7 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
         # before the weights load
         early = tokenizer or load_tokenizer(cfg.model)
         session = Session(cfg, None, _with_template(early, cfg), train_rows, eval_rows)
+        _check_tools(session, agent)
         check_rows(session, kind, model_context(cfg.model), _sources(cfg, train_data, eval_data))
         _check_lora(cfg, None)
         model, loaded_tok = (loader or _causal_lm(cfg))()
@@ -289,12 +291,23 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
         raise ConfigError("a model object needs its tokenizer: pass tokenizer=...")
     else:
         session = Session(cfg, model, _with_template(tokenizer, cfg), train_rows, eval_rows)
+        _check_tools(session, agent)
         check_rows(session, kind, model_context(model), _sources(cfg, train_data, eval_data))
         _check_lora(cfg, model)
     if place:
         model.to(resolve_device(cfg.device))
     return Session(cfg, model, _with_template(tokenizer, cfg), train_rows, eval_rows, scorer,
                    names)
+
+
+def _check_tools(session: Session, agent: Any) -> None:
+    """Tools need a chat template that renders their schemas (`tool_schemas`)."""
+    if agent is not None:
+        try:
+            check_tool_template(session.tokenizer, session.cfg.chat_template,
+                                getattr(session.cfg, "tool_schemas", "template"))
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
 
 
 def _check_lora(cfg: BaseConfig, model: Any) -> None:

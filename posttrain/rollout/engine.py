@@ -250,4 +250,5 @@ def build_engine(cfg: Any, tokenizer: Any, *, role: Role = "eval", dist: Any = N
     engine = ENGINES[name](cfg, tokenizer, role=role, dist=dist, model=model)
     if agent is None:
         return engine
-    return AgentEngine(engine, agent, cfg.chat_template, getattr(cfg, "system_prompt", ""))
+    return AgentEngine(engine, agent, cfg.chat_template, getattr(cfg, "system_prompt", ""),
+                       getattr(cfg, "tool_schemas", "template"))

@@ -23,7 +23,7 @@ import torch
 
 from posttrain.core.errors import UserFunctionError
 from posttrain.core.runtime import sequence_seed
-from posttrain.data.prompts import as_messages, render_prompt
+from posttrain.data.prompts import as_messages, render_prompt, uses_template
 from posttrain.rollout.hf import SamplingParams
 from posttrain.rollout.record import Rollout, pad_id
 from posttrain.rollout.tools import (
@@ -117,13 +117,29 @@ def render_episode(tokenizer: Any, messages: list[dict[str, Any]],
                    system_prompt: str = "") -> str:
     """An episode's prompt: the system prompt, then the chat template with the tools' schemas
     where the tokenizer's template takes them (`chat_template: auto`), else `render_prompt`."""
+    if not system_prompt and len(messages) == 1 and not uses_template(tokenizer, chat_template):
+        return str(messages[0]["content"])  # a plain string prompt, no template: as it is
     if system_prompt:
         messages = [{"role": "system", "content": system_prompt}, *messages]
-    template = tokenizer.chat_template or ""
-    if schemas and "tools" in template and chat_template == "auto":
+    if schemas and takes_tools(tokenizer, chat_template):
         return tokenizer.apply_chat_template(messages, tools=schemas, tokenize=False,
                                              add_generation_prompt=True)
     return render_prompt(tokenizer, messages, chat_template)
+
+
+def takes_tools(tokenizer: Any, chat_template: str = "auto") -> bool:
+    """Whether the tokenizer's chat template renders tool schemas (`tools` in it)."""
+    return chat_template == "auto" and "tools" in (tokenizer.chat_template or "")
+
+
+def check_tool_template(tokenizer: Any, chat_template: str, tool_schemas: str) -> None:
+    """Refuse (one line) tools whose schemas the chat template would silently drop."""
+    if tool_schemas == "template" and not takes_tools(tokenizer, chat_template):
+        raise ValueError(f"config key 'tool_schemas'=template: the chat template "
+                         f"(chat_template={chat_template[:40]!r}) renders no tool schemas "
+                         "('tools' is not in it), so the model would never see its tools; use "
+                         "a tokenizer whose template takes tools (TRL requires one), or set "
+                         "tool_schemas: none for a model that knows its tools (docs/agents.md)")
 
 
 class AgentEngine:
@@ -139,12 +155,13 @@ class AgentEngine:
     renders_rows = True
 
     def __init__(self, inner: Any, spec: AgentSpec, chat_template: str = "auto",
-                 system_prompt: str = "") -> None:
+                 system_prompt: str = "", tool_schemas: str = "template") -> None:
         if not hasattr(inner, "sample_ids"):
             raise ValueError(f"config key 'rollout_engine': multi-turn tool rollouts run on the "
                              f"hf and vLLM engines, not {getattr(inner, 'name', inner)!r}")
         self.inner, self.spec = inner, spec
         self.chat_template, self.system_prompt = chat_template, system_prompt
+        self.show_schemas = tool_schemas == "template"
         self.name, self.runs_policy = inner.name, inner.runs_policy
         self.tokenizer = inner.tokenizer
 
@@ -168,8 +185,9 @@ class AgentEngine:
         if obs:
             messages[-1]["content"] = str(messages[-1]["content"]) + str(obs)
         tools = self.spec.episode_tools(env)
-        text = render_episode(self.tokenizer, messages, tool_schemas(list(tools.values())),
-                              self.chat_template, self.system_prompt)
+        schemas = tool_schemas(list(tools.values())) if self.show_schemas else []
+        text = render_episode(self.tokenizer, messages, schemas, self.chat_template,
+                              self.system_prompt)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return Episode(list(ids), messages, tools, env)
 

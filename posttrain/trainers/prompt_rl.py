@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posttrain.config import ConfigError
+from posttrain.config import ConfigError, math_and_format
 from posttrain.core.runtime import sequence_seed
 from posttrain.engine.distributed import weighted
 from posttrain.engine.step_notes import StepNotes, completion_samples
@@ -78,8 +78,12 @@ class PromptRLTrainer(Trainer):
             raise ConfigError(str(err)) from err
         names = [r.get("name") for r in cfg.rewards]
         if any(hasattr(c, "get_reward") for c in self.agent.classes()) and \
-                "environment" not in names:
-            cfg.rewards = [*cfg.rewards, {"name": "environment", "weight": 1.0}]
+                "environment" not in names:  # the defaults only when nothing else scores
+            given = [] if cfg.rewards == math_and_format() else cfg.rewards
+            cfg.rewards = [*given, {"name": "environment", "weight": 1.0}]
+        if not cfg.rewards:
+            raise ConfigError("config key 'rewards': empty, and the environment has no "
+                              "get_reward(): nothing would score the episodes")
 
     def agent_metrics(self, rollout: Rollout) -> dict[str, float]:
         """`agent/*` of this rank's episodes (counts and weighted means); stops the run when a

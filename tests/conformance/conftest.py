@@ -32,11 +32,13 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "ppo_lora_critic": ("ppo", {"lora_r": 4, "lora_alpha": 8, "lr": 1e-2, "critic_lr": 1e-2}),
     # multi-turn tool episodes (docs/agents.md): a model fine-tuned to call `echo`; PPO's too
     "grpo_tools": ("grpo", {"model": "@tools_model", "tools": ["tests.conformance.tools:echo"],
+                            "tool_schemas": "none",
                             "max_tool_calling_iterations": 2, "max_new_tokens": 120,
                             "eval_max_new_tokens": 120, "lr": 3e-4,  # 3e-3: chaotic
                             "temperature": 1.2,  # some calls garbled: rewards vary
                             "rewards": [{"name": "math", "weight": 1.0}]}),
     "ppo_tools": ("ppo", {"model": "@tools_model", "tools": ["tests.conformance.tools:echo"],
+                          "tool_schemas": "none",
                           "max_tool_calling_iterations": 2, "max_new_tokens": 120,
                           "eval_max_new_tokens": 120, "lr": 3e-4, "critic_lr": 3e-4,
                           "temperature": 1.2, "rewards": [{"name": "math", "weight": 1.0}]}),

@@ -3,6 +3,7 @@
 import pytest
 
 from posttrain.config import engine as engine_checks
+from posttrain.engine import trainer
 from posttrain.rollout import vllm_engine
 from tests.rollout import fake_vllm
 
@@ -13,14 +14,8 @@ def vllm(monkeypatch):
     monkeypatch.setattr(engine_checks, "_cuda", lambda: True)
     monkeypatch.setattr(engine_checks, "vllm_cpu_build", lambda: False)  # plays a CUDA vLLM
     monkeypatch.setattr(vllm_engine, "_KEPT", [], raising=False)
+    # the stand-in samples fixed log-probs, so it cannot score a probe like the learner: the
+    # push check runs against the real vLLM only (`pytest -m vllm`, test_real_vllm.py)
+    monkeypatch.setattr(trainer, "check_push", lambda *a, **k: 0.0)
     return fake_vllm.install(monkeypatch)
 
-
-@pytest.fixture(autouse=True)
-def no_push_check_on_the_fake(monkeypatch, request):
-    """The stand-in samples fixed log-probs, so it cannot score a probe like the learner: the
-    push check runs against the real vLLM only (`pytest -m vllm`, test_real_vllm.py)."""
-    if "vllm" in request.fixturenames:
-        from posttrain.engine import trainer
-
-        monkeypatch.setattr(trainer, "check_push", lambda *a, **k: 0.0)

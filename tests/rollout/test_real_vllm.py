@@ -121,7 +121,7 @@ def test_trainers_run_on_the_colocated_cpu_engine(world, tmp_path, variant, caps
     from posttrain.trainers.ppo import PPOTrainer
 
     extra = {"grpo_lora": {"lora_r": 4, "lora_alpha": 8},
-             "grpo_tools": {"tools": ["tests.conformance.tools:echo"],
+             "grpo_tools": {"tools": ["tests.conformance.tools:echo"], "tool_schemas": "none",
                             "max_tool_calling_iterations": 1, "max_new_tokens": 24},
              "ppo": {"critic_lr": 1e-2}}.get(variant, {})
     cls, cfg_cls = (PPOTrainer, PPOConfig) if variant == "ppo" else (GRPOTrainer, GRPOConfig)

@@ -199,7 +199,7 @@ def test_grpo_trains_tool_episodes_on_the_colocated_engine(world, vllm, tmp_path
     data.write_text(json.dumps({"prompt": "Q", "answer": "10", "start": 4}) + "\n")
     Counter.resets, Counter.calls = [], []
     t = GRPOTrainer(model=world["dir"], train_data=str(data), eval_data=str(data),
-                    environment_factory=Counter, rewards=["math"],
+                    environment_factory=Counter, rewards=["math"], tool_schemas="none",
                     rollout_engine="vllm_colocate", rollout_is="token_truncate",
                     rollout_is_cap=1e6, group_size=2, prompts_per_step=1, max_new_tokens=200,
                     eval_max_new_tokens=200, eval_size=1, max_steps=1, progress=False,

@@ -85,6 +85,7 @@ def trainer(tmp_path, cls: type = GRPOTrainer, **kw: object) -> GRPOTrainer | PP
     keys = {"group_size": 2, "prompts_per_step": 2, "max_new_tokens": 200, "max_steps": 1,
             "eval_max_new_tokens": 200,
             "kl_coef": 0.1, "progress": False, "report_to": [], "threads": 1,
+            "tool_schemas": "none",  # the char template renders no schemas; the script knows
             "out_dir": str(tmp_path / "run"), "eval_size": 2, "micro_batch_size": 4}
     return cls(model=model, tokenizer=TOK, train_data=rows, eval_data=rows[:2],
                **{**keys, **kw})
@@ -231,7 +232,8 @@ def test_ppo_on_vllm_colocate_corrects_model_tokens_only(tmp_path, vllm):  # noq
                    rollout_is="token_truncate", rollout_is_cap=1e6, group_size=2,
                    prompts_per_step=1, max_new_tokens=200, eval_max_new_tokens=200, eval_size=1,
                    max_steps=1, progress=False, report_to=[], threads=1, ppo_epochs=1,
-                   mini_batches=1, out_dir=str(tmp_path / "run"), temperature=0.7)
+                   mini_batches=1, out_dir=str(tmp_path / "run"), temperature=0.7,
+                   tool_schemas="none")
     t.sampler().inner.llm.scripts = [ids(TOK, script)]
     rollout, scores, metrics = t.rollout_and_score()
     assert metrics["agent/tool_calls"] == 4.0 and scores.tolist() == [2.0, 2.0]
@@ -244,3 +246,53 @@ def test_ppo_on_vllm_colocate_corrects_model_tokens_only(tmp_path, vllm):  # noq
     _, out = t.micro_loss(batch, {"tokens": n, "seqs": 2.0, "policy_tokens": n,
                                   "policy_seqs": 2.0}, train_policy=True)
     assert abs(float(out["policy/ratio_max"]) - 1) < 1e-5
+
+
+def echo(text: str) -> str:
+    """Echo.
+
+    Args:
+        text: anything.
+    """
+    return text
+
+
+def test_a_template_that_renders_no_tools_is_refused_unless_told(tmp_path):
+    """Issue 48.2: the demo's chat template has no `tools`, so the schemas would be dropped
+    without a word and the model make no call; refused before the model loads (TRL refuses
+    such a template) unless `tool_schemas: none` says the model knows its tools."""
+    with pytest.raises(ConfigError, match=r"^config key 'tool_schemas'=template: the chat "
+                                          r"template .* renders no tool schemas"):
+        trainer(tmp_path, tools=[echo], tool_schemas="template")
+    assert trainer(tmp_path / "b", tools=[echo]).agent is not None  # tool_schemas: none
+
+
+def test_an_environment_reward_alone_when_no_rewards_are_given(tmp_path):
+    """Issue 48.3: an environment with `get_reward` and no `rewards` trains on the environment
+    alone, as TRL does (not on math + format + environment); `rewards: []` is valid then."""
+    t = trainer(tmp_path, environment_factory=Counter)  # rewards: the config's default
+    assert [r["name"] for r in t.cfg.rewards] == ["environment"]
+    t = trainer(tmp_path / "b", environment_factory=Counter, rewards=[])
+    assert [r["name"] for r in t.cfg.rewards] == ["environment"]
+    t = trainer(tmp_path / "c", environment_factory=Counter, rewards=["math"])
+    assert [r["name"] for r in t.cfg.rewards] == ["math", "environment"]
+
+
+def test_tools_on_a_tokenizer_without_template_and_plain_prompts(tmp_path):
+    """Issue 48.6: no chat template, plain string prompts: the episode's prompt is the string
+    itself (docs/agents.md), not a TemplateError after the model loaded (no template renders
+    schemas: `tool_schemas: none`, else the one-line refusal above)."""
+    from posttrain.rollout.episodes import render_episode
+
+    bare = build_char_tokenizer()
+    bare.chat_template = None
+    assert render_episode(bare, [{"role": "user", "content": "Q start=4"}], []) == "Q start=4"
+    model = build_tiny_llama(bare, hidden_size=32, num_layers=1, num_heads=2,
+                             intermediate_size=64, max_position_embeddings=256, seed=0)
+    t = GRPOTrainer(model=model, tokenizer=bare, train_data=[{"prompt": "Q", "answer": "1"}] * 2,
+                    tools=[echo], chat_template="none", tool_schemas="none",
+                    group_size=2, prompts_per_step=1,
+                    max_new_tokens=8, progress=False, report_to=[], threads=1,
+                    out_dir=str(tmp_path / "run"))
+    rollout, _, _ = t.sample_prompts(1)
+    assert rollout.num_sequences == 2
