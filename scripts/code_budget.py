@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BUDGETS = {"core": 190, "config+cli": 1040, "data": 650, "models": 830, "ops": 1050,
-           "engine": 2150, "rollout": 1830, "sandbox": 2140, "rewards": 800, "search": 500,
+           "engine": 2170, "rollout": 1830, "sandbox": 2140, "rewards": 800, "search": 500,
            "trainers": 1600}
-LIBRARY = 12790
+LIBRARY = 12810
 PROSE = (0.10, 0.36)
 PEERS = {  # what a family's budget was sized against: feature -> (peer, its lines, ours)
     "trainers: KTO": ("TRL 1.16 kto_trainer.py", 1945, 208),
@@ -29,7 +29,7 @@ PEERS = {  # what a family's budget was sized against: feature -> (peer, its lin
         ("no peer gives hints; TRL's configs refuse unknown keys", 0, 75),
     "core: threads from the cores free at start, one error line for user functions (issue 48)":
         ("no peer adapts its threads; torch's default takes every core", 0, 34),
-    "rollout + engine: vLLM's CPU build (reload push, tied head), every push verified, the "
+    "engine + rollout: vLLM's CPU build (reload push, tied head), every push verified, the "
     "server's errors raised and its CPU push through shared memory (issue 46)":
         ("TRL 1.16 trl/generation/vllm_client.py, about (41,422 characters)", 900, 80),
     "sandbox: the judge under attack again (issue 47: names as plain Python binds them, no "
