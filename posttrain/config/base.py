@@ -175,7 +175,7 @@ class BaseConfig:
     vllm_push_check: float = 0.1
     """vLLM engines: after every weight push, the mean |log-prob| gap between the sampler and
     the learner on a probe may be at most this, else the run stops (a push that landed
-    measures 0.001-0.005 with vLLM's bf16 weights; a stale head 0.2-0.4); 0 turns the check
+    measures 0.001-0.007 with vLLM's bf16 weights; a stale head 0.2-0.4); 0 turns the check
     off (docs/rollout.md, "Verified weight pushes")."""
     vllm_server_host: str = "127.0.0.1"
     """vllm_server: host of the `vllm serve` process."""

@@ -1,8 +1,9 @@
 """Every weight push verified: the sampler's log-probs of a probe against the learner's.
 
 After each push to a separate sampler (the vLLM engines) the sampler scores a fixed probe (the
-first training prompt's ids, repeated to at least 16) with its prompt log-probs at temperature
-1, and the learner scores the same ids in fp32. A mean absolute gap above `vllm_push_check`
+first training prompt and the sampler's greedy continuation of it, <= 32 tokens: text the model
+finds likely, where bf16 log-probs are close) with its prompt log-probs at temperature 1, and
+the learner scores the same ids in fp32. A mean absolute gap above `vllm_push_check`
 stops the run in one line naming the engine and the gap (`rollout/push_check_gap` is logged):
 a stale tied head, a communicator that sent nothing or a half-loaded server would otherwise
 go on sampling from other weights, with the importance correction quietly reweighting around
@@ -17,17 +18,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
-PROBE_TOKENS = 16
+PROBE_TOKENS = 32
 
 
 class PushCheckError(RuntimeError):
     """The sampler's weights after a push are not the learner's."""
 
 
-def probe_ids(tokenizer: Any, text: str) -> list[int]:
-    """The probe: `text`'s ids (no special tokens added), repeated to >= PROBE_TOKENS ids."""
+def probe_ids(sampler: Any, tokenizer: Any, text: str) -> list[int]:
+    """The probe: `text`'s ids (no special tokens added) and the sampler's greedy continuation
+    of them, at most PROBE_TOKENS new ids (at least 2 ids in all)."""
+    from posttrain.rollout.hf import SamplingParams
+
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"]) or [0]
-    return (ids * (PROBE_TOKENS // len(ids) + 1))[:max(PROBE_TOKENS, len(ids))]
+    more = sampler.sample_ids([ids], SamplingParams(PROBE_TOKENS, greedy=True), sampler.stops)
+    ids += list(more[0].token_ids)
+    return ids if len(ids) > 1 else ids * 2
 
 
 @torch.no_grad()

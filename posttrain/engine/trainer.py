@@ -333,7 +333,7 @@ class Trainer:
         self._sampler.update_weights(self.model, self._weights_version)
         if pushes and hasattr(target, "probe_logprobs") and self.cfg.vllm_push_check > 0:
             if self._probe is None:
-                self._probe = probe_ids(self.tokenizer, self.session.render(
+                self._probe = probe_ids(target, self.tokenizer, self.session.render(
                     self.session.train_rows[0]["prompt"]))
             self.push_metrics["rollout/push_check_gap"] = check_push(
                 target, self.model, self._probe, self.cfg.vllm_push_check, self.device)

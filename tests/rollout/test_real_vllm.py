@@ -72,7 +72,7 @@ def test_a_push_lands_with_the_tied_head(world, engine):
     after the embedding, which is also the head, is scaled, the sampler scores the probe like
     the learner again; pushed without the head's own name, the gap is the stale head's."""
     model = _model(world)
-    ids = probe_ids(world["tok"], "12+7*3-5 <think>")
+    ids = probe_ids(engine, world["tok"], "12+7*3-5 <think>")
     engine.update_weights(model, 1)
     assert check_push(engine, model, ids, 0.02, "cpu") < 0.02
     with torch.no_grad():
@@ -99,8 +99,8 @@ def test_a_push_that_does_not_land_is_caught(world, engine, monkeypatch):
                         lambda m, b, tied=False: real(m, b))  # the head's name dropped
     engine.update_weights(model, 4)
     with pytest.raises(PushCheckError, match=r"rollout_engine=vllm_colocate: after a weight "
-                                             r"push .* differ from the learner's by 0\.\d+"):
-        check_push(engine, model, probe_ids(world["tok"], "3+4="), 0.1, "cpu")
+                                             r"push .* differ from the learner's by \d+\.\d+"):
+        check_push(engine, model, probe_ids(engine, world["tok"], "3+4="), 0.1, "cpu")
 
 
 def _grpo(world, tmp_path, **keys) -> dict:
@@ -216,7 +216,7 @@ def test_the_server_samples_and_a_push_lands(world, server):
     model = _model(world)
     with torch.no_grad():
         model.get_input_embeddings().weight.mul_(2.0)
-    ids = probe_ids(world["tok"], "2+3=")
+    ids = probe_ids(engine, world["tok"], "2+3=")
     with pytest.raises(PushCheckError):  # before the push: the server's weights are the old
         check_push(engine, model, ids, 0.02, "cpu")
     engine.update_weights(model, 1)
