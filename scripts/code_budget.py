@@ -3,7 +3,8 @@
 A code line holds a code token: docstrings (any bare string statement), comments and blank lines
 are not code. `python scripts/code_budget.py [ROOT]` prints each family's code, docstring and
 comment lines against its budget, and exits 1 when a family is over its budget, the library is
-over its total, or a family's prose (docstrings + comments) is outside 10-36% of its lines.
+over its total, a family's prose (docstrings + comments) is outside 10-36% of its lines, or a
+module docstring is over 15 lines (the contract; history and walkthroughs go to docs/).
 A feature that adds more than 50 code lines raises its family's budget in the same commit,
 sized against a peer's lines for the same feature (`PEERS`); a refactor is net <= 0.
 """
@@ -100,6 +101,21 @@ def count(root: Path) -> dict[str, Lines]:
     return out
 
 
+def long_docstrings(root: Path, most: int = 15) -> list[str]:
+    """Library modules whose docstring is over `most` lines."""
+    out = []
+    for path in sorted((root / "posttrain").rglob("*.py")):
+        rel = path.relative_to(root / "posttrain")
+        body = ast.parse(path.read_text()).body
+        if family(rel) is None or not body or not isinstance(body[0], ast.Expr) or \
+                not isinstance(getattr(body[0], "value", None), ast.Constant):
+            continue
+        n = body[0].end_lineno - body[0].lineno + 1
+        if n > most:
+            out.append(f"posttrain/{rel}: a module docstring of {n} lines (at most {most})")
+    return out
+
+
 def problems(counts: dict[str, Lines], budgets: dict[str, int] = BUDGETS,
              library: int = LIBRARY) -> list[str]:
     out = [f"{fam}: a family with no budget in scripts/code_budget.py BUDGETS"
@@ -125,7 +141,7 @@ def main() -> int:
         print(f"{fam:<12}{n.code:>7}{BUDGETS.get(fam, 0):>8}{n.doc:>7}{n.comment:>9}"
               f"{n.prose:>7.0%}")
     print(f"{'library':<12}{sum(n.code for n in counts.values()):>7}{LIBRARY:>8}")
-    found = problems(counts)
+    found = problems(counts) + long_docstrings(root)
     for line in found:
         print(f"code_budget: {line}", file=sys.stderr)
     return 1 if found else 0

@@ -17,6 +17,16 @@ spec.loader.exec_module(budget)
 
 def test_the_library_is_within_its_budget() -> None:
     assert budget.problems(budget.count(ROOT)) == []
+    assert budget.long_docstrings(ROOT) == []
+
+
+def test_a_long_module_docstring_is_named(tmp_path: Path) -> None:
+    (tmp_path / "posttrain" / "ops").mkdir(parents=True)
+    (tmp_path / "posttrain" / "ops" / "x.py").write_text('"""' + "a\n" * 16 + '"""\nx = 1\n')
+    (tmp_path / "posttrain" / "tasks").mkdir()  # the demo world: not library code
+    (tmp_path / "posttrain" / "tasks" / "y.py").write_text('"""' + "a\n" * 30 + '"""\n')
+    assert budget.long_docstrings(tmp_path) == [
+        "posttrain/ops/x.py: a module docstring of 17 lines (at most 15)"]
 
 
 def test_code_docstrings_and_comments_are_told_apart() -> None:

@@ -1,24 +1,17 @@
 """Tools and environments of multi-turn rollouts (TRL's contract): what the model may call,
 how a call is read from its text, and how it runs.
 
-- `tools=[f, ...]`: typed functions with Google-style docstrings; their JSON schemas come from
-  `transformers.utils.get_json_schema` and reach the prompt through the chat template.
-  `async def` tools are awaited on the run's one event loop.
-- `environment_factory=Cls` or `{name: Cls}`: one instance per rollout, `reset(**row) -> str |
-  None` first, its public methods (not `reset`, not `get_reward`) are its tools. Checked with
-  the plain tools, before any model loads (`check_environment`, `check_environment_rows`).
-- A call is parsed with the tokenizer's own `parse_response` where its template defines a
-  response schema, else from the fallback format `TOOL_CALL` (Hermes / Qwen2.5 style, which
-  the demo's character tokenizer can write): `<tool_call>{"name": ..., "arguments": {...}}
-  </tool_call>`, any number per turn.
-- Failure is data: whatever the model wrote, an unparsable call, an unknown tool, wrong
-  arguments, an exception, a timeout or a call over the turn's limit becomes the answer text
-  (`ToolResult.error` names the kind, counted in metrics), never an exception.
-- A call reported timed out is never started later; the episode's environment is closed after
-  it (`Toolbox.closed`: no later call touches it).
-- `python`: the built-in tool that runs model-written code in `posttrain.sandbox` (never in
-  the trainer's process), in bubblewrap unless the run sets `sandbox_mode: limits`, within the
-  process's one bound on sandboxes at once (`posttrain.sandbox.SANDBOXES`).
+- `tools=[f, ...]`: typed functions with Google-style docstrings (schemas from
+  `get_json_schema`); `async def` tools are awaited on the run's one event loop.
+- `environment_factory=Cls | {name: Cls}`: one instance per rollout, `reset(**row)` first, its
+  public methods are tools; checked before any model loads.
+- Calls: the tokenizer's `parse_response`, else the fallback `<tool_call>{...}</tool_call>`.
+- Failure is data: anything the model wrote that fails (parse, unknown tool, arguments,
+  exception, timeout, over the turn's limit) is the answer text, never an exception.
+- A call reported timed out never starts later; its environment is closed (`Toolbox.closed`).
+- `python`: model code in `posttrain.sandbox` (bwrap unless `sandbox_mode: limits`), within
+  the process's one bound on sandboxes (`posttrain.sandbox.SANDBOXES`).
+More: docs/agents.md, "Module notes", posttrain.rollout.tools.
 """
 
 from __future__ import annotations

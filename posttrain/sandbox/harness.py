@@ -1,27 +1,17 @@
 """Sandbox supervisor (standard library only, never imports posttrain; runs inside the sandbox).
 
-Started by :mod:`posttrain.sandbox.jail` as ``python -I -S -B -u -c <wire + judge +
-procs + this source> RESULT_FD TESTS_FD`` (or a bootstrap that loads the same code compiled by
-the parent, when the interpreters share a bytecode format). It makes itself non-dumpable
-(``PR_SET_DUMPABLE 0``: processes of its uid cannot open its ``/proc/<pid>/mem`` or
-``/proc/<pid>/fd``, ``ptrace`` it or use ``process_vm_writev`` / ``pidfd_getfd`` on it; every
-process it forks inherits this until the program changes its own), applies the resource limits
-to itself and talks to the parent:
+Started by :mod:`posttrain.sandbox.jail` as ``python -I -S -B -u -c <wire + judge + procs +
+this source> RESULT_FD TESTS_FD``. It makes itself non-dumpable, applies the resource limits
+to itself and talks to the parent: the run and one test per line on stdin, the assert tests'
+sources framed on TESTS_FD (read by judge processes only), one JSON answer per test on
+RESULT_FD.
 
-* stdin: the run ``{"code", "timeout_s", "cpu_s", "kill_all", "limits", "max_value_bytes",
-  "max_stdout_bytes"}``, then one test per line: ``{"kind": "value", "prelude", "name",
-  "args", "kwargs"}``, ``{"kind": "stdio", "input"}`` or ``{"kind": "assert", "index"}``.
-* TESTS_FD: the assert tests' sources, framed; only judge processes read it (below).
-* RESULT_FD: ``R`` once started, then one JSON line per test, in order: ``{"id", "status",
-  "top", "value", "stdout", "truncated", "in_process"}``.
-
-Per test: a ``value`` test forks a program process that answers one call with the value in
-wire form (compared by the parent); a ``stdio`` test forks a child that runs the program as a
-script (stdout compared by the parent); an ``assert`` test forks a program process and then a
-judge process (:mod:`.judge`), which alone reads the test's source from TESTS_FD, so no
-process of the program, forked before it, ever held an expected value. After every test the
-supervisor kills everything the program started (``_sweep``; it is a child subreaper) before
-it answers.
+Per test: ``value`` forks a program process that answers one call in wire form; ``stdio``
+runs the program as a script; ``assert`` forks a program process and then a judge process
+(:mod:`.judge`), which alone reads the test's source, so no process of the program ever held
+an expected value. After every test the supervisor kills everything the program started
+(``_sweep``; it is a child subreaper) before it answers.
+More: docs/sandbox.md, "Module notes", posttrain.sandbox.harness.
 """
 
 import _socket  # the C module: socket.py would cost ~3 ms of imports per run

@@ -3,28 +3,15 @@
 ``run_sandboxed(code, tests, limits=..., mode=...)`` starts the supervisor
 (:mod:`posttrain.sandbox.harness`) in a fresh interpreter, sends it the program and the tests
 (:mod:`posttrain.sandbox.io`), judges each answer here, outside the sandbox
-(:mod:`posttrain.sandbox.tests`), and returns a :class:`SandboxResult`. The guarantees of
-each mode are tabulated in ``docs/sandbox.md``. In short:
+(:mod:`posttrain.sandbox.tests`), and returns a :class:`SandboxResult`.
 
-* ``bwrap`` (bubblewrap): only ``/usr``, ``/bin``, ``/sbin``, ``/lib*``, the loader cache and the
-  interpreter's prefix are visible (read-only; no host data, home or work directories),
-  private size-capped tmpfs for ``/tmp``, ``/var/tmp``, ``/dev/shm``, a new ``/proc``, a
-  read-only 64 KiB ``/dev`` with five devices, all namespaces unshared (network, PID, IPC,
-  UTS, cgroup, user; nested user namespaces disabled), ``--die-with-parent``,
-  ``--new-session``, ``--clearenv``. Killing bubblewrap kills every process of the run (PID
-  namespace).
-* ``limits``: the same resource limits and process sweep, no file-system or network isolation
-  (a one-time warning says so); as root, an IPC namespace per run (``unshare`` + ``setpriv``,
-  else it refuses), keyrings emptied, what the uid left in world-writable directories removed.
-* ``strict``/``bwrap``: refuse to run without a working bubblewrap
-  (:class:`SandboxUnavailableError`). ``auto``: bwrap if it works here, else ``limits``.
-
-In every mode: ``RLIMIT_CPU``, ``RLIMIT_AS``, ``RLIMIT_NPROC``, ``RLIMIT_FSIZE``,
-``RLIMIT_NOFILE`` (and ``RLIMIT_CORE=0``) on every process; a wall-clock deadline per test
-(the supervisor kills the test's processes) and for the whole run (we kill the process group);
-stdout/stderr kept up to ``max_output_bytes``. When the caller is root the run drops to an
-unprivileged uid unique to the concurrent slot (``uid_base + slot``): root is exempt from
-``RLIMIT_NPROC``, and a unique uid also lets us kill every process of the run afterwards.
+* ``bwrap``: read-only system directories only, private size-capped tmpfs, every namespace
+  unshared, ``--die-with-parent``, ``--clearenv``; killing bubblewrap kills the whole run.
+* ``limits``: the same resource limits and sweep, no file-system or network isolation.
+* ``strict`` / ``bwrap`` refuse without a working bubblewrap; ``auto`` falls back to limits.
+In every mode: CPU, memory, process, file-size and file limits on every process, wall-clock
+deadlines per test and per run, capped output, and (as root) a unique unprivileged uid per slot.
+More: docs/sandbox.md, "Module notes", posttrain.sandbox.jail.
 """
 
 from __future__ import annotations

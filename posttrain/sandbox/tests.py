@@ -1,24 +1,17 @@
 """Test formats of the code reward and how each one is judged (docs/sandbox.md).
 
-Three kinds of test, told apart by their shape:
-
-* ``value``: ``assert name(<literals>) == <literal>`` (either order, after import lines
-  only; ``name`` not imported). The program's process is asked for that one call and sends the
-  value back in wire form (:mod:`.wire`); it is compared here, outside the sandbox, with the
-  literal, type-strictly: the expected value never exists where the program runs, and an
-  object that lies about equality is not plain data.
+* ``value``: ``assert name(<literals>) == <literal>``: the program's process answers that one
+  call in wire form (:mod:`.wire`), compared here, outside the sandbox, type-strictly.
 * ``stdio``: ``{"input": str, "output": str}``: the program runs as a script with ``input`` on
   stdin; its stdout is compared here with ``output`` (never sent to the sandbox).
-* ``assert``: any other snippet (``assert f(1) != 5``, ``assert (f(1) == 5) == True``,
-  HumanEval's ``check(candidate)``...). It runs in a judge process of its own
-  (:mod:`.judge`) where the program's names are proxies returning plain data; the verdict is
-  the judge's. A test that needs what a proxy cannot carry (a callback, an object the test
-  defines) falls back to the program's interpreter and is counted
+* ``assert``: any other snippet; it runs in a judge process of its own (:mod:`.judge`) where
+  the program's names are proxies returning plain data; the verdict is the judge's. A test
+  that needs what a proxy cannot carry falls back to the program's interpreter and is counted
   (``code/in_process_verdicts``).
 
-Comparison options (:class:`CompareOptions`, ``code_reward(..., compare={...})``): exact by
-default, stricter than Python's ``==`` in two ways: ``True`` is not ``1`` and ``5.0`` is not
-``5`` (types must match), unless ``bool_int`` / ``int_float`` say so.
+Comparison (:class:`CompareOptions`): exact, and stricter than ``==``: ``True`` is not ``1``,
+``5.0`` is not ``5`` unless ``bool_int`` / ``int_float`` say so.
+More: docs/sandbox.md, "Module notes", posttrain.sandbox.tests.
 """
 
 from __future__ import annotations

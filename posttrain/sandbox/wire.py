@@ -1,21 +1,14 @@
 """Wire format of the sandbox: frames and plain-data values (standard library only).
 
-Used on both sides: inside the sandbox (its source is prepended to the supervisor's,
-:mod:`posttrain.sandbox.harness`) and in the parent (:mod:`posttrain.sandbox.tests`), so it
-never imports posttrain and uses no ``from __future__`` import.
+Used on both sides: inside the sandbox (its source is prepended to the supervisor's) and in
+the parent, so it never imports posttrain and uses no ``from __future__`` import.
 
-* A **frame** is a 4-byte big-endian length and that many bytes of one UTF-8 JSON object.
-  :func:`read_frame` refuses a frame over its cap, a truncated frame, JSON floats, ``NaN`` /
-  ``Infinity`` tokens, duplicate keys and anything but an object at the top.
-* A **value** is plain data of exact types in a tagged JSON form (:func:`wire_encode`,
-  :func:`wire_decode`): ``None``, ``bool``, ``str`` as themselves, ``int`` as a JSON integer
-  when ``|n| < 2**53`` and ``["I", hex]`` beyond (exact, no digit limit), ``float`` as
-  ``["f", float.hex()]`` (exact; non-finite floats survive the trip and are the judge's
-  business), containers as ``["l"|"t"|"s"|"z", item, ...]`` (list, tuple, set, frozenset),
-  ``["d", key, value, ...]``, ``["b", hex]`` bytes, ``["c", real, imag]`` complex,
-  ``["h", n]`` for an opaque handle (anything else, where the caller allows handles), and
-  ``["x", n, base]`` for an instance of a subclass of a plain type (a namedtuple, ``Counter``,
-  ``IntEnum``): its handle and its value as the plain base type, where handles are allowed.
+* A **frame**: a 4-byte big-endian length and one UTF-8 JSON object; :func:`read_frame`
+  refuses an oversized or truncated frame, JSON floats, ``NaN``, duplicate keys, non-objects.
+* A **value**: plain data of exact types in a tagged JSON form (:func:`wire_encode`,
+  :func:`wire_decode`): exact ints and floats (hex), containers, bytes, complex, ``["h", n]``
+  an opaque handle, ``["x", n, base]`` a subclass of a plain type (its handle and base value).
+More: docs/sandbox.md, "Module notes", posttrain.sandbox.wire.
 """
 
 import json
