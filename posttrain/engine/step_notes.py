@@ -52,6 +52,15 @@ class StepNotes:
                       f"max_new_tokens={max_new_tokens} and were cut (response/truncated_frac);"
                       " raise max_new_tokens if the task needs longer answers")
 
+    def tool_answers(self, step: int, overflows: list[int], max_new_tokens: int) -> None:
+        """Episodes that ended because a tool's answer did not fit in their budget."""
+        if any(overflows):
+            n = sum(o > 0 for o in overflows)
+            self._say("tool_answers", f"warning (step {step}): {n} episode(s) ended because a "
+                      f"tool's answer (up to {max(overflows)} tokens) did not fit in "
+                      f"max_new_tokens={max_new_tokens} (agent/cut_by_tool_answer): bound what "
+                      "the tool returns, or raise max_new_tokens")
+
     def completions(self, out_dir: str, step: int, samples: list[dict[str, Any]]) -> None:
         """`log_completions`: the samples to `out_dir/completions.jsonl` and the console."""
         if not (self.enabled and samples):

@@ -41,7 +41,8 @@ __all__ = ["AGENT_COUNTS", "AgentEngine", "Episode", "ToolFailureError", "agent_
            "check_failing_tools", "episode_metrics", "render_episode", "tool_turn_text"]
 
 AGENT_COUNTS = frozenset({"agent/episodes", "agent/tool_calls", "agent/tool_errors/",
-                          "agent/cut_by_turns", "agent/cut_by_length"})
+                          "agent/cut_by_turns", "agent/cut_by_length",
+                          "agent/cut_by_tool_answer"})
 """The per-rank counts among `episode_metrics` (summed over ranks: `count_metrics`)."""
 _MARK = "\u2063ASSISTANT\u2063"
 Turn = tuple[list[int], list[float], bool]
@@ -60,6 +61,8 @@ class Episode:
     key: int = 0
     """Its index in the step's episodes (the name of its rows in the carried KV cache)."""
     ids: list[int] = dataclasses.field(default_factory=list)
+    tool_overflow: int = 0
+    """Tokens of the tool answer that did not fit in the episode's budget (it ended there)."""
     said: list[str] = dataclasses.field(default_factory=list)
     """The model's turns as text (special tokens skipped): what rewards read."""
     model: list[bool] = dataclasses.field(default_factory=list)
@@ -85,7 +88,8 @@ class Episode:
     def stats(self) -> dict[str, Any]:
         return {"turns": self.turns, "calls": self.calls, "errors": dict(self.errors),
                 "cut": self.cut, "tool_tokens": self.model.count(False),
-                "tokens": len(self.ids), "by_tool": self.by_tool}
+                "tokens": len(self.ids), "by_tool": self.by_tool,
+                "tool_overflow": self.tool_overflow}
 
 
 def tool_turn_text(tokenizer: Any, results: list[ToolResult], stop_text: str) -> str:
@@ -269,7 +273,7 @@ class AgentEngine:
             text = tool_turn_text(self.tokenizer, results, e.stop_text)
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             if len(e.ids) + len(ids) >= max_new_tokens:
-                e.cut, e.done = "length", True
+                e.cut, e.done, e.tool_overflow = "length", True, len(ids)  # the answer's fault
                 continue
             e.add(list(ids), None)
             e.messages += [{"role": "tool", "name": r.name, "content": r.content}
@@ -285,7 +289,8 @@ def episode_metrics(episodes: list[dict[str, Any]]) -> tuple[dict[str, float],
     counts = {"agent/episodes": float(len(episodes)),
               "agent/tool_calls": float(sum(e["calls"] for e in episodes)),
               "agent/cut_by_turns": float(sum(e["cut"] == "turns" for e in episodes)),
-              "agent/cut_by_length": float(sum(e["cut"] == "length" for e in episodes))}
+              "agent/cut_by_length": float(sum(e["cut"] == "length" for e in episodes)),
+              "agent/cut_by_tool_answer": float(sum(e["tool_overflow"] > 0 for e in episodes))}
     for kind in ERROR_KINDS:
         counts[f"agent/tool_errors/{kind}"] = float(sum(e["errors"].get(kind, 0)
                                                         for e in episodes))

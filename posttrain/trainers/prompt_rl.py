@@ -89,6 +89,8 @@ class PromptRLTrainer(Trainer):
         """`agent/*` of this rank's episodes (counts and weighted means); stops the run when a
         tool failed (raised or timed out) on most of its calls of the step, over every rank."""
         counts, means = episode_metrics(rollout.episodes)
+        self.notes.tool_answers(self._step, [e["tool_overflow"] for e in rollout.episodes],
+                                self.cfg.max_new_tokens)
         out = dict(counts)
         for key, (value, weight) in means.items():
             out.update(weighted({key: value}, weight))

@@ -98,7 +98,7 @@ def test_token_in_token_out_and_masks_golden() -> None:
     assert r.prompt_ids[0].tolist() == ids(TOK, "<s>Q\n")
     assert r.episodes[0] | {"by_tool": None} == {
         "turns": 2, "calls": 1, "errors": {}, "cut": None, "tool_tokens": 33,
-        "tokens": 107, "by_tool": None}
+        "tokens": 107, "by_tool": None, "tool_overflow": 0}
     msgs = r.rows[0]["messages"]
     assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant"]
     assert msgs[2]["content"] == "5" and r.completions[0].endswith("<answer>5</answer>")

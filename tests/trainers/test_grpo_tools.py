@@ -296,3 +296,34 @@ def test_tools_on_a_tokenizer_without_template_and_plain_prompts(tmp_path):
                     out_dir=str(tmp_path / "run"))
     rollout, _, _ = t.sample_prompts(1)
     assert rollout.num_sequences == 2
+
+
+def huge(x: str) -> str:
+    """Answer at length.
+
+    Args:
+        x: anything.
+    """
+    return "9" * 100_000
+
+
+def test_a_tool_answer_that_does_not_fit_is_named(tmp_path, capsys, monkeypatch):
+    """Issue 48.13: a 100,000-character tool answer ended the episode with a warning to raise
+    max_new_tokens; now the warning names the tool's answer (agent/cut_by_tool_answer)."""
+    from posttrain.rollout.episodes import episode_metrics
+
+    lm = ScriptLM(ids(TOK, "<s>Q\n" + call("huge", x="a") + "x" * 300), len(TOK))
+
+    def factory(cfg, tokenizer, *, role="eval", dist=None, model=None):
+        engine = ScriptedHF(tokenizer)
+        engine.script_model = lm
+        return engine
+
+    monkeypatch.setitem(ENGINES, "hf", factory)
+    t = trainer(tmp_path, tools=[huge], max_new_tokens=120)
+    rollout, _, _ = t.sample_prompts(1)
+    counts, _ = episode_metrics(rollout.episodes)
+    assert counts["agent/cut_by_tool_answer"] == 2.0
+    t.agent_metrics(rollout)
+    err = capsys.readouterr().err
+    assert "because a tool's answer (up to" in err and "bound what the tool returns" in err
