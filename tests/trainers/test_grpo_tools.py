@@ -327,3 +327,16 @@ def test_a_tool_answer_that_does_not_fit_is_named(tmp_path, capsys, monkeypatch)
     t.agent_metrics(rollout)
     err = capsys.readouterr().err
     assert "because a tool's answer (up to" in err and "bound what the tool returns" in err
+
+
+def test_rows_naming_no_known_environment_are_refused_before_the_model_loads(tmp_path):
+    """Issue 48.11: with `{name: Cls}`, a row without a known `environment` field is one config
+    line naming the row, before any model loads (the model path here does not exist)."""
+    rows = [{"prompt": "Q", "answer": "1", "environment": "counter"},
+            {"prompt": "Q", "answer": "1"}]
+    with pytest.raises(ConfigError, match=r"config key 'environment': row 2 of train_data has "
+                                          r"environment=None"):
+        GRPOTrainer(model="__never_loaded__", tokenizer=TOK, train_data=rows,
+                    environment_factory={"counter": Counter}, tool_schemas="none",
+                    group_size=2, prompts_per_step=1, progress=False, report_to=[],
+                    out_dir=str(tmp_path / "run"))
