@@ -16,6 +16,7 @@ def vllm(monkeypatch):
     monkeypatch.setattr(vllm_engine, "_KEPT", [], raising=False)
     # the stand-in samples fixed log-probs, so it cannot score a probe like the learner: the
     # push check runs against the real vLLM only (`pytest -m vllm`, test_real_vllm.py)
+    monkeypatch.setattr(trainer, "probe_ids", lambda *a, **k: [0, 1])
     monkeypatch.setattr(trainer, "check_push", lambda *a, **k: 0.0)
     return fake_vllm.install(monkeypatch)
 
