@@ -65,7 +65,22 @@ class GRPOConfig(PromptRLConfig):
     """Drop groups whose rewards are all equal (DAPO) and refill with new prompts."""
     dynamic_sampling_max_rounds: int = 3
     """Extra generation rounds to refill dropped groups; after that train on what is left."""
+    # --- asynchronous rollouts (docs/async.md) ---
+    async_rollouts: bool = False
+    """Sample and score the coming steps' groups in a sampler process while the learner trains
+    (the `hf` engine on the CPU, one process; multi-turn episodes too)."""
+    max_staleness: int = 1
+    """async_rollouts: learner steps a sample may lag the weights it trains (one step: one
+    push, num_iterations x mini_batches optimizer steps); 0 is the synchronous run. Above 0,
+    `rollout_is: auto` is token_truncate: each token's loss weighted by min(pi_old / q, cap)."""
+    sampler_threads: int = 1
+    """async_rollouts: torch threads of the sampler process (the learner keeps `threads`)."""
     lr: float = 3e-5
+
+    def rollout_correction(self) -> str:
+        if self.async_rollouts and self.max_staleness > 0 and self.rollout_is == "auto":
+            return "token_truncate"  # decoupled PPO's behaviour weight (docs/async.md)
+        return super().rollout_correction()
 
     def validate(self) -> None:
         super().validate()
@@ -84,4 +99,13 @@ class GRPOConfig(PromptRLConfig):
                                      "(to train on an aggregated PRM score, list {name: "
                                      "process_reward_model, path: ...} in rewards)"),
             "process_weight": (math.isfinite(self.process_weight) and self.process_weight >= 0,
-                               "expected a finite number >= 0")})
+                               "expected a finite number >= 0"),
+            "max_staleness": (self.max_staleness >= 0, "expected >= 0"),
+            "sampler_threads": (self.sampler_threads >= 1, "expected >= 1")})
+        if self.async_rollouts:  # what the sampler process does not cover yet
+            check_table(self, {k: (not bad, f"not implemented with async_rollouts ({why}); "
+                                   "docs/async.md") for k, (bad, why) in {
+                "rollout_engine": (self.rollout_engine != "hf", "the sampler process runs hf"),
+                "dynamic_sampling": (self.dynamic_sampling, "refills need a round trip"),
+                "fsdp": (self.fsdp, "one process"),
+                "lora_r": (self.lora_r > 0, "the push sends whole weights")}.items()})

@@ -209,8 +209,10 @@ def _rows(cfg: BaseConfig, source: Any, kind: str, split: str, limit: int | None
     return validate_rows(enumerate(rows, 1), kind, f"<in-memory {kind} data>", **opts)
 
 
-def _scorer(cfg: BaseConfig, reward_fns: dict[str, Any] | None
-            ) -> tuple[RewardScorer | None, list[str]]:
+def build_scorer(cfg: BaseConfig, reward_fns: dict[str, Any] | None
+                 ) -> tuple[RewardScorer | None, list[str]]:
+    """The scorer of `rewards:` (None without rewards) and the reward names, in order;
+    `reward_fns`: name -> function object given in Python."""
     specs_raw = getattr(cfg, "rewards", None)
     if not specs_raw:  # SFT / DPO with `rewards: []`: no greedy held-out scoring
         return None, []
@@ -255,7 +257,7 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
     """
     if with_train:
         check_trackers(cfg)
-    scorer, names = _scorer(cfg, reward_fns)
+    scorer, names = build_scorer(cfg, reward_fns)
     if kind == "prompts" and "code" in names:
         kind = "code"  # code rows carry `tests`: validate them before any training starts
     answer_field = getattr(cfg, "answer_field", "answer")

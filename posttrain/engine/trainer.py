@@ -106,6 +106,7 @@ class Trainer:
         cfg, objects = resolve_config(self.config_class, cfg, model, tokenizer, train_data,
                                        eval_data, rewards, config_keys)
         self.cfg = cfg
+        self.reward_fns = objects.get("reward_fns")  # function objects given in Python
         setup_threads(cfg.threads)
         slow_bf16 = preflight(cfg, type(self))  # device, precision, FSDP2: before any load
         self.dist = Dist(cfg.device)  # torchrun's process group (a no-op without torchrun)

@@ -60,7 +60,8 @@ class GRPOTrainer(PromptRLTrainer):
     config_class = GRPOConfig
     progress_keys = ("reward/mean", "reward/accuracy", "response/truncated_frac")
     count_metrics = PromptRLTrainer.count_metrics | {"rollout/groups_used",
-                                                     "reward/dropped_groups"}
+                                                     "reward/dropped_groups",
+                                                     "async/dropped_stale"}
     cfg: GRPOConfig
 
     def validate(self) -> None:
@@ -91,6 +92,16 @@ class GRPOTrainer(PromptRLTrainer):
                   " (add {name: math, weight: 0}): reward/verifier_accuracy is not logged")
         self._step, self._drawn = 0, 0
         self._verdicts: list[float] = []  # this step's verifier verdicts (all rounds)
+        if cfg.async_rollouts:  # the progress bar shows the lag and the queue
+            self.progress_keys = (*self.progress_keys, "async/staleness_mean",
+                                  "async/queue_groups")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"async": self.async_state()} if self.cfg.async_rollouts else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "async" in state:
+            self.load_async_state(state["async"])
 
     def optimizer_steps(self) -> int:
         return self.cfg.max_steps * self.cfg.num_iterations * self.cfg.mini_batches
@@ -103,6 +114,10 @@ class GRPOTrainer(PromptRLTrainer):
         t1 = time.time()
         metrics.update(self.update(rollout))  # 4 clipped policy-gradient update(s)
         t_train, t_gen = time.time() - t1, self._times["gen"]
+        if self.cfg.async_rollouts:  # 5 the new weights to the sampler process
+            pushed = self.push_weights(step)
+            metrics["async/learner_wait_s"] += pushed.pop("async/learner_wait_s", 0.0)
+            metrics.update(pushed)
         metrics.update({"perf/gen_seconds": t_gen, "perf/score_seconds": self._times["score"],
                         "perf/train_seconds": t_train,
                         "perf/gen_tokens_per_sec": metrics.pop("_gen_tokens") / max(t_gen, 1e-9),

@@ -11,17 +11,22 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import time
+from dataclasses import fields
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from posttrain.config import ConfigError, math_and_format
+from posttrain.core.device import resolve_device
 from posttrain.core.runtime import sequence_seed
+from posttrain.engine.async_rollout import AsyncSampler, Job, Sampled, fresh, needed_version
 from posttrain.engine.distributed import weighted
 from posttrain.engine.step_notes import StepNotes, completion_samples
 from posttrain.engine.trainer import Trainer
+from posttrain.rewards.registry import ScoreResult
 from posttrain.rollout import Rollout, SamplingParams
 from posttrain.rollout.engine import on_device
 from posttrain.rollout.episodes import (
@@ -52,6 +57,11 @@ class PromptRLTrainer(Trainer):
 
     def validate(self) -> None:
         world = self.dist.world
+        if getattr(self.cfg, "async_rollouts", False) and (
+                world > 1 or resolve_device(self.cfg.device).type != "cpu"):
+            raise ConfigError("config key 'async_rollouts': the sampler process runs beside one "
+                              "learner process on the CPU; torchrun and GPUs are not "
+                              "implemented yet (docs/async.md)")
         if self.cfg.prompts_per_step % world:
             raise ConfigError(f"config key 'prompts_per_step'={self.cfg.prompts_per_step}: must "
                               f"be a multiple of the {world} torchrun processes")
@@ -121,21 +131,26 @@ class PromptRLTrainer(Trainer):
         Returns the rollout (`scores` [n] set, NaN where unscorable), the scorer's result
         (`per_function`, `metrics`) and the seconds spent ({"gen", "score"})."""
         cfg, G = self.cfg, self.cfg.group_size
-        drawn = self.next_rows(n_prompts)
-        mine = self.dist.shard(list(range(n_prompts)))
-        rows = [drawn[i] for i in mine]
-        seeds = [sequence_seed(cfg.seed, self._step, first + i, j)
-                 for i in mine for j in range(G)]
-        t0 = time.time()
-        engine = self.sampler()  # hf under autocast_bf16: a synced bf16 copy
-        prompts = [] if getattr(engine, "renders_rows", False) else [
-            self.session.render(r["prompt"]) for r in rows]  # episodes render their own
-        with self.gathered() if engine.runs_policy else contextlib.nullcontext():
-            rollout = engine.generate(prompts, group_size=G, rows=rows, params=self.sampling,
-                                      seeds=seeds, batch_size=cfg.generation_batch_size)
+        if self._async is not None or getattr(cfg, "async_rollouts", False):
+            rollout, result, seconds = self.take_sampled()
+        else:
+            drawn = self.next_rows(n_prompts)
+            mine = self.dist.shard(list(range(n_prompts)))
+            rows = [drawn[i] for i in mine]
+            seeds = [sequence_seed(cfg.seed, self._step, first + i, j)
+                     for i in mine for j in range(G)]
+            t0 = time.time()
+            engine = self.sampler()  # hf under autocast_bf16: a synced bf16 copy
+            prompts = [] if getattr(engine, "renders_rows", False) else [
+                self.session.render(r["prompt"]) for r in rows]  # episodes render their own
+            with self.gathered() if engine.runs_policy else contextlib.nullcontext():
+                rollout = engine.generate(prompts, group_size=G, rows=rows,
+                                          params=self.sampling, seeds=seeds,
+                                          batch_size=cfg.generation_batch_size)
+            t1 = time.time()
+            result = self.session.scorer.score(rollout.completions, rollout.rows)
+            seconds = {"gen": t1 - t0, "score": time.time() - t1}
         rollout = on_device(rollout, self.device, cfg.rollout_engine)  # vLLM's: on the CPU
-        t1 = time.time()
-        result = self.session.scorer.score(rollout.completions, rollout.rows)
         rollout.scores = torch.tensor(result.scores, dtype=torch.float32)  # [n]
         self.session.log_reward_errors(result.errors)
         self.notes.rewards(self._step, result.errors, len(result.scores))
@@ -144,7 +159,92 @@ class PromptRLTrainer(Trainer):
         if first == 0 and cfg.log_completions:  # True: one group
             n = G if cfg.log_completions is True else int(cfg.log_completions)
             self.notes.completions(cfg.out_dir, self._step, completion_samples(rollout, result, n))
-        return rollout, result, {"gen": t1 - t0, "score": time.time() - t1}
+        return rollout, result, seconds
+
+    # ---- asynchronous rollouts (`async_rollouts`, posttrain.engine.async_rollout) ------------
+    _async: AsyncSampler | None = None
+    _next_job: int = 0
+    """The next step whose job is drawn and sent (0: none yet)."""
+    _held: list[Sampled] = []
+    """Results a checkpoint held, given to the sampler when it starts."""
+
+    def take_sampled(self) -> tuple[Rollout, Any, dict[str, float]]:
+        """This step's scored groups from the sampler process (started at the first call) and
+        the `async/*` metrics of taking them, in the scorer result's metrics."""
+        cfg, step = self.cfg, self._step
+        got, waited, queued = self.start_sampler().take(step)
+        kept, dropped = fresh([got], step - 1, cfg.max_staleness)
+        if dropped:  # never by the schedule: a guard
+            print(f"[{self.name}] warning: step {step}: its groups were sampled with weights "
+                  f"{got.version}, over max_staleness={cfg.max_staleness} behind", file=sys.stderr)
+        stale = float(step - 1 - got.version)
+        got.result.metrics.update({
+            "async/staleness_mean": stale, "async/staleness_max": stale,
+            "async/dropped_stale": float(dropped), "async/queue_groups": float(queued),
+            "async/learner_wait_s": waited, "async/sampler_wait_s": got.seconds["wait"]})
+        rollout = got.rollout if kept else got.rollout.select(torch.zeros(0, dtype=torch.long))
+        return rollout, got.result, {"gen": got.seconds["gen"], "score": got.seconds["score"]}
+
+    def start_sampler(self) -> AsyncSampler:
+        """The sampler process, started with the first jobs at the first call (the first
+        evaluation's, so the two overlap)."""
+        if self._async is None:
+            self._async = AsyncSampler(self.cfg, self.tokenizer, self.model, self.agent,
+                                       self.reward_fns, self.cfg.sampler_threads)
+            self._async.ready.update({s.step: s for s in self._held})
+            self._async.push(self.model, self.start_step, -1)
+            self._next_job = self._next_job or self.start_step + 1
+            self.send_jobs(self.start_step)
+        return self._async
+
+    def evaluate(self, when: str) -> dict[str, Any]:
+        if when == "before" and getattr(self.cfg, "async_rollouts", False):
+            self.start_sampler()  # sampling starts while the policy is evaluated
+        return super().evaluate(when)
+
+    def send_jobs(self, done: int) -> None:
+        """Draw and send the jobs that may be sampled once step `done`'s weights are pushed."""
+        cfg, G = self.cfg, self.cfg.group_size
+        while self._next_job <= min(cfg.max_steps, done + 1 + cfg.max_staleness):
+            s = self._next_job
+            rows = self.next_rows(cfg.prompts_per_step)
+            prompts = [] if self.agent is not None else [
+                self.session.render(r["prompt"]) for r in rows]
+            seeds = [sequence_seed(cfg.seed, s, i, j) for i in range(len(rows))
+                     for j in range(G)]
+            version = needed_version(s, self.start_step, cfg.max_staleness)
+            self._async.submit(Job(s, version, rows, prompts, seeds, self.sampling))
+            self._next_job += 1
+
+    def push_weights(self, step: int) -> dict[str, float]:
+        """After step `step`'s update: push its weights for the jobs that need them, send
+        those jobs; `async/*` metrics of the push."""
+        if self._async is None or self._next_job > self.cfg.max_steps:
+            return {"async/weight_sync_s": 0.0}
+        waited, copied = self._async.push(self.model, step, step + self.cfg.max_staleness)
+        self.send_jobs(step)
+        return {"async/weight_sync_s": copied, "async/learner_wait_s": waited}
+
+    def async_state(self) -> dict[str, Any]:
+        """What a checkpoint holds of the sampler: the next job and every result sent and not
+        taken (waited for), so a resumed run trains on the very same samples."""
+        held = self._async.pending() if self._async is not None else self._held
+        return {"next_job": self._next_job, "held": [
+            {"step": h.step, "version": h.version, "seconds": h.seconds,
+             "rollout": {f.name: getattr(h.rollout, f.name) for f in fields(h.rollout)},
+             "result": {f.name: getattr(h.result, f.name) for f in fields(h.result)}}
+            for h in held]}
+
+    def load_async_state(self, state: dict[str, Any]) -> None:
+        self._next_job = state["next_job"]
+        self._held = [Sampled(h["step"], h["version"], Rollout(**h["rollout"]),
+                              ScoreResult(**h["result"]), h["seconds"]) for h in state["held"]]
+
+    def close_sampler(self) -> None:
+        if self._async is not None:
+            self._async.close()
+            self._async = None
+        super().close_sampler()
 
     def reward_metrics(self, scores: Tensor, rollout: Rollout,
                        verdicts: list[float] | None) -> tuple[Tensor, dict[str, float]]:

@@ -42,6 +42,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
                           "max_tool_calling_iterations": 2, "max_new_tokens": 120,
                           "eval_max_new_tokens": 120, "lr": 3e-4, "critic_lr": 3e-4,
                           "temperature": 1.2, "rewards": [{"name": "math", "weight": 1.0}]}),
+    # asynchronous rollouts (docs/async.md): a sampler process, groups one step behind
+    "grpo_async": ("grpo", {"async_rollouts": True, "max_staleness": 1}),
     # SimPO: the DPO trainer with a reference-free loss (no reference loaded or precomputed)
     "dpo_simpo": ("dpo", {"loss_type": "simpo", "beta": 2.0, "gamma": 0.5}),
 }
@@ -151,9 +153,14 @@ def metric_rows(out: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 
 
+PER_TIMING = ("perf/", "async/learner_wait_s", "async/sampler_wait_s", "async/weight_sync_s",
+              "async/queue_groups")
+"""Wall-clock metrics, and the queue depth, which depends on which side was faster."""
+
+
 def comparable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Metrics without wall-clock ones (`perf/*`, `time`)."""
-    return [{k: v for k, v in r.items() if k != "time" and not k.startswith("perf/")}
+    """Metrics without wall-clock ones (`PER_TIMING`, `time`)."""
+    return [{k: v for k, v in r.items() if k != "time" and not k.startswith(PER_TIMING)}
             for r in rows]
 
 

@@ -40,11 +40,14 @@ pytestmark = pytest.mark.slow
 # time and memory are measured per process, not computed from the data: not compared. A clip
 # fraction counts tokens past a threshold: one whose value sits within float error of it can
 # flip with the summation order (1 of ~250 tokens seen), so those compare within 0.02.
-PER_RUN = ("perf/", "gpu/")
-MODES = [(c, "dp") for c in CASES] + [
+PER_RUN = ("perf/", "gpu/", "async/")
+ONE_PROCESS = [c for c in CASES if VARIANTS.get(c, ("", {}))[1].get("async_rollouts")]
+"""Cases torchrun refuses (the sampler process serves one learner process: docs/async.md)."""
+MODES = [(c, "dp") for c in CASES if c not in ONE_PROCESS] + [
     (c, "fsdp") for c in CASES if trainer_class(command_of(c)).supports_fsdp
     and "lora_r" not in VARIANTS.get(c, ("", {}))[1]
-    and "tools" not in VARIANTS.get(c, ("", {}))[1]]  # FSDP2 + tools: refused
+    and "tools" not in VARIANTS.get(c, ("", {}))[1]  # FSDP2 + tools: refused
+    and c not in ONE_PROCESS]
 
 
 def torchrun(command: str, keys: dict) -> None:
@@ -110,3 +113,16 @@ def test_two_ranks_equal_one_process(world, tmp_path, case, mode):
 def test_fsdp_is_refused_where_unsupported(world, tmp_path, case):
     with pytest.raises(ConfigError, match="fsdp"):
         build(case, case_keys(world, case, tmp_path, fsdp=True))
+
+
+@pytest.mark.parametrize("case", ONE_PROCESS)
+def test_torchrun_is_refused_where_one_process_is_implemented(world, tmp_path, case):
+    keys = case_keys(world, case, tmp_path / "two", max_steps=1)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc_per_node=2", "-m", "posttrain", command_of(case)] + [
+        f"{k}={json.dumps(v)}" for k, v in keys.items()]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "config key 'async_rollouts'" in proc.stderr and "torchrun" in proc.stderr
+    assert not (tmp_path / "two" / "metrics.jsonl").exists()

@@ -1,0 +1,128 @@
+"""Asynchronous GRPO (`async_rollouts`) against synchronous GRPO on the same work.
+
+    python benchmarks/async_grpo.py --out /tmp/async_grpo                  # demo + long
+    python benchmarks/async_grpo.py --out /tmp/async_grpo --settings tools --tools runs/tools
+
+Per setting and seed, one run of each mode in this order, same seeds and samples: (a) `sync2`:
+synchronous on 2 threads; (b) `sync1`: synchronous on 1 thread, whose sampling + scoring seconds
+are the sampler alone (S) and the rest of its steps the learner alone (L); (c) `async1`,
+`async2`: async at max_staleness 1 and 2, learner and sampler process on 1 thread each.
+Printed per setting: step seconds (the sum of `perf/step_seconds`: evaluations excluded),
+samples/s, the overlap bound = (a) / max(S, L), the efficiency = max(S, L) / (c) (1.0: perfect
+overlap), and held-out greedy accuracy after training (mean +- std over seeds).
+Settings: `demo` (the demo's GRPO stage from its SFT start, 60 steps), `long` (the demo's
+untrained start, which rarely stops: 160 new tokens, 8 steps), `tools` (the tool world of
+`python -m posttrain.tasks.tool_world --out DIR`, its recipe, 12 steps). Nothing else should run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from posttrain.config import GRPOConfig, SFTConfig, build_config
+from posttrain.demo import _settings, build_world
+
+MODES = {"sync2": {"threads": 2}, "sync1": {"threads": 1},
+         "async1": {"threads": 1, "async_rollouts": True, "max_staleness": 1},
+         "async2": {"threads": 1, "async_rollouts": True, "max_staleness": 2}}
+
+
+def demo_start(out: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The demo's world and SFT start (seed 0), built once under `out`."""
+    from posttrain.trainers.sft import SFTTrainer
+
+    s = _settings(False)
+    paths = build_world(out, 0, s)
+    if not (out / "sft" / "final").is_dir():
+        sft = {k: v for k, v in s["sft"].items() if k not in ("rows", "flaw_rate")}
+        SFTTrainer(build_config(SFTConfig, overrides={
+            "model": str(out / "init"), "out_dir": str(out / "sft"), "train_data": paths["sft"],
+            "seed": 0, "max_seq_len": 128, "threads": 2, "overwrite": True,
+            "progress": False, "report_to": [], **sft})).train()
+    return s, paths
+
+
+def setting_keys(name: str, out: Path, tools: str) -> dict[str, Any]:
+    """GRPO config keys of a setting (model, data, budget)."""
+    if name == "tools":
+        recipe = yaml.safe_load((Path(__file__).parents[1] / "recipes" / "grpo_tools.yaml")
+                                .read_text())
+        recipe = {k: v.replace("runs/tools", tools) if isinstance(v, str) else v
+                  for k, v in recipe.items() if k not in ("trainer", "out_dir")}
+        return {**recipe, "max_steps": 12, "eval_every": 0, "eval_size": 100}
+    s, paths = demo_start(out / "demo_world")
+    keys = {"train_data": paths["prompts"], "eval_data": paths["heldout"],
+            **{**s["grpo"], "eval_every": 0}}
+    if name == "demo":
+        return {**keys, "model": str(out / "demo_world" / "sft" / "final"), "eval_size": 500}
+    return {**keys, "model": str(out / "demo_world" / "init"), "max_steps": 8,
+            "max_new_tokens": 160, "eval_max_new_tokens": 160, "eval_size": 20}
+
+
+def run(keys: dict[str, Any], mode: str, seed: int, out: Path) -> dict[str, float]:
+    from posttrain.trainers.grpo import GRPOTrainer
+
+    cfg = build_config(GRPOConfig, overrides={
+        **keys, **MODES[mode], "seed": seed, "out_dir": str(out), "overwrite": True,
+        "progress": False, "report_to": [], "save_every": 0})
+    summary = GRPOTrainer(cfg).train()
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "perf/step_seconds" in r]
+    sampler = sum(r["perf/gen_seconds"] + r["perf/score_seconds"] for r in rows)
+    total = sum(r["perf/step_seconds"] for r in rows)
+    return {"seconds": total, "sampler": sampler, "learner": total - sampler,
+            "samples": float(len(rows) * cfg.prompts_per_step * cfg.group_size),
+            "accuracy": summary["eval_after"]}
+
+
+def report(name: str, res: dict[int, dict[str, dict[str, float]]]) -> list[str]:
+    """Markdown rows of one setting: mode, step seconds, samples/s, bound, efficiency, acc."""
+    def mean(mode: str, key: str) -> float:
+        return statistics.mean(res[s][mode][key] for s in res)
+
+    bound_s = statistics.mean(max(res[s]["sync1"]["sampler"], res[s]["sync1"]["learner"])
+                              for s in res)
+    lines = []
+    for mode in MODES:
+        acc = [res[s][mode]["accuracy"] * 100 for s in res]
+        eff = (statistics.mean(max(res[s]["sync1"]["sampler"], res[s]["sync1"]["learner"])
+                               / res[s][mode]["seconds"] for s in res)
+               if mode.startswith("async") else float("nan"))
+        lines.append(f"| {name} | {mode} | {mean(mode, 'seconds'):.1f} | "
+                     f"{mean(mode, 'samples') / mean(mode, 'seconds'):.1f} | "
+                     f"{mean('sync2', 'seconds') / bound_s:.2f} | {eff:.2f} | "
+                     f"{statistics.mean(acc):.1f} +- {statistics.pstdev(acc):.1f} |")
+    lines.append(f"| {name} | S / L alone (1 thread) | {mean('sync1', 'sampler'):.1f} / "
+                 f"{mean('sync1', 'learner'):.1f} | | | | |")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--settings", nargs="+", default=["demo", "long"])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--tools", default="runs/tools", help="the tool world's folder")
+    ap.add_argument("--out", default="/tmp/async_grpo")
+    args = ap.parse_args()
+    out, table = Path(args.out), []
+    for name in args.settings:
+        keys, res = setting_keys(name, out, args.tools), {}
+        for seed in args.seeds:
+            res[seed] = {m: run(keys, m, seed, out / name / f"{m}_{seed}") for m in MODES}
+            print(json.dumps({name: {seed: res[seed]}}), flush=True)
+        table += report(name, res)
+        (out / f"{name}.json").write_text(json.dumps(res, indent=1))
+    print("| setting | mode | step seconds | samples/s | bound | efficiency | accuracy % |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(table))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""Asynchronous rollouts (`async_rollouts`): a sampler process samples and scores the coming
+steps' groups while the learner trains (docs/async.md).
+
+The learner decides everything that makes a run reproducible: the rows of step s (drawn in step
+order from the run's data order), their seeds, and the weights they are sampled with: version
+`needed_version(s)` = max(start, s - 1 - max_staleness), the learner's weights after that step.
+The spawned sampler process keeps a private copy of the policy, loads the version a job needs
+from shared memory before the job, samples with the `hf` engine (multi-turn episodes too), runs
+the rewards and sends the scored rollout back. The learner pushes its weights after each step,
+once the job that needs the previous version has loaded it, so a job never sees other weights.
+The sampler stops itself when the learner's process is gone; the learner stops with the
+sampler's last traceback line when the sampler dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import pickle
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from posttrain.rewards.registry import ScoreResult
+from posttrain.rollout import Rollout, SamplingParams
+from posttrain.rollout.engine import build_engine
+
+POLL_S = 0.2
+"""How often a waiting side looks whether the other one is still alive."""
+
+
+def needed_version(step: int, start: int, max_staleness: int) -> int:
+    """The weights (the learner's after that step) step `step`'s groups are sampled with."""
+    return max(start, step - 1 - max_staleness)
+
+
+@dataclass
+class Job:
+    """One step's sampling work: `rows` [B] with G `seeds` each, rendered `prompts` (empty when
+    the engine renders rows itself), sampled with weights `version`."""
+
+    step: int
+    version: int
+    rows: list[dict[str, Any]]
+    prompts: list[str]
+    seeds: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class Sampled:
+    """A job's scored rollout, as the learner gets it; `seconds`: gen, score and wait (the
+    sampler idle before the job: no job or its weights not pushed yet)."""
+
+    step: int
+    version: int
+    rollout: Rollout
+    result: ScoreResult
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def fresh(items: list[Sampled], learner_version: int, max_staleness: int
+          ) -> tuple[list[Sampled], int]:
+    """(the groups at most `max_staleness` versions behind `learner_version`, how many groups
+    were dropped as older). The schedule never sends an older one: this is the guard."""
+    keep = [s for s in items if learner_version - s.version <= max_staleness]
+    dropped = sum(s.rollout.num_sequences // s.rollout.group_size
+                  for s in items if s not in keep)
+    return keep, dropped
+
+
+class SamplerDied(RuntimeError):
+    """The sampler process stopped without a result (killed, or an error outside a job)."""
+
+
+class AsyncSampler:
+    """The learner's side: starts the sampler process, sends jobs, pushes weights, takes
+    results. `model` is the policy (a plain module on the CPU); `agent`, `reward_fns`: what the
+    trainer's own engine and scorer were built from."""
+
+    def __init__(self, cfg: Any, tokenizer: Any, model: torch.nn.Module, agent: Any,
+                 reward_fns: dict[str, Any] | None, threads: int) -> None:
+        ctx = mp.get_context("spawn")
+        skeleton = copy.deepcopy(model).share_memory()  # the push buffers, shared
+        self.buffers = skeleton.state_dict()
+        self.version, self.loaded = ctx.Value("q", -1), ctx.Value("q", 0)
+        self.lock = ctx.Lock()
+        self.jobs: Any = ctx.Queue()
+        self.results: Any = ctx.Queue()
+        self.ready: dict[int, Sampled] = {}
+        self.sent: set[int] = set()  # steps whose jobs went to the process
+        self.proc = ctx.Process(target=_sampler_main, name="posttrain-sampler", args=(
+            cfg, tokenizer, skeleton, agent, reward_fns, threads, os.getpid(), self.jobs,
+            self.results, self.version, self.loaded, self.lock))
+        self.proc.start()
+        self._finalizer = weakref.finalize(self, _stop, self.proc, self.jobs)
+
+    def submit(self, job: Job) -> None:
+        self.sent.add(job.step)
+        self.jobs.put(job)
+
+    def push(self, model: torch.nn.Module, version: int, waits_for: int) -> tuple[float, float]:
+        """Copy `model`'s weights as `version` once step `waits_for`'s job (the last to need the
+        previous version) has loaded its weights; returns (seconds waited, seconds copying)."""
+        t0 = time.time()
+        while waits_for in self.sent and self.loaded.value < waits_for:
+            if not self._receive(POLL_S) and not self.proc.is_alive():
+                self._wait_for(waits_for)  # raises: the process is gone
+        t1 = time.time()
+        with torch.no_grad(), self.lock:
+            for name, tensor in model.state_dict().items():
+                self.buffers[name].copy_(tensor)
+            self.version.value = version
+        return t1 - t0, time.time() - t1
+
+    def take(self, step: int) -> tuple[Sampled, float, int]:
+        """Step `step`'s result: (it, seconds the learner waited, groups done and not taken)."""
+        t0 = time.time()
+        while self._receive(0.0):
+            pass
+        self._wait_for(step)
+        waited = time.time() - t0
+        out = self.ready.pop(step)
+        queued = sum(s.rollout.num_sequences // s.rollout.group_size for s in self.ready.values())
+        return out, waited, queued
+
+    def pending(self) -> list[Sampled]:
+        """Every job sent and not taken, waited for (a checkpoint holds them), in step order."""
+        for step in sorted(self.sent):
+            self._wait_for(step)
+        return [self.ready[s] for s in sorted(self.ready)]
+
+    def _wait_for(self, step: int) -> None:
+        while step not in self.ready:
+            if not self._receive(POLL_S) and not self.proc.is_alive():
+                self._receive(0.0)  # an error it sent as it ended
+                raise SamplerDied(f"the sampler process exited (code {self.proc.exitcode}) "
+                                  "without a result; docs/async.md")
+
+    def _receive(self, timeout: float) -> bool:
+        """Take one message if one comes within `timeout`; an error message is raised."""
+        try:
+            payload = self.results.get(timeout=timeout) if timeout else self.results.get_nowait()
+        except queue.Empty:
+            return False
+        kind, value = pickle.loads(payload)
+        if kind == "error":
+            err, text = value
+            print(f"[sampler process] {text}", file=sys.stderr, end="")
+            raise err if isinstance(err, BaseException) else SamplerDied(
+                text.strip().splitlines()[-1])
+        self.ready[value.step] = value
+        self.sent.discard(value.step)
+        return True
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _stop(proc: Any, jobs: Any) -> None:
+    """Ask the sampler to stop, then end it."""
+    if proc.is_alive():
+        with contextlib.suppress(OSError, ValueError):  # a queue already closed
+            jobs.put(None)
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+    jobs.cancel_join_thread()
+
+
+def _watch_parent(parent: int) -> None:
+    """End this process when the learner's is gone (killed: it cannot stop us)."""
+    while True:
+        time.sleep(POLL_S)
+        if os.getppid() != parent:
+            os._exit(3)
+
+
+def _sampler_main(cfg: Any, tokenizer: Any, skeleton: torch.nn.Module, agent: Any,
+                  reward_fns: dict[str, Any] | None, threads: int, parent: int, jobs: Any,
+                  results: Any, version: Any, loaded: Any, lock: Any) -> None:
+    """The sampler process: load the job's weights, sample, score, send; errors are sent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the learner stops us after its save
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    torch.set_num_threads(threads)
+    try:
+        from posttrain.engine.session import build_scorer
+
+        buffers, model = skeleton.state_dict(), copy.deepcopy(skeleton)
+        engine = build_engine(cfg, tokenizer, role="train", agent=agent)
+        scorer, _ = build_scorer(cfg, reward_fns)
+        while (job := jobs.get()) is not None:
+            results.put(_run_job(job, model, buffers, engine, scorer, cfg, version, loaded, lock))
+    except BaseException as err:  # noqa: BLE001 - every failure goes to the learner
+        text = traceback.format_exc()
+        try:
+            payload = pickle.dumps(("error", (err, text)))
+        except Exception:  # noqa: BLE001 - an exception that does not pickle: its text
+            payload = pickle.dumps(("error", (None, text)))
+        results.put(payload)
+
+
+def _run_job(job: Job, model: torch.nn.Module, buffers: dict[str, torch.Tensor], engine: Any,
+             scorer: Any, cfg: Any, version: Any, loaded: Any, lock: Any) -> bytes:
+    """One job, pickled for the learner."""
+    t0 = time.time()
+    while version.value != job.version:
+        if version.value > job.version:
+            raise RuntimeError(f"step {job.step} needs weights {job.version}, the learner "
+                               f"pushed {version.value} already")
+        time.sleep(0.001)
+    with torch.no_grad(), lock:
+        model.load_state_dict(buffers)
+    engine.update_weights(model, job.version)
+    loaded.value = job.step
+    t1 = time.time()
+    rollout = engine.generate(job.prompts, group_size=cfg.group_size, rows=job.rows,
+                              params=job.params, seeds=job.seeds,
+                              batch_size=cfg.generation_batch_size)
+    t2 = time.time()
+    result = scorer.score(rollout.completions, rollout.rows)
+    rollout.rows = [{k: v for k, v in r.items() if k != "environments"} for r in rollout.rows]
+    seconds = {"gen": t2 - t1, "score": time.time() - t2, "wait": t1 - t0}
+    return pickle.dumps(("ok", Sampled(job.step, job.version, rollout, result, seconds)))
