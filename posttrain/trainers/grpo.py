@@ -63,6 +63,9 @@ class GRPOTrainer(PromptRLTrainer):
                                                      "reward/dropped_groups",
                                                      "async/dropped_stale"}
     cfg: GRPOConfig
+    defer_truncated_weights = True
+    """Take a truncated correction's pi_old from the update's own forward when the step makes
+    one update (tests turn it off to compare with the extra pass)."""
 
     def validate(self) -> None:
         if self.cfg.advantage == "grpo_process":  # before any model loads
@@ -90,11 +93,12 @@ class GRPOTrainer(PromptRLTrainer):
         if learned and self.verifier is None:
             print("[grpo] warning: training on a learned reward without a verifier in `rewards`"
                   " (add {name: math, weight: 0}): reward/verifier_accuracy is not logged")
-        self._step, self._drawn = 0, 0
+        self._step, self._drawn, self._deferred = 0, 0, False
         self._verdicts: list[float] = []  # this step's verifier verdicts (all rounds)
         if cfg.async_rollouts:  # the progress bar shows the lag and the queue
             self.progress_keys = (*self.progress_keys, "async/staleness_mean",
                                   "async/queue_groups")
+            self.spawn_sampler()
 
     def state_dict(self) -> dict[str, Any]:
         return {"async": self.async_state()} if self.cfg.async_rollouts else {}
@@ -194,7 +198,11 @@ class GRPOTrainer(PromptRLTrainer):
         off_policy = not (cfg.num_iterations == 1 and cfg.mini_batches == 1)
         kl_in_reward = cfg.kl_coef > 0 and cfg.kl_placement == "reward"
         correction = cfg.rollout_correction()
-        need_old = off_policy or kl_in_reward or correction != "none"
+        # a truncated correction of one update: its weights come from the update's own forward
+        # (pi_old is the policy being updated), without a pass of their own
+        self._deferred = (self.defer_truncated_weights and correction.endswith("truncate")
+                          and not (off_policy or kl_in_reward))
+        need_old = off_policy or kl_in_reward or (correction != "none" and not self._deferred)
         # old log-probs: the sampler's where they equal the learner's forward (fp32, no
         # correction asked), else one learner forward, so a ratio or a KL starts at exactly 0
         # in every precision and the correction compares the learner with the sampler
@@ -208,7 +216,7 @@ class GRPOTrainer(PromptRLTrainer):
         scores = rollout.scores.to(rollout.logprobs.device)  # [N]
         if need_old:
             rollout.old_logprobs = rollout.logprobs if reuse else self.policy_logprobs(rollout)
-        if correction != "none":  # [N, T] pi_old / q, 0 where masked or rejected
+        if correction != "none" and not self._deferred:  # [N, T] pi_old / q, 0: masked
             gap = (rollout.old_logprobs, rollout.logprobs, rollout.response_mask, correction,
                    cfg.rollout_is_cap)
             rollout.is_weights, _ = rollout_weights(*gap)
@@ -361,15 +369,18 @@ class GRPOTrainer(PromptRLTrainer):
             self.learner(), batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
             batch.attention_mask, with_entropy=True)  # [n, T]; tool tokens read, not trained
         old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
+        gap = (old, batch.logprobs, batch.response_mask, cfg.rollout_correction()
+               if self._deferred else "none", cfg.rollout_is_cap)
+        if self._deferred:  # pi_old / q from this forward (see compute_advantages)
+            batch.is_weights = rollout_weights(*gap)[0]
         loss, metrics = policy_loss(
             logprobs, old, batch.advantages, mask, ratio_level=cfg.ratio_level,
             eps_low=cfg.clip_eps_low, eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg,
             max_len=cfg.max_new_tokens, sequence_ratio=cfg.sequence_ratio,
             dual_clip=cfg.dual_clip, total_tokens=total_tokens, total_seqs=total_seqs,
             weights=batch.is_weights)
-        if batch.is_weights is None:  # the gap without a correction (else: at step 3)
-            metrics.update(rollout_metrics(old, batch.logprobs, batch.response_mask,
-                                           "none", cfg.rollout_is_cap))
+        if batch.is_weights is None or self._deferred:  # the gap (else: at step 3)
+            metrics.update(rollout_metrics(*gap))
         out = {k: float(v) for k, v in metrics.items()}
         out["loss/policy"] = float(loss.detach())
         if cfg.kl_coef > 0 and cfg.kl_placement == "loss":

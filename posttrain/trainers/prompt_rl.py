@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import pickle
 import sys
 import time
 from dataclasses import fields
@@ -67,6 +68,13 @@ class PromptRLTrainer(Trainer):
                               f"be a multiple of the {world} torchrun processes")
         if self.cfg.agentic():
             self._validate_agent()
+        if getattr(self.cfg, "async_rollouts", False):
+            try:  # what the sampler process is sent, checked before any model loads
+                pickle.dumps((self.reward_fns, self.agent))
+            except Exception as err:  # noqa: BLE001 - pickle raises several kinds
+                raise ConfigError(f"config key 'async_rollouts': the reward functions and "
+                                  f"tools go to the sampler process by pickling, which failed "
+                                  f"({err}); define them at module level") from err
 
     def _validate_agent(self) -> None:
         """Refuse what multi-turn episodes do not cover, one line naming the key; build the
@@ -185,12 +193,20 @@ class PromptRLTrainer(Trainer):
         rollout = got.rollout if kept else got.rollout.select(torch.zeros(0, dtype=torch.long))
         return rollout, got.result, {"gen": got.seconds["gen"], "score": got.seconds["score"]}
 
-    def start_sampler(self) -> AsyncSampler:
-        """The sampler process, started with the first jobs at the first call (the first
-        evaluation's, so the two overlap)."""
+    def spawn_sampler(self) -> AsyncSampler:
+        """The sampler process (spawned now: its start overlaps the learner's own)."""
         if self._async is None:
             self._async = AsyncSampler(self.cfg, self.tokenizer, self.model, self.agent,
                                        self.reward_fns, self.cfg.sampler_threads)
+            self._jobs_started = False
+        return self._async
+
+    def start_sampler(self) -> AsyncSampler:
+        """The sampler process with its first jobs, at the first call (the first evaluation's,
+        so the two overlap)."""
+        if not getattr(self, "_jobs_started", False):
+            self.spawn_sampler()
+            self._jobs_started = True
             self._async.ready.update({s.step: s for s in self._held})
             self._async.push(self.model, self.start_step, -1)
             self._next_job = self._next_job or self.start_step + 1
@@ -243,7 +259,7 @@ class PromptRLTrainer(Trainer):
     def close_sampler(self) -> None:
         if self._async is not None:
             self._async.close()
-            self._async = None
+            self._async, self._jobs_started = None, False
         super().close_sampler()
 
     def reward_metrics(self, scores: Tensor, rollout: Rollout,

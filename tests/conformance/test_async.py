@@ -134,3 +134,37 @@ def test_a_killed_trainer_leaves_no_sampler(world, tmp_path, monkeypatch):
     while _marked() and time.time() < deadline:
         time.sleep(0.2)
     assert _marked() == []
+
+
+def test_tool_episodes_run_in_the_sampler_as_in_the_learner(world, tmp_path):
+    """Multi-turn episodes (the `grpo_tools` case) at max_staleness 0: the same episodes and
+    updates; the sampler/learner gap `rollout/*` (tool episodes always recompute pi_old) is
+    rounding in both (~4e-7), not bit-equal across processes."""
+    runs = {}
+    for name, extra in {"sync": {}, "async": {**ASYNC, "max_staleness": 0}}.items():
+        keys = case_keys(world, "grpo_tools", tmp_path / name, save_every=0, max_steps=3,
+                         log_completions=16, **extra)
+        build("grpo_tools", keys).train()
+        runs[name] = [{k: v for k, v in r.items() if not k.startswith("async/")}
+                      for r in comparable(metric_rows(tmp_path / name))]
+    assert (tmp_path / "sync" / "completions.jsonl").read_text() == (
+        tmp_path / "async" / "completions.jsonl").read_text()
+    assert any(r.get("agent/tool_calls", 0) > 0 for r in runs["async"])
+    for a, b in zip(runs["sync"], runs["async"], strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert (a[k] == pytest.approx(b[k], abs=1e-6) if k.startswith("rollout/")
+                    else a[k] == b[k]), k
+
+
+def test_what_cannot_go_to_the_sampler_process_is_refused_before_the_model_loads(world,
+                                                                                  tmp_path):
+    from posttrain.config import ConfigError
+    from posttrain.trainers.grpo import GRPOTrainer
+
+    keys = case_keys(world, "grpo", tmp_path, **ASYNC)
+    keys.pop("rewards")
+    with pytest.raises(ConfigError, match="'async_rollouts'.*pickling"):
+        GRPOTrainer(rewards=[lambda completion: 1.0], **keys)
+    with pytest.raises(ConfigError, match="'lora_r'.*async_rollouts"):
+        build("grpo", {**case_keys(world, "grpo", tmp_path, **ASYNC), "lora_r": 4})

@@ -82,6 +82,31 @@ def test_weights_reach_the_loss(toy_world, tmp_path, shifted_sampler):
     assert weighted["rollout/is_mean"] == pytest.approx(2.0, rel=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["token_truncate", "sequence_truncate"])
+def test_truncated_weights_from_the_update_equal_the_extra_pass(toy_world, tmp_path,
+                                                                 shifted_sampler, monkeypatch,
+                                                                 mode):
+    """One update a step: the truncated weights come from the update's own forward (no pass of
+    their own); the same run with the extra pass gives the same metrics and weights."""
+    shifted_sampler["value"] = -0.4
+    kw = {"rollout_is": mode, "rollout_is_cap": 1.3}  # some tokens above the cap: truncated
+    passes: list[int] = []
+    logprobs = GRPOTrainer.policy_logprobs
+    monkeypatch.setattr(GRPOTrainer, "policy_logprobs",
+                        lambda self, *a: passes.append(1) or logprobs(self, *a))
+    GRPOTrainer(_cfg(toy_world, str(tmp_path / "own"), **kw)).train()
+    assert passes == []
+    monkeypatch.setattr(GRPOTrainer, "defer_truncated_weights", False)
+    GRPOTrainer(_cfg(toy_world, str(tmp_path / "extra"), **kw)).train()
+    assert len(passes) == 2  # one extra pass a step
+    a, b = _rows(tmp_path / "own"), _rows(tmp_path / "extra")
+    assert a[0]["rollout/is_clipfrac"] > 0
+    for ra, rb in zip(a, b, strict=True):
+        for k in ra:
+            if k.startswith(("loss/", "rollout/", "train/grad_norm", "policy/")):
+                assert ra[k] == pytest.approx(rb[k], rel=1e-4, abs=1e-6), k
+
+
 def test_every_sequence_rejected_is_loud(toy_world, tmp_path, shifted_sampler):
     """sequence_mask with every sequence's ratio far above the cap leaves nothing to train on:
     the step is skipped and says so, nothing turns into nan."""
