@@ -3,6 +3,8 @@
     python benchmarks/claims.py --quick --out runs/claims_quick    # sized for < 30 min, 2 cores
     python benchmarks/claims.py --out runs/claims                  # larger budgets, 3 seeds
     python benchmarks/claims.py --quick --out DIR --only dpo,ppo   # some claims (table: all done)
+    python benchmarks/claims.py --out DIR --only verifiers --seed 3   # one more seed, full budget
+    python benchmarks/claims.py --out DIR --only demo,verifiers,process --split hard   # hard split
 
 1. One demo world and SFT start (``posttrain demo``'s settings, world seed 0), shared by every
    claim and seed: each claim is about the post-training stage that starts from that model, and
@@ -16,14 +18,22 @@
    ``ppo``   recipes/ppo_arith.yaml;
    ``verifiers`` exact step labels of the SFT policy's own samples (seed S), an ORM
              (recipes/rm_arith.yaml, Bradley-Terry on pairs of those samples) and a PRM
-             (recipes/prm_arith.yaml), best-of-N on held-out samples; Math-Shepherd (Monte
-             Carlo) labels for the first rows against exact ones, and a PRM on each;
+             (recipes/prm_arith.yaml), best-of-N at N = 1, 4, 16, 64 on held-out samples and
+             its error analysis (``claims_verifiers.py``); Math-Shepherd (Monte Carlo) labels
+             for the first rows against exact ones, and a PRM on each; PRMs at the smaller
+             training budgets of ``prm_budgets`` (steps, label rows), their bad-step F1;
    ``process`` recipes/grpo_process.yaml (PRM only) and recipes/grpo_prm_rlvr.yaml on seed S's
-             PRM, the same steps; the outcome arm is the ``demo`` run (same settings, math reward);
+             PRM, the same steps; the outcome arm is the ``demo`` run (same settings, math reward)
+             at the same step (its eval there: constant learning rate);
    ``overopt`` recipes/ppo_rm_arith.yaml on seed S's ORM.
 3. ``DIR/claims.json`` and ``DIR/claims.md``: one row per claim metric, per-seed values, mean,
    sample standard deviation (n - 1), the summed seconds of its runs and its command.
-Each finished (job, seed) is cached in ``DIR/jobs/``; a rerun reuses it (delete to redo).
+Each finished (job, seed) is cached in ``DIR/jobs/`` (``JOB_sS.json``; ``JOB_hard_sS.json`` on
+the hard split); a rerun reuses it (delete to redo). ``--split hard`` runs ``demo``,
+``verifiers`` and ``process`` on the arithmetic task's hard split (``difficulty="hard"`` of
+``posttrain.tasks.arithmetic``: 4 operations, multipliers up to 9, values up to 99): its own
+prompts, held-out problems, labels and verifiers, 64 new tokens; ``--split easy,hard`` runs both.
+The table holds the rows of every cached job of both splits.
 """
 
 from __future__ import annotations
@@ -48,15 +58,23 @@ SETTINGS: dict[str, dict[str, Any]] = {
               "ppo_steps": 20, "label_prompts": 600, "label_heldout": 100, "offline_pairs": 0,
               "rm_steps": 150, "prm_steps": 150, "bon_problems": 100, "bon_n": 16,
               "shepherd_rows": 300, "shepherd_k": 4, "shepherd_prm_steps": 100,
-              "process_steps": 30, "overopt_steps": 20, "kl_prompts": 64},
+              "prm_budgets": [], "process_steps": 30, "overopt_steps": 20, "kl_prompts": 64},
     "full": {"seeds": [0, 1, 2], "eval_size": 1000, "grpo_steps": 60, "dpo_steps": 100,
              "ppo_steps": 20, "label_prompts": 2000, "label_heldout": 300, "offline_pairs": 0,
-             "rm_steps": 400, "prm_steps": 400, "bon_problems": 200, "bon_n": 16,
+             "rm_steps": 400, "prm_steps": 400, "bon_problems": 200, "bon_n": 64,
              "shepherd_rows": 1600, "shepherd_k": 4, "shepherd_prm_steps": 150,
+             "prm_budgets": [[100, 0], [200, 0], [400, 2000]],  # [steps, label rows (0: all)]
              "process_steps": 40, "overopt_steps": 40, "kl_prompts": 128},
 }
 JOBS = ("demo", "dpo", "ppo", "verifiers", "process", "overopt")
 NEEDS = {"process": "verifiers", "overopt": "verifiers"}
+SPLITS = {"easy": {"jobs": JOBS, "max_new_tokens": 48},  # new tokens: sampling and evaluation
+          "hard": {"jobs": ("demo", "verifiers", "process"), "max_new_tokens": 64}}
+
+
+def job_id(job: str, split: str) -> str:
+    """A job's name in ``DIR/jobs`` and its run folder: ``verifiers``, ``verifiers_hard``."""
+    return job if split == "easy" else f"{job}_{split}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -75,14 +93,19 @@ def table_rows(per_seed: dict[str, dict[int, dict[str, Any]]], metrics: list[dic
     """One row per metric: ``{claim, metric, values (by seed), mean, std, seconds, command}``.
 
     ``per_seed[job][seed]`` holds that job's results (and ``seconds``); a metric names its job
-    and key (``key`` a function of the result dict, or a name in it)."""
+    and key (``key`` a function of the result dict, or a name in it). A metric that some run
+    lacks (a cache written before the metric existed) has no row."""
     rows = []
     for m in metrics:
         runs = per_seed.get(m["job"], {})
         if not runs:
             continue
         key = m["key"]
-        values = {s: float(key(r) if callable(key) else r[key]) for s, r in sorted(runs.items())}
+        try:
+            values = {s: float(key(r) if callable(key) else r[key])
+                      for s, r in sorted(runs.items())}
+        except KeyError:
+            continue
         mean, std = mean_std(list(values.values()))
         rows.append({"claim": m["claim"], "metric": m["metric"], "values": values,
                      "mean": mean, "std": std, "scale": m.get("scale", 1.0),
@@ -131,9 +154,30 @@ def _train(kind: str, recipe: str, keys: dict[str, Any]) -> dict[str, Any]:
 
 def _rl_keys(world: dict[str, str], s: dict[str, Any], out: Path, seed: int, steps: int
              ) -> dict[str, Any]:
+    split = s.get("split", "easy")
+    tokens = SPLITS[split]["max_new_tokens"]
     return {"model": world["sft"], "train_data": f"{world['data']}/prompts.jsonl",
             "eval_data": f"{world['data']}/heldout.jsonl", "eval_size": s["eval_size"],
-            "out_dir": str(out), "seed": seed, "max_steps": steps, "eval_every": 10}
+            "out_dir": str(out), "seed": seed, "max_steps": steps, "eval_every": 10,
+            **({} if split == "easy" else {"max_new_tokens": tokens,
+                                           "eval_max_new_tokens": tokens})}
+
+
+def split_world(world: dict[str, str], split: str, out: Path) -> dict[str, str]:
+    """The world of ``split``: the easy one is the demo's; another writes its prompts
+    (20,000, seed 1) and held-out problems (1,000, seed 0) as the demo's world does, at that
+    difficulty, into ``out/data_<split>`` (deterministic; written once, atomically)."""
+    if split == "easy":
+        return world
+    from posttrain.tasks.arithmetic import heldout_rows, prompt_rows, write_jsonl
+
+    data = out / f"data_{split}"
+    for name, rows in (("prompts", lambda: prompt_rows(20_000, 1, difficulty=split)),
+                       ("heldout", lambda: heldout_rows(1000, 0, difficulty=split))):
+        if not (data / f"{name}.jsonl").is_file():
+            tmp = write_jsonl(rows(), data / f"{name}.{os.getpid()}.tmp")
+            os.replace(tmp, data / f"{name}.jsonl")
+    return {**world, "data": str(data)}
 
 
 def job_demo(world: dict[str, str], s: dict[str, Any], out: Path, seed: int) -> dict[str, Any]:
@@ -144,14 +188,15 @@ def job_demo(world: dict[str, str], s: dict[str, Any], out: Path, seed: int) -> 
 
     keys = {**DEMO["grpo"], **_rl_keys(world, s, out / "grpo", seed, s["grpo_steps"])}
     run = _train("grpo", "", keys)
-    kl = kl_estimators(str(out / "grpo" / "final"), world, s["kl_prompts"], seed)
+    kl = kl_estimators(str(out / "grpo" / "final"), world, s["kl_prompts"], seed,
+                       SPLITS[s.get("split", "easy")]["max_new_tokens"])
     return {"before": run["eval_before"], "after": run["eval_after"],
             "gain": run["eval_after"] - run["eval_before"], **kl,
             "curve": curves(out / "grpo" / "metrics.jsonl")["curve"]}
 
 
-def kl_estimators(policy_dir: str, world: dict[str, str], n_prompts: int, seed: int
-                  ) -> dict[str, float]:
+def kl_estimators(policy_dir: str, world: dict[str, str], n_prompts: int, seed: int,
+                  max_new_tokens: int = 48) -> dict[str, float]:
     """Per-token k1 = d and k3 = exp(-d) + d - 1 (d = log pi(y_t) - log ref(y_t), unclamped) on
     the policy's own samples (training prompts, 8 per prompt, temperature 1), against the exact
     KL(pi || ref) at the same positions from the full distributions over the vocabulary.
@@ -171,7 +216,8 @@ def kl_estimators(policy_dir: str, world: dict[str, str], n_prompts: int, seed: 
     rows = [json.loads(x) for x in Path(world["data"], "prompts.jsonl").read_text().splitlines()]
     prompts = [render_prompt(tok, r["prompt"]) for r in rows[-n_prompts:]]  # not trained on
     out = model_engine(policy, tok).generate(
-        prompts, group_size=8, params=SamplingParams(max_new_tokens=48, temperature=1.0),
+        prompts, group_size=8, params=SamplingParams(max_new_tokens=max_new_tokens,
+                                                     temperature=1.0),
         generator=torch.Generator().manual_seed(seed))
     exact, d, sampler_gap = [], [], []
     with torch.no_grad():
@@ -219,85 +265,13 @@ def job_ppo(world: dict[str, str], s: dict[str, Any], out: Path, seed: int) -> d
 
 def job_verifiers(world: dict[str, str], s: dict[str, Any], out: Path, seed: int
                   ) -> dict[str, Any]:
-    """Exact step labels of seed S's samples -> ORM + PRM; best-of-N; Monte Carlo vs exact."""
-    from posttrain.models import load_model_and_tokenizer
-    from posttrain.tasks.arithmetic import write_jsonl
-    from posttrain.tasks.preferences import offline_pairs
-    from posttrain.tasks.step_labels import exact_rows, label_agreement, pair_rows
+    """Exact step labels of seed S's samples -> ORM + PRM; best-of-N and its error analysis;
+    the PRM's F1 at smaller budgets; Monte Carlo vs exact labels (``claims_verifiers``)."""
+    from claims_verifiers import verifiers_job
 
-    policy, tok = load_model_and_tokenizer(world["sft"])
-    rows = exact_rows(policy, tok, s["label_prompts"], seed, samples=4, max_new_tokens=48)
-    held = exact_rows(policy, tok, s["label_heldout"], seed, split="heldout", samples=4,
-                      max_new_tokens=48)
-    d = out / "data"
-    files = {"exact_train": write_jsonl(rows, d / "exact_train.jsonl"),
-             "exact_heldout": write_jsonl(held, d / "exact_heldout.jsonl"),
-             "pairs_train": write_jsonl(pair_rows(rows, seed, 4) + offline_pairs(
-                 s["offline_pairs"], seed, kind="mixed"), d / "pairs_train.jsonl"),
-             "pairs_heldout": write_jsonl(pair_rows(held, seed, 1), d / "pairs_heldout.jsonl")}
-    orm = _train("rm", "rm_arith.yaml", {
-        "model": world["sft"], "train_data": str(files["pairs_train"]),
-        "eval_data": str(files["pairs_heldout"]), "out_dir": str(out / "orm"), "seed": seed,
-        "max_steps": s["rm_steps"], "eval_every": 0})
-    prm = _prm(world, files["exact_train"], files["exact_heldout"], out / "prm", seed,
-               s["prm_steps"])
-    result = {"orm_pair_accuracy": orm["eval_after"], "prm_bad_f1": prm["bad_f1"],
-              "orm": str(out / "orm" / "final"), "prm": str(out / "prm" / "final"),
-              **best_of_n(policy, tok, out, s, seed)}
-    # Monte Carlo (Math-Shepherd) labels of the first rows against their exact labels
-    from posttrain.tasks.step_labels import math_shepherd_labels
+    return verifiers_job(world, s, out, seed, _train,
+                         SPLITS[s.get("split", "easy")]["max_new_tokens"])
 
-    first = rows[:s["shepherd_rows"]]
-    mc = math_shepherd_labels(policy, tok, first, s["shepherd_k"], seed=seed, max_new_tokens=48)
-    kept = iter(mc)  # math_shepherd_labels drops rows without steps: align the rest
-    nxt = next(kept, None)
-    aligned = []
-    for r in first:
-        if nxt is not None and (nxt["prompt"], nxt["completion"]) == (r["prompt"], r["completion"]):
-            aligned.append(r)
-            nxt = next(kept, None)
-    agree = label_agreement(aligned, mc)
-    exact_prm = _prm(world, write_jsonl(first, d / "exact_first.jsonl"), files["exact_heldout"],
-                     out / "prm_exact_first", seed, s["shepherd_prm_steps"])
-    mc_prm = _prm(world, write_jsonl(mc, d / "mc_first.jsonl"), files["exact_heldout"],
-                  out / "prm_mc_first", seed, s["shepherd_prm_steps"])
-    return {**result, "mc_agreement": agree["step_agreement"],
-            "mc_bad_rate": agree["bad_rate_auto"], "exact_bad_rate": agree["bad_rate_exact"],
-            "prm_exact_f1": exact_prm["bad_f1"], "prm_mc_f1": mc_prm["bad_f1"],
-            "prm_exact_acc": exact_prm["step_accuracy"], "prm_mc_acc": mc_prm["step_accuracy"]}
-
-
-def _prm(world: dict[str, str], train: Path, held: Path, out: Path, seed: int, steps: int
-         ) -> dict[str, float]:
-    run = _train("prm", "prm_arith.yaml", {
-        "model": world["sft"], "train_data": str(train), "eval_data": str(held),
-        "out_dir": str(out), "seed": seed, "max_steps": steps, "eval_every": 0})
-    detail = run["eval_after_detail"]
-    return {"step_accuracy": run["eval_after"], "bad_f1": detail["bad_f1"]}
-
-
-def best_of_n(policy: Any, tok: Any, out: Path, s: dict[str, Any], seed: int
-              ) -> dict[str, float]:
-    """Held-out samples of seed S scored by the ORM and the PRM (product of step scores);
-    best-of-N, majority and PRM-weighted vote at N = bon_n (recipes/search_arith.yaml)."""
-    import torch
-
-    from posttrain.search import evaluate_selection, prm_outcome, sample_solutions, score_samples
-    from posttrain.search.verifiers import load_orm_scorer, load_prm_scorer
-    from posttrain.tasks.arithmetic import heldout_rows
-
-    n = s["bon_n"]
-    samples = sample_solutions(policy, tok, heldout_rows(s["bon_problems"], seed), n,
-                               max_new_tokens=48, generator=torch.Generator().manual_seed(seed))
-    scores = {"orm": score_samples(samples, load_orm_scorer(out / "orm" / "final")),
-              "prm": score_samples(samples, prm_outcome(load_prm_scorer(out / "prm" / "final"),
-                                                        "prod"))}
-    sel = evaluate_selection(samples, [1, n], scores)
-    return {"bon_orm": sel["best_of_n:orm"][n]["accuracy"],
-            "bon_prm": sel["best_of_n:prm"][n]["accuracy"],
-            "bon_majority": sel["majority"][n]["accuracy"],
-            "bon_weighted": sel["weighted:prm"][n]["accuracy"],
-            "bon_pass": sel["oracle"][n]["accuracy"], "bon_single": sel["majority"][1]["accuracy"]}
 
 
 def _watch(metrics: Path, key: str, k: int = 5) -> tuple[float, float]:
@@ -309,10 +283,16 @@ def _watch(metrics: Path, key: str, k: int = 5) -> tuple[float, float]:
     return sum(vals[:k]) / len(vals[:k]), sum(vals[-k:]) / len(vals[-k:])
 
 
+def verifier_model(out: Path, s: dict[str, Any], seed: int, kind: str) -> str:
+    """The ``orm`` / ``prm`` that seed S's verifiers job trained on the same split."""
+    return str(out.parent / f"{job_id('verifiers', s.get('split', 'easy'))}_s{seed}" / kind
+               / "final")
+
+
 def job_process(world: dict[str, str], s: dict[str, Any], out: Path, seed: int
                 ) -> dict[str, Any]:
     """Process-only GRPO and PRM + RLVR on seed S's PRM, the same steps."""
-    prm = str(out.parent / f"verifiers_s{seed}" / "prm" / "final")
+    prm = verifier_model(out, s, seed, "prm")
     result: dict[str, Any] = {}
     for arm, recipe in (("process", "grpo_process.yaml"), ("prm_rlvr", "grpo_prm_rlvr.yaml")):
         run = _train("grpo", recipe, {**_rl_keys(world, s, out / arm, seed, s["process_steps"]),
@@ -335,7 +315,7 @@ def job_overopt(world: dict[str, str], s: dict[str, Any], out: Path, seed: int
     """recipes/ppo_rm_arith.yaml: PPO on seed S's ORM score, the verifier watched at weight 0."""
     from process_rl import curves
 
-    orm = str(out.parent / f"verifiers_s{seed}" / "orm" / "final")
+    orm = verifier_model(out, s, seed, "orm")
     run = _train("ppo", "ppo_rm_arith.yaml", {
         **_rl_keys(world, s, out / "ppo_rm", seed, s["overopt_steps"]),
         "rewards": [{"name": "math", "weight": 0.0},
@@ -356,34 +336,34 @@ def job_overopt(world: dict[str, str], s: dict[str, Any], out: Path, seed: int
 # the rows of the table
 # ---------------------------------------------------------------------------------------------
 def metrics(s: dict[str, Any], cmd: str) -> list[dict[str, Any]]:
-    """What each claim's row reports (``scale`` 100: shown as a percentage / points)."""
-    def m(job: str, claim: str, metric: str, key: Any, scale: float = 1.0) -> dict[str, Any]:
-        return {"job": job, "claim": claim, "metric": metric, "key": key, "scale": scale,
-                "command": f"{cmd} --only {job}"}
+    """What each claim's row reports, the easy split's rows, then the hard split's."""
+    return [row for split in SPLITS for row in split_metrics(s, cmd, split)]
 
-    g, n, p = s["grpo_steps"], s["bon_n"], s["process_steps"]
+
+def split_metrics(s: dict[str, Any], cmd: str, split: str) -> list[dict[str, Any]]:
+    """The rows of one split's jobs (``scale`` 100: shown as a percentage / points); a hard
+    split row says so in its claim and its command."""
+    from claims_verifiers import verifier_metrics
+
+    tag, flag = ("", "") if split == "easy" else (f" [{split} split]", f" --split {split}")
+
+    def m(job: str, claim: str, metric: str, key: Any, scale: float = 1.0) -> dict[str, Any]:
+        return {"job": job_id(job, split), "claim": claim + tag, "metric": metric, "key": key,
+                "scale": scale, "command": f"{cmd} --only {job}{flag}"}
+
+    g, p = s["grpo_steps"], s["process_steps"]
     demo = f"demo: GRPO {g} steps from the SFT start"
-    bon = f"best-of-{n}, {s['bon_problems']} held-out problems"
     proc = f"process-only GRPO vs PRM + RLVR, {p} steps"
     over = f"PPO on a learned ORM, {s['overopt_steps']} steps"
-    mc = f"Monte Carlo (K={s['shepherd_k']}) vs exact step labels, {s['shepherd_rows']} samples"
     kl = "KL estimators on the demo's rollouts (GRPO policy vs SFT)"
-    return [
+    rows = [
         m("demo", demo, "SFT held-out accuracy %", "before", 100),
         m("demo", demo, "GRPO held-out accuracy %", "after", 100),
         m("demo", demo, "gain (points)", "gain", 100),
         m("dpo", f"DPO {s['dpo_steps']} steps (dpo_arith)", "held-out accuracy %", "after", 100),
         m("ppo", f"PPO {s['ppo_steps']} steps (ppo_arith)", "held-out accuracy %", "after", 100),
-        m("verifiers", "ORM / PRM (rm_arith, prm_arith)", "ORM held-out pair accuracy %",
-          "orm_pair_accuracy", 100),
-        m("verifiers", "ORM / PRM (rm_arith, prm_arith)", "PRM bad-step F1", "prm_bad_f1"),
-        m("verifiers", bon, "majority vote %", "bon_majority", 100),
-        m("verifiers", bon, "ORM best-of-N %", "bon_orm", 100),
-        m("verifiers", bon, "PRM best-of-N %", "bon_prm", 100),
-        m("verifiers", bon, "PRM - ORM (points)", lambda r: r["bon_prm"] - r["bon_orm"], 100),
-        m("verifiers", bon, "PRM-weighted vote %", "bon_weighted", 100),
-        m("verifiers", bon, "pass@N %", "bon_pass", 100),
-        m("process", proc, "outcome only (the demo row) %", None, 100),
+        *verifier_metrics(s, m),
+        m("process", proc, f"outcome only (the demo run at step {p}) %", None, 100),
         m("process", proc, "process only, final %", "process_after", 100),
         m("process", proc, "process only, best eval %", "process_peak", 100),
         m("process", proc, "PRM + RLVR, final %", "prm_rlvr_after", 100),
@@ -400,10 +380,6 @@ def metrics(s: dict[str, Any], cmd: str) -> list[dict[str, Any]]:
           lambda r: r["proxy_last"] - r["proxy_first"]),
         m("overopt", over, "gold (verifier on samples), last 3 - first 3 steps",
           lambda r: r["gold_last"] - r["gold_first"]),
-        m("verifiers", mc, "step label agreement %", "mc_agreement", 100),
-        m("verifiers", mc, "PRM bad-step F1, exact labels", "prm_exact_f1"),
-        m("verifiers", mc, "PRM bad-step F1, MC labels", "prm_mc_f1"),
-        m("verifiers", mc, "exact - MC F1", lambda r: r["prm_exact_f1"] - r["prm_mc_f1"]),
         m("demo", kl, "exact KL, mean per token", "kl_exact"),
         m("demo", kl, "k1, mean per token", "k1_mean"),
         m("demo", kl, "k3, mean per token", "k3_mean"),
@@ -411,61 +387,69 @@ def metrics(s: dict[str, Any], cmd: str) -> list[dict[str, Any]]:
         m("demo", kl, "k3 variance over tokens", "k3_var"),
         m("demo", kl, "var(k1) / var(k3)", lambda r: r["k1_var"] / r["k3_var"]),
     ]
+    ran = {job_id(j, split) for j in SPLITS[split]["jobs"]}
+    return [r for r in rows if r["job"] in ran]
 
 
 # ---------------------------------------------------------------------------------------------
 # running
 # ---------------------------------------------------------------------------------------------
-def run_job(job: str, world: dict[str, str], s: dict[str, Any], out: Path, seed: int
-            ) -> dict[str, Any]:
-    """One (job, seed) in this process, one torch thread; cached in ``out/jobs``."""
+def run_job(job: str, split: str, world: dict[str, str], s: dict[str, Any], out: Path,
+            seed: int) -> dict[str, Any]:
+    """One (job, split, seed) in this process, one torch thread; cached in ``out/jobs``."""
     import torch
 
     torch.set_num_threads(1)
-    cache = out / "jobs" / f"{job}_s{seed}.json"
+    name = job_id(job, split)
+    cache = out / "jobs" / f"{name}_s{seed}.json"
     if cache.is_file():
         return json.loads(cache.read_text())
     t, load = time.time(), os.getloadavg()[0]
     try:
-        result = globals()[f"job_{job}"](world, s, out / f"{job}_s{seed}", seed)
+        result = globals()[f"job_{job}"](split_world(world, split, out), {**s, "split": split},
+                                         out / f"{name}_s{seed}", seed)
     except Exception as exc:  # library errors may not pickle across the process pool
-        raise RuntimeError(f"claims: job {job} seed {seed}: {type(exc).__name__}: {exc}") from None
+        raise RuntimeError(f"claims: job {name} seed {seed}: {type(exc).__name__}: {exc}"
+                           ) from None
     result.update(seconds=round(time.time() - t, 1), load=[round(load, 2),
                                                            round(os.getloadavg()[0], 2)])
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps(result, indent=1))
-    print(f"[claims] {job} seed {seed}: {result['seconds']} s", flush=True)
+    print(f"[claims] {name} seed {seed}: {result['seconds']} s", flush=True)
     return result
 
 
-def run_all(jobs: list[str], world: dict[str, str], s: dict[str, Any], out: Path, workers: int
-            ) -> dict[str, dict[int, dict[str, Any]]]:
-    """Every (job, seed); ``process`` / ``overopt`` start when their seed's verifiers are done."""
+def run_all(units: list[tuple[str, str]], world: dict[str, str], s: dict[str, Any], out: Path,
+            workers: int) -> dict[str, dict[int, dict[str, Any]]]:
+    """Every (job, split) of ``units`` and seed; ``process`` / ``overopt`` start when the
+    verifiers of their split and seed are done. Results by ``job_id`` and seed."""
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    done: dict[str, dict[int, dict[str, Any]]] = {j: {} for j in jobs}
-    order = sorted(jobs, key=lambda j: (j in NEEDS, j != "verifiers"))
+    done: dict[str, dict[int, dict[str, Any]]] = {job_id(*u): {} for u in units}
+    order = sorted(units, key=lambda u: (u[0] in NEEDS, u[0] != "verifiers"))
     if workers <= 1:  # in this process, in dependency order
-        for job in order:
+        for job, split in order:
             for seed in s["seeds"]:
-                done[job][seed] = run_job(job, world, s, out, seed)
+                done[job_id(job, split)][seed] = run_job(job, split, world, s, out, seed)
         return done
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
         pending = {}
-        for job in order:
+        for job, split in order:
             for seed in s["seeds"]:
-                if job in NEEDS and NEEDS[job] in jobs:
+                if job in NEEDS and (NEEDS[job], split) in units:
                     continue  # submitted when its verifiers finish
-                pending[pool.submit(run_job, job, world, s, out, seed)] = (job, seed)
+                pending[pool.submit(run_job, job, split, world, s, out, seed)] = (job, split,
+                                                                                 seed)
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for f in finished:
-                job, seed = pending.pop(f)
-                done[job][seed] = f.result()
+                job, split, seed = pending.pop(f)
+                done[job_id(job, split)][seed] = f.result()
                 for later, need in NEEDS.items():
-                    if need == job and later in jobs:
-                        pending[pool.submit(run_job, later, world, s, out, seed)] = (later, seed)
+                    if need == job and (later, split) in units:
+                        pending[pool.submit(run_job, later, split, world, s, out, seed)] = (
+                            later, split, seed)
     return done
 
 
@@ -487,13 +471,23 @@ def shared_world(out: Path, demo: str) -> dict[str, Any]:
     return world
 
 
-def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+def parse(argv: list[str] | None = None
+          ) -> tuple[argparse.Namespace, dict[str, Any], list[tuple[str, str]]]:
+    """The arguments, the settings (``SETTINGS`` of the budget, ``--set``, the seeds) and the
+    (job, split) units to run."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="the smallest budgets")
     ap.add_argument("--only", default=",".join(JOBS), help=f"jobs, comma-separated: {JOBS}")
+    ap.add_argument("--split", default="easy",
+                    help=f"task splits, comma-separated: {list(SPLITS)} (hard: "
+                         f"{', '.join(SPLITS['hard']['jobs'])} only)")
     ap.add_argument("--demo", default="", help="reuse `posttrain demo --out DIR`'s SFT + data")
-    ap.add_argument("--seeds", default="", help="comma-separated (default 0,1,2)")
+    seeds = ap.add_mutually_exclusive_group()
+    seeds.add_argument("--seeds", default="", help="comma-separated (default 0,1,2)")
+    seeds.add_argument("--seed", type=int, default=None,
+                       help="one seed (e.g. one not in the table); its table is written to "
+                            "claims_seedS.md / .json, so the main table stays")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                     help="parallel processes, one torch thread each")
     ap.add_argument("--set", default="{}", help="JSON overriding SETTINGS (e.g. tiny budgets)")
@@ -502,25 +496,57 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     s = {**SETTINGS["quick" if args.quick else "full"], **json.loads(args.set)}
     if args.seeds:
         s["seeds"] = [int(x) for x in args.seeds.split(",")]
+    if args.seed is not None:
+        s["seeds"] = [args.seed]
     jobs = [j for j in args.only.split(",") if j]
-    unknown = [j for j in jobs if j not in JOBS]
+    splits = [x for x in args.split.split(",") if x]
+    unknown = [j for j in jobs if j not in JOBS] + [x for x in splits if x not in SPLITS]
     if unknown:
-        sys.exit(f"--only: unknown job(s) {unknown}; valid: {list(JOBS)}")
+        ap.error(f"unknown job(s) / split(s) {unknown}; jobs: {list(JOBS)}, splits: "
+                 f"{list(SPLITS)}")
+    missing = [(j, x) for x in splits for j in jobs if j not in SPLITS[x]["jobs"]]
+    if missing:
+        ap.error(f"not on that split: {missing}; the hard split runs {SPLITS['hard']['jobs']}")
+    return args, s, [(j, x) for x in splits for j in jobs]
+
+
+def outcome_at(demo: dict[str, Any], step: int) -> float:
+    """The demo run's held-out accuracy at ``step`` (an eval of its curve; its learning rate is
+    constant, so its first ``step`` steps are an outcome-only run of that length), else its
+    final accuracy."""
+    return next((a for st, a in demo.get("curve", []) if st == step), demo["after"])
+
+
+def load_cached(out: Path, seeds: list[int], process_steps: int
+                ) -> dict[str, dict[int, dict[str, Any]]]:
+    """Every cached (job, seed) of both splits, by ``job_id``; a process row's outcome arm
+    (``outcome_after``) is the demo run of its split and seed at ``process_steps``."""
+    per_seed = {}
+    for split, spec in SPLITS.items():
+        for j in spec["jobs"]:
+            files = {sd: out / "jobs" / f"{job_id(j, split)}_s{sd}.json" for sd in seeds}
+            per_seed[job_id(j, split)] = {sd: json.loads(f.read_text())
+                                          for sd, f in files.items() if f.is_file()}
+        demo = per_seed.get(job_id("demo", split), {})
+        for sd, r in per_seed.get(job_id("process", split), {}).items():
+            if sd in demo:
+                r["outcome_after"] = outcome_at(demo[sd], process_steps)
+    return per_seed
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    args, s, units = parse(argv)
     out = Path(args.out)
     start = time.time()
     world = shared_world(out, args.demo) if not args.table else {"seconds": float("nan")}
     if not args.table:
-        run_all(jobs, world, s, out, args.jobs)
-    per_seed = {j: {sd: json.loads((out / "jobs" / f"{j}_s{sd}.json").read_text())
-                    for sd in s["seeds"] if (out / "jobs" / f"{j}_s{sd}.json").is_file()}
-                for j in JOBS}
+        run_all(units, world, s, out, args.jobs)
+    per_seed = load_cached(out, s["seeds"], s["process_steps"])
     if args.table and not any(per_seed.values()):
         sys.exit(f"[claims] --table: no finished jobs in {out / 'jobs'} (seeds {s['seeds']}); "
                  f"run `python benchmarks/claims.py --out {out}` first")
-    if per_seed["process"] and per_seed["demo"]:  # the outcome arm is the demo run
-        for sd, r in per_seed["process"].items():
-            r["outcome_after"] = per_seed["demo"].get(sd, {}).get("after", float("nan"))
-    cmd = f"python benchmarks/claims.py {'--quick ' if args.quick else ''}--out {out}"
+    cmd = (f"python benchmarks/claims.py {'--quick ' if args.quick else ''}--out {out}"
+           + (f" --seed {args.seed}" if args.seed is not None else ""))
     specs = metrics(s, cmd)
     for spec in specs:
         if spec["key"] is None:
@@ -530,12 +556,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     info = {"settings": s, "world": world, "wall_seconds": wall, "load_end": os.getloadavg(),
             "job_seconds": sum(r["seconds"] for js in per_seed.values() for r in js.values()),
             "rows": rows}
-    (out / "claims.json").write_text(json.dumps(info, indent=1, default=str))
+    stem = "claims" if args.seed is None else f"claims_seed{args.seed}"
+    (out / f"{stem}.json").write_text(json.dumps(info, indent=1, default=str))
     text = markdown(rows, s["seeds"])
-    (out / "claims.md").write_text(text)
+    (out / f"{stem}.md").write_text(text)
     print(text)
     print(f"[claims] wall {wall} s this call; job seconds summed {info['job_seconds']:.0f} "
-          f"+ SFT {world['seconds']} s; wrote {out / 'claims.json'}, {out / 'claims.md'}")
+          f"+ SFT {world['seconds']} s; wrote {out / f'{stem}.json'}, {out / f'{stem}.md'}")
     return rows
 
 

@@ -42,7 +42,14 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.data.steps import split_steps, step_spans
-from posttrain.tasks.arithmetic import Problem, _apply, parse_problem, sample_problem, write_jsonl
+from posttrain.tasks.arithmetic import (
+    Problem,
+    _apply,
+    parse_problem,
+    sample_problem,
+    stream_key,
+    write_jsonl,
+)
 
 AFTER_FIRST_ERROR = ("negative", "truncate")
 _STEP_RE = re.compile(r"^\s*(-?\d+)\s*([+\-*])\s*(\d+)\s*=\s*(-?\d+)\s*$")
@@ -113,13 +120,14 @@ def sample_completions(model: Any, tokenizer: Any, prompts: list[str], samples: 
     return texts, truncated
 
 
-def problems(n: int, seed: int, split: str) -> list[Problem]:
-    """``n`` distinct problems of ``split`` (a stream of its own: ``steplabels``)."""
-    rng = random.Random(f"steplabels:{split}:{seed}")
+def problems(n: int, seed: int, split: str, difficulty: str = "easy") -> list[Problem]:
+    """``n`` distinct problems of ``split`` (a stream of its own: ``steplabels``) at
+    ``difficulty`` (``posttrain.tasks.arithmetic.DIFFICULTIES``)."""
+    rng = random.Random(stream_key(f"steplabels:{split}:{seed}", difficulty))
     out: list[Problem] = []
     seen: set[Problem] = set()
     while len(out) < n:
-        p = sample_problem(rng, split=split)
+        p = sample_problem(rng, split=split, difficulty=difficulty)
         if p not in seen:
             seen.add(p)
             out.append(p)
@@ -128,8 +136,9 @@ def problems(n: int, seed: int, split: str) -> list[Problem]:
 
 def exact_rows(model: Any, tokenizer: Any, n_prompts: int, seed: int = 0, *,
                split: str = "train", samples: int = 4, after_first_error: str = "negative",
-               temperature: float = 1.0, max_new_tokens: int = 64) -> list[dict[str, Any]]:
-    """(a): the policy's own samples with exact step labels.
+               temperature: float = 1.0, max_new_tokens: int = 64,
+               difficulty: str = "easy") -> list[dict[str, Any]]:
+    """(a): the policy's own samples with exact step labels, on problems of ``difficulty``.
 
     Rows ``{"prompt", "steps", "labels", "answer", "completion", "correct"}``; truncated samples
     are dropped (counted by the caller from ``n_prompts * samples - len(rows)``).
@@ -137,7 +146,7 @@ def exact_rows(model: Any, tokenizer: Any, n_prompts: int, seed: int = 0, *,
     from posttrain.data.prompts import render_prompt
     from posttrain.rewards.math import math_reward
 
-    probs = problems(n_prompts, seed, split)
+    probs = problems(n_prompts, seed, split, difficulty)
     prompts = [render_prompt(tokenizer, p.text) for p in probs]
     texts, truncated = sample_completions(model, tokenizer, prompts, samples,
                                           seed=seed, temperature=temperature,
@@ -257,6 +266,8 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     ap.add_argument("--offline-pairs", type=int, default=0,
                     help="also add this many off-policy pairs (reference trace vs injected "
                          "error, posttrain.tasks.preferences kind 'mixed') to pairs_train")
+    ap.add_argument("--difficulty", default="easy", choices=["easy", "hard"],
+                    help="the arithmetic problems' difficulty (posttrain.tasks.arithmetic)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
@@ -273,7 +284,8 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
             rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         else:
             rows = exact_rows(model, tok, n, args.seed, split=split, samples=args.samples,
-                              after_first_error=args.after_first_error)
+                              after_first_error=args.after_first_error,
+                              difficulty=args.difficulty)
             written[f"exact_{split}"] = str(write_jsonl(rows, out / f"exact_{split}.jsonl"))
         pairs = pair_rows(rows, args.seed, args.pairs_per_prompt if split == "train" else 1)
         if split == "train" and args.offline_pairs:

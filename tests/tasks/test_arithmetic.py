@@ -197,3 +197,72 @@ def test_generators_use_independent_streams():
     prompts = [r["prompt"] for r in A.prompt_rows(50, seed=0)]
     steps = [r["prompt"] for r in A.step_rows(50, seed=0)]
     assert sft != prompts and sft != steps and prompts != steps
+
+
+def test_default_draws_unchanged_by_the_difficulty_knob():
+    """The easy (default) rows of every generator are the ones drawn before ``difficulty``
+    existed: this digest was computed on the code before the knob was added."""
+    import hashlib
+
+    from posttrain.tasks.step_labels import problems
+
+    rng = random.Random(7)
+    blob = {"prompt": A.prompt_rows(200, 0), "held": A.heldout_rows(50, 3),
+            "sft": A.sft_rows(50, 1, flaw_rate=0.6, error_rate=0.2), "steps": A.step_rows(50, 2),
+            "sample": [A.sample_problem(rng, split=None).text for _ in range(100)],
+            "labels": [p.text for p in problems(30, 0, "train") + problems(30, 1, "heldout")],
+            "space": A.space_size(min_ops=2, max_ops=3)}
+    digest = hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
+    assert digest == "bccf45bf49530c5cd8adfdb9ba358cab47a56d7f62ec937a43914c34052aaa9a"
+    assert A.prompt_rows(5, 0, difficulty="easy") == A.prompt_rows(5, 0)
+
+
+def _left_to_right(text: str) -> list[int]:
+    """Every intermediate value, computed here without the module's own chain code."""
+    tokens = re.findall(r"\d+|[+\-*]", text)
+    value, out = int(tokens[0]), []
+    for op, b in zip(tokens[1::2], tokens[2::2], strict=True):
+        value = {"+": value + int(b), "-": value - int(b), "*": value * int(b)}[op]
+        out.append(value)
+    return out
+
+
+def test_hard_split_has_more_steps_and_larger_numbers():
+    rng_e, rng_h = random.Random(11), random.Random(11)
+    easy = [A.sample_problem(rng_e, split=None) for _ in range(3000)]
+    hard = [A.sample_problem(rng_h, split=None, difficulty="hard") for _ in range(3000)]
+    assert {len(p.ops) for p in hard} == {4}
+    assert sum(len(p.ops) for p in hard) / 3000 > sum(len(p.ops) for p in easy) / 3000 + 0.8
+    assert max(abs(v) for p in easy for v in p.values) <= A.BOUND
+    assert A.BOUND < max(abs(v) for p in hard for v in p.values) <= 99
+    assert sum(max(abs(v) for v in p.values) > A.BOUND for p in hard) > 300  # > 10%
+    multipliers = {b for p in hard for op, b in zip(p.ops, p.operands[1:], strict=True)
+                   if op == "*"}
+    assert multipliers == set(range(2, 10))
+    for p in hard:
+        assert list(p.values) == _left_to_right(p.text)
+        assert all(abs(v) <= 99 for v in A._chain(p, drop_sign=True))
+    rows = A.heldout_rows(200, 0, difficulty="hard")
+    assert all(r["answer"] == str(_left_to_right(r["prompt"])[-1]) for r in rows)
+    assert all(A.is_heldout(r["prompt"]) for r in rows) and len({r["prompt"] for r in rows}) == 200
+    train = A.prompt_rows(500, 1, difficulty="hard")
+    assert not any(A.is_heldout(r["prompt"]) for r in train)
+    assert train != A.prompt_rows(500, 1)  # its own stream
+    assert A.prompt_rows(50, 1, difficulty="hard") == train[:50]
+
+
+def test_difficulty_overrides_space_size_and_errors():
+    d = A.Difficulty(2, 2, (0, 5), (2, 9), 30)
+    count = 0
+    for a in range(6):
+        for op1 in A.OPS:
+            for b in (range(2, 10) if op1 == "*" else range(6)):
+                for op2 in A.OPS:
+                    for c in (range(2, 10) if op2 == "*" else range(6)):
+                        count += A._in_bound(A.Problem((a, b, c), (op1, op2)), 30)
+    assert A.space_size(difficulty=d) == count
+    assert A.space_size(difficulty="hard") > A.space_size()
+    rng = random.Random(0)
+    assert len(A.sample_problem(rng, difficulty="hard", min_ops=2, max_ops=2).ops) == 2
+    with pytest.raises(ValueError, match="difficulty"):
+        A.prompt_rows(3, difficulty="medium")

@@ -71,3 +71,25 @@ def test_math_shepherd_labels_from_rollouts():
     for r in out:
         assert all(q in (0.0, 0.5, 1.0) for q in r["soft_labels"])
         assert r["labels"] == [1 if q > 0 else -1 for q in r["soft_labels"]]
+
+
+def test_exact_labels_on_the_hard_split():
+    """Exact labels work for hard problems: the reference trace is all good, an injected error
+    is caught at its step, and the label problems are hard ones of their own stream."""
+    import random
+
+    from posttrain.tasks import arithmetic as A
+    from posttrain.tasks.step_labels import problems
+
+    hard = problems(40, 0, "train", "hard")
+    assert all(len(p.ops) == 4 and not A.is_heldout(p) for p in hard)
+    assert [p.text for p in hard] != [p.text for p in problems(40, 0, "train")]
+    assert all(A.is_heldout(p) for p in problems(10, 0, "heldout", "hard"))
+    rng = random.Random(0)
+    for p in hard:
+        text, labels = A.render_trace(p, rng)
+        assert exact_labels(p, split_steps(text)) == [1, 1, 1, 1, 1]
+        steps, labels, _ = A.trace_steps(p, rng, error_rate=0.5)
+        got = exact_labels(p, [*steps, f"<answer>{p.answer}</answer>"])
+        first = labels.index(-1) if -1 in labels else 4
+        assert got[:4] == [1] * first + [-1] * (4 - first)
