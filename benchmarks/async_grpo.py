@@ -9,7 +9,9 @@ are the sampler alone (S) and the rest of its steps the learner alone (L); (c) `
 `async2`: async at max_staleness 1 and 2, learner and sampler process on 1 thread each.
 Printed per setting: step seconds (the sum of `perf/step_seconds`: evaluations excluded),
 samples/s, the overlap bound = (a) / max(S, L), the efficiency = max(S, L) / (c) (1.0: perfect
-overlap), and held-out greedy accuracy after training (mean +- std over seeds).
+overlap) and the speed against (a), over the whole run and from step 2 (without the sampler
+process's start, about 3 s here), and held-out greedy accuracy after training (mean +- std over
+seeds). `--table` prints the table of the runs already in OUT.
 Settings: `demo` (the demo's GRPO stage from its SFT start, 60 steps), `long` (the demo's
 untrained start, which rarely stops: 160 new tokens, 8 steps), `tools` (the tool world of
 `python -m posttrain.tasks.tool_world --out DIR`, its recipe, 12 steps). Nothing else should run.
@@ -72,35 +74,54 @@ def run(keys: dict[str, Any], mode: str, seed: int, out: Path) -> dict[str, floa
     cfg = build_config(GRPOConfig, overrides={
         **keys, **MODES[mode], "seed": seed, "out_dir": str(out), "overwrite": True,
         "progress": False, "report_to": [], "save_every": 0})
-    summary = GRPOTrainer(cfg).train()
+    GRPOTrainer(cfg).train()
+    return measure(out)
+
+
+def measure(out: Path) -> dict[str, float]:
+    """Seconds of a finished run's steps (all; `_steady`: from step 2, the sampler process
+    started), the sampler's share, samples and held-out accuracy after training."""
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "perf/step_seconds" in r]
-    sampler = sum(r["perf/gen_seconds"] + r["perf/score_seconds"] for r in rows)
-    total = sum(r["perf/step_seconds"] for r in rows)
-    return {"seconds": total, "sampler": sampler, "learner": total - sampler,
-            "samples": float(len(rows) * cfg.prompts_per_step * cfg.group_size),
-            "accuracy": summary["eval_after"]}
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    res: dict[str, float] = {"samples": float(len(rows) * cfg["prompts_per_step"]
+                                              * cfg["group_size"]),
+                             "accuracy": json.loads((out / "summary.json").read_text())[
+                                 "eval_after"]}
+    for tag, part in (("", rows), ("_steady", rows[1:])):
+        sampler = sum(r["perf/gen_seconds"] + r["perf/score_seconds"] for r in part)
+        total = sum(r["perf/step_seconds"] for r in part)
+        res.update({f"seconds{tag}": total, f"sampler{tag}": sampler,
+                    f"learner{tag}": total - sampler})
+    return res
 
 
 def report(name: str, res: dict[int, dict[str, dict[str, float]]]) -> list[str]:
-    """Markdown rows of one setting: mode, step seconds, samples/s, bound, efficiency, acc."""
+    """Markdown rows of one setting: per mode the step seconds, samples/s, the overlap bound,
+    efficiency and the speed against sync2 (whole run; from step 2) and held-out accuracy."""
     def mean(mode: str, key: str) -> float:
         return statistics.mean(res[s][mode][key] for s in res)
 
-    bound_s = statistics.mean(max(res[s]["sync1"]["sampler"], res[s]["sync1"]["learner"])
-                              for s in res)
+    def alone(seed: int, tag: str) -> float:  # max(sampler alone, learner alone), 1 thread
+        return max(res[seed]["sync1"][f"sampler{tag}"], res[seed]["sync1"][f"learner{tag}"])
+
+    bound = statistics.mean(res[s]["sync2"]["seconds"] / alone(s, "") for s in res)
     lines = []
     for mode in MODES:
         acc = [res[s][mode]["accuracy"] * 100 for s in res]
-        eff = (statistics.mean(max(res[s]["sync1"]["sampler"], res[s]["sync1"]["learner"])
-                               / res[s][mode]["seconds"] for s in res)
-               if mode.startswith("async") else float("nan"))
+        cells = []
+        for tag in ("", "_steady"):
+            eff = [alone(s, tag) / res[s][mode][f"seconds{tag}"] for s in res]
+            fast = [res[s]["sync2"][f"seconds{tag}"] / res[s][mode][f"seconds{tag}"]
+                    for s in res]
+            cells += [f"{statistics.mean(eff):.2f}" if mode.startswith("async") else "",
+                      f"{statistics.mean(fast):.2f}x"]
         lines.append(f"| {name} | {mode} | {mean(mode, 'seconds'):.1f} | "
-                     f"{mean(mode, 'samples') / mean(mode, 'seconds'):.1f} | "
-                     f"{mean('sync2', 'seconds') / bound_s:.2f} | {eff:.2f} | "
-                     f"{statistics.mean(acc):.1f} +- {statistics.pstdev(acc):.1f} |")
-    lines.append(f"| {name} | S / L alone (1 thread) | {mean('sync1', 'sampler'):.1f} / "
-                 f"{mean('sync1', 'learner'):.1f} | | | | |")
+                     f"{mean(mode, 'samples') / mean(mode, 'seconds'):.0f} | {bound:.2f} | "
+                     + " | ".join(cells) +
+                     f" | {statistics.mean(acc):.1f} +- {statistics.pstdev(acc):.1f} |")
+    lines.append(f"| {name} | S / L alone, 1 thread | {mean('sync1', 'sampler'):.1f} / "
+                 f"{mean('sync1', 'learner'):.1f} | | | | | | | |")
     return lines
 
 
@@ -110,19 +131,21 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--tools", default="runs/tools", help="the tool world's folder")
     ap.add_argument("--out", default="/tmp/async_grpo")
+    ap.add_argument("--table", action="store_true", help="only the table of the runs in OUT")
     args = ap.parse_args()
     out, table = Path(args.out), []
     for name in args.settings:
-        keys, res = setting_keys(name, out, args.tools), {}
+        res: dict[int, dict[str, dict[str, float]]] = {}
+        keys = {} if args.table else setting_keys(name, out, args.tools)
         for seed in args.seeds:
-            res[seed] = {m: run(keys, m, seed, out / name / f"{m}_{seed}") for m in MODES}
+            res[seed] = {m: measure(out / name / f"{m}_{seed}") if args.table
+                         else run(keys, m, seed, out / name / f"{m}_{seed}") for m in MODES}
             print(json.dumps({name: {seed: res[seed]}}), flush=True)
         table += report(name, res)
-        (out / f"{name}.json").write_text(json.dumps(res, indent=1))
-    print("| setting | mode | step seconds | samples/s | bound | efficiency | accuracy % |")
-    print("|---|---|---|---|---|---|---|")
+    print("| setting | mode | step seconds | samples/s | bound | efficiency | vs sync2 | "
+          "efficiency from step 2 | vs sync2 from step 2 | accuracy % |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(table))
-
 
 if __name__ == "__main__":
     sys.exit(main())
