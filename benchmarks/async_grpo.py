@@ -11,7 +11,8 @@ Printed per setting: step seconds (the sum of `perf/step_seconds`: evaluations e
 samples/s, the overlap bound = (a) / max(S, L), the efficiency = max(S, L) / (c) (1.0: perfect
 overlap) and the speed against (a), over the whole run and from step 2 (without the sampler
 process's start, about 3 s here), and held-out greedy accuracy after training (mean +- std over
-seeds). `--table` prints the table of the runs already in OUT.
+seeds). `--table` prints the table of the runs already in OUT; `--modes ... async1_pass` adds async1
+with the truncated weights' own forward pass (the fast path of `GRPOTrainer` off).
 Settings: `demo` (the demo's GRPO stage from its SFT start, 60 steps), `long` (the demo's
 untrained start, which rarely stops: 160 new tokens, 8 steps), `tools` (the tool world of
 `python -m posttrain.tasks.tool_world --out DIR`, its recipe, 12 steps). Nothing else should run.
@@ -33,7 +34,11 @@ from posttrain.demo import _settings, build_world
 
 MODES = {"sync2": {"threads": 2}, "sync1": {"threads": 1},
          "async1": {"threads": 1, "async_rollouts": True, "max_staleness": 1},
-         "async2": {"threads": 1, "async_rollouts": True, "max_staleness": 2}}
+         "async2": {"threads": 1, "async_rollouts": True, "max_staleness": 2},
+         # async1 with the truncated weights' own forward pass (GRPOTrainer's fast path off)
+         "async1_pass": {"threads": 1, "async_rollouts": True, "max_staleness": 1,
+                         "defer": False}}
+DEFAULT_MODES = ["sync2", "sync1", "async1", "async2"]
 
 
 def demo_start(out: Path) -> tuple[dict[str, Any], dict[str, str]]:
@@ -71,8 +76,10 @@ def setting_keys(name: str, out: Path, tools: str) -> dict[str, Any]:
 def run(keys: dict[str, Any], mode: str, seed: int, out: Path) -> dict[str, float]:
     from posttrain.trainers.grpo import GRPOTrainer
 
+    keys = {**keys, **MODES[mode]}
+    GRPOTrainer.defer_truncated_weights = keys.pop("defer", True)
     cfg = build_config(GRPOConfig, overrides={
-        **keys, **MODES[mode], "seed": seed, "out_dir": str(out), "overwrite": True,
+        **keys, "seed": seed, "out_dir": str(out), "overwrite": True,
         "progress": False, "report_to": [], "save_every": 0})
     GRPOTrainer(cfg).train()
     return measure(out)
@@ -107,7 +114,7 @@ def report(name: str, res: dict[int, dict[str, dict[str, float]]]) -> list[str]:
 
     bound = statistics.mean(res[s]["sync2"]["seconds"] / alone(s, "") for s in res)
     lines = []
-    for mode in MODES:
+    for mode in next(iter(res.values())):
         acc = [res[s][mode]["accuracy"] * 100 for s in res]
         cells = []
         for tag in ("", "_steady"):
@@ -131,6 +138,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--tools", default="runs/tools", help="the tool world's folder")
     ap.add_argument("--out", default="/tmp/async_grpo")
+    ap.add_argument("--modes", nargs="+", default=DEFAULT_MODES, choices=list(MODES),
+                    help="sync1 and sync2 are needed for the bound and the ratios")
     ap.add_argument("--table", action="store_true", help="only the table of the runs in OUT")
     args = ap.parse_args()
     out, table = Path(args.out), []
@@ -139,7 +148,8 @@ def main() -> None:
         keys = {} if args.table else setting_keys(name, out, args.tools)
         for seed in args.seeds:
             res[seed] = {m: measure(out / name / f"{m}_{seed}") if args.table
-                         else run(keys, m, seed, out / name / f"{m}_{seed}") for m in MODES}
+                         else run(keys, m, seed, out / name / f"{m}_{seed}")
+                         for m in args.modes}
             print(json.dumps({name: {seed: res[seed]}}), flush=True)
         table += report(name, res)
     print("| setting | mode | step seconds | samples/s | bound | efficiency | vs sync2 | "

@@ -204,6 +204,7 @@ def test_grpo_trains_tool_episodes_on_the_colocated_engine(world, vllm, tmp_path
                     rollout_is_cap=1e6, group_size=2, prompts_per_step=1, max_new_tokens=200,
                     eval_max_new_tokens=200, eval_size=1, max_steps=1, progress=False,
                     report_to=[], threads=1, out_dir=str(tmp_path / "run"), temperature=0.7)
+    t.defer_truncated_weights = False  # the weights at step 3, to look at them here
     engine = t.sampler()
     engine.inner.llm.scripts = [ids(TOK, script)]
     rollout, metrics = t.rollout_step()
