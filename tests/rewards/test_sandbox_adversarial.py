@@ -42,12 +42,17 @@ def marker() -> str:
     return f"987.{random.randrange(10**8, 10**9)}"
 
 
+SESSION_HELPERS = ("math_verify", "multiprocessing.resource_tracker")
+"""Children that live for the whole test session: the math-verify workers, and the tracker
+Python's multiprocessing starts at its first semaphore (async GRPO's sampler queues)."""
+
+
 def _own_children() -> list[psutil.Process]:
-    """Our descendants except the math-verify workers (they live for the whole session)."""
+    """Our descendants except the session helpers (`SESSION_HELPERS`)."""
     kids = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if "math_verify" not in " ".join(child.cmdline()) and \
+            if not any(h in " ".join(child.cmdline()) for h in SESSION_HELPERS) and \
                     child.status() != psutil.STATUS_ZOMBIE:
                 kids.append(child)
         except psutil.NoSuchProcess:
