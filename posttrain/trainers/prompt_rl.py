@@ -139,7 +139,7 @@ class PromptRLTrainer(Trainer):
         Returns the rollout (`scores` [n] set, NaN where unscorable), the scorer's result
         (`per_function`, `metrics`) and the seconds spent ({"gen", "score"})."""
         cfg, G = self.cfg, self.cfg.group_size
-        if self._async is not None or getattr(cfg, "async_rollouts", False):
+        if getattr(cfg, "async_rollouts", False):
             rollout, result, seconds = self.take_sampled()
         else:
             drawn = self.next_rows(n_prompts)
