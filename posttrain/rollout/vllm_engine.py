@@ -40,7 +40,8 @@ from posttrain.rollout.vllm_convert import (
 )
 from posttrain.rollout.weights import DEFAULT_BUCKET_BYTES, iter_weights
 
-__all__ = ["VLLMColocateEngine", "VLLMServerEngine", "request_seeds"]
+__all__ = ["VLLMColocateEngine", "VLLMServerEngine", "cpu_server_dtype_problem",
+           "request_seeds"]
 
 
 def _import_vllm(engine: str) -> Any:
@@ -50,6 +51,24 @@ def _import_vllm(engine: str) -> Any:
         raise ImportError(f"rollout_engine: {engine} needs vLLM: pip install "
                           f"'posttrain[vllm]' ({err})") from err
     return vllm
+
+
+def amx_tiles() -> bool:
+    """Whether this CPU has AMX tiles (an Intel Xeon since Sapphire Rapids)."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe and probe())
+
+
+def cpu_server_dtype_problem(vllm_config: dict[str, Any], amx: bool) -> str | None:
+    """Why a server of vLLM's CPU build cannot serve here, or None (of its `/server_info`
+    `vllm_config`): in bf16 on a CPU with AMX tiles vLLM 0.32 picks its AMX attention kernel,
+    and the server's worker dies at the first request (float32: its vector kernel)."""
+    device = str((vllm_config.get("device_config") or {}).get("device", ""))
+    dtype = str((vllm_config.get("model_config") or {}).get("dtype", "")).removeprefix("torch.")
+    if amx and device == "cpu" and dtype == "bfloat16":
+        return ("serves bfloat16 on vLLM's CPU build, whose worker dies at the first request "
+                "on this CPU (AMX tiles: vLLM's bf16 AMX attention kernel)")
+    return None
 
 
 def request_seeds(seeds: list[int] | None, n: int, generator: torch.Generator | None,
@@ -434,7 +453,8 @@ class VLLMServerEngine(_Sampler):
                                f"{detail}") from err
 
     def _check_logprobs_mode(self) -> None:
-        """Refuse a server whose log-probs are not the learner's (after temperature)."""
+        """Refuse a server whose log-probs are not the learner's (after temperature), or whose
+        dtype its CPU build cannot serve on this machine (`cpu_server_dtype_problem`)."""
         fix = (f"restart it with: VLLM_SERVER_DEV_MODE=1 vllm serve {self._served} "
                "--logprobs-mode processed_logprobs --worker-extension-cls "
                "posttrain.rollout.vllm_worker.WeightReceiver")
@@ -448,6 +468,10 @@ class VLLMServerEngine(_Sampler):
             raise RuntimeError(f"config key 'rollout_engine'=vllm_server: the server at "
                                f"{self.base_url} returns logprobs_mode={mode}, not the "
                                f"log-probs after temperature that the learner compares; {fix}")
+        problem = cpu_server_dtype_problem(info["vllm_config"], amx_tiles())
+        if problem:
+            raise RuntimeError(f"config key 'rollout_engine'=vllm_server: the server at "
+                               f"{self.base_url} {problem}; {fix} --dtype float32")
 
     # ---- memory: the server has its own GPUs ----------------------------------------------------
     def sleep(self) -> None:

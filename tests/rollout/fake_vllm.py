@@ -289,6 +289,8 @@ class FakeServer:
     logprobs_mode: str = "processed_logprobs"
     generation_config: dict[str, Any] = field(default_factory=dict)
     dev_mode: bool = True
+    dtype: str = "torch.float32"
+    """`--dtype` as the CPU build's /server_info reports it (tests/rollout/test_real_vllm.py)."""
     scripts: list[list[int]] | None = None
     requests: list[dict[str, Any]] = field(default_factory=list)
     resolved: list[SamplingParams] = field(default_factory=list)
@@ -312,7 +314,9 @@ class FakeServer:
         if route == "/v1/models":
             return 200, {"data": [{"id": self.model_dir}]}
         if route == "/server_info":
-            return 200, {"vllm_config": {"model_config": {"logprobs_mode": self.logprobs_mode}}}
+            return 200, {"vllm_config": {"model_config": {"logprobs_mode": self.logprobs_mode,
+                                                          "dtype": self.dtype},
+                                         "device_config": {"device": "cpu"}}}
         if route != "/v1/completions":
             self.calls.append((route, body))
             return 200, None

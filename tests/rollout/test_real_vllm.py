@@ -171,10 +171,28 @@ def test_the_stand_in_matches_the_real_surface() -> None:
     assert set(fake_vllm.LOGPROBS_MODES) == set(typing.get_args(LogprobsMode))
 
 
+def documented_cpu_server(model_dir: str, port: int) -> tuple[dict[str, str], list[str]]:
+    """docs/rollout.md's command for a server of the CPU build: (its environment variables, its
+    words) with DIR and the port filled in, so the lane starts the server the docs show."""
+    import re
+    import shlex
+
+    text = (ROOT / "docs" / "rollout.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", text, re.DOTALL)
+                 if "openai.api_server" in b)
+    words = shlex.split(block.replace("\\\n", " "))
+    env = dict(w.split("=", 1) for w in words if re.fullmatch(r"[A-Z_]+=\S*", w))
+    cmd = [w for w in words if w.split("=", 1)[0] not in env]
+    cmd = [model_dir if w == "DIR" else w for w in cmd]
+    cmd[cmd.index("--port") + 1] = str(port)
+    return env, cmd
+
+
 @pytest.fixture(scope="module")
 def server(world, tmp_path_factory):
     """A real `vllm serve` (the CPU build) with posttrain's worker extension, as docs/rollout.md
-    starts it."""
+    starts it: float32, the dtype the CPU build serves on every CPU kind (bf16 kills its worker
+    at the first request on an Intel CPU with AMX: `cpu_server_dtype_problem`)."""
     import socket
     import time
     import urllib.request
@@ -183,12 +201,9 @@ def server(world, tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = tmp_path_factory.mktemp("server") / "server.log"
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1",
-           "VLLM_CPU_KVCACHE_SPACE": "1"}
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", world["dir"],
-           "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "256",
-           "--enforce-eager", "--logprobs-mode", "processed_logprobs",
-           "--worker-extension-cls", "posttrain.rollout.vllm_worker.WeightReceiver"]
+    env_words, cmd = documented_cpu_server(world["dir"], port)
+    env = {**os.environ, **env_words, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable if w == "python" else w for w in cmd] + ["--max-model-len", "256"]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -224,6 +239,26 @@ def test_the_server_samples_and_a_push_lands(world, server):
     out = engine.sample_ids([ids[:4]], SamplingParams(4, temperature=1.0), engine.stops,
                             seeds=[3])
     assert len(out[0].token_ids) >= 1 and len(out[0].logprobs) == len(out[0].token_ids)
+
+
+def test_the_cpu_dtype_check_reads_the_servers_own_fields(server):
+    """The bf16-on-AMX refusal reads fields the real server reports: this float32 server
+    passes on any CPU, the same server described as bf16 is refused on a CPU with AMX tiles."""
+    import urllib.request
+
+    from posttrain.rollout.vllm_engine import cpu_server_dtype_problem
+
+    url = f"http://127.0.0.1:{server}/server_info?config_format=json"
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        info = json.loads(resp.read())["vllm_config"]
+    assert info["device_config"]["device"] == "cpu", info["device_config"]
+    dtype = info["model_config"]["dtype"]
+    assert str(dtype).removeprefix("torch.") == "float32", dtype
+    assert cpu_server_dtype_problem(info, amx=True) is None
+    bf16 = {**info, "model_config": {**info["model_config"],
+                                     "dtype": str(dtype).replace("float32", "bfloat16")}}
+    assert "AMX" in cpu_server_dtype_problem(bf16, amx=True)
+    assert cpu_server_dtype_problem(bf16, amx=False) is None
 
 
 def test_a_server_side_push_error_reaches_the_trainer(world, server):

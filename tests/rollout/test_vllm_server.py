@@ -79,6 +79,24 @@ def test_a_server_with_other_logprobs_is_refused_at_start(world, mode, dev, need
                         "posttrain.rollout.vllm_worker.WeightReceiver")
 
 
+@pytest.mark.parametrize("amx", [True, False])
+def test_a_bf16_cpu_server_is_refused_on_a_cpu_with_amx(world, monkeypatch, amx):
+    """vLLM's CPU build kills its worker at the first bf16 request on an Intel CPU with AMX
+    (docs/rollout.md): refused at start in one line naming the fix, on that CPU kind only."""
+    from posttrain.rollout import vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "amx_tiles", lambda: amx)
+    with fake_vllm.FakeServer(world["dir"], dtype="torch.bfloat16") as server:
+        if not amx:
+            assert _engine(server, world["tok"])._served == world["dir"]
+            return
+        with pytest.raises(RuntimeError) as err:
+            _engine(server, world["tok"])
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("config key 'rollout_engine'=vllm_server: ")
+    assert "serves bfloat16 on vLLM's CPU build" in msg and msg.endswith("--dtype float32")
+
+
 def test_no_rank_samples_before_the_push_ends(world, monkeypatch):
     """Two torchrun ranks (threads here, a barrier between them): rank 1's `update_weights`
     returns only after rank 0 has sent every bucket and reset the server's prefix cache."""
