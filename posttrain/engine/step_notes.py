@@ -1,7 +1,8 @@
 """What an RL step says on the console besides its metrics line: reward errors (a NaN too)
 with their sample, samples no reward function scored, completions cut at `max_new_tokens`,
 and `log_completions` (N sampled training completions per step, also in
-`out_dir/completions.jsonl`). One line each, from rank 0; a problem that only a part of a step
+`out_dir/completions.jsonl`), and a blow-up (truncated share or KL jumping against the steps
+before: `blowup`). One line each, from rank 0; a problem that only a part of a step
 shows is said the first time, one that hits most of a step every time it does.
 """
 
@@ -21,6 +22,7 @@ class StepNotes:
     def __init__(self, name: str, enabled: bool) -> None:
         self.name, self.enabled = name, enabled
         self._said: set[str] = set()
+        self._trend: list[dict[str, float]] = []
 
     def _say(self, key: str, text: str, always: bool = False) -> None:
         if self.enabled and (always or key not in self._said):
@@ -52,6 +54,17 @@ class StepNotes:
                       f"max_new_tokens={max_new_tokens} and were cut (response/truncated_frac);"
                       " raise max_new_tokens if the task needs longer answers")
 
+    def trend(self, step: int, metrics: dict[str, float]) -> None:
+        """A step's truncated share and KL against the steps before it (`blowup`): one line
+        the first time they jump."""
+        self._trend.append({"step": step, **{k: metrics[k] for k in BLOWUP if k in metrics}})
+        seen = blowup(self._trend)
+        if seen:
+            self._say("blowup", f"warning (step {step}): the policy is blowing up: {seen}; "
+                      "a saturated policy writing to max_new_tokens is the usual cause "
+                      "(mask_truncated_completions: true, a lower lr or a larger kl_coef "
+                      "hold it)")
+
     def tool_answers(self, step: int, overflows: list[int], max_new_tokens: int) -> None:
         """Episodes that ended because a tool's answer did not fit in their budget."""
         if any(overflows):
@@ -73,6 +86,32 @@ class StepNotes:
             self._say("", f"step {step} sample {i}/{len(samples)}: reward={s['reward']:.4g} "
                       f"prompt={str(s['prompt'])[-_EXCERPT:]!r} "
                       f"completion={s['completion'][:_EXCERPT]!r}", always=True)
+
+
+BLOWUP = {"response/truncated_frac": ("rise", 0.3), "kl/token_mean": ("ratio", 5.0)}
+"""What counts as a jump: the truncated share up by 0.3 (absolute) over the lowest of the window
+before it, the KL 5x the window's median (and at least `KL_FLOOR`)."""
+KL_FLOOR = 0.05
+
+
+def blowup(trend: list[dict[str, float]], window: int = 5) -> str | None:
+    """The metrics of `BLOWUP` whose last value jumped against the `window` steps before it, as
+    "key a -> b (steps i-j)", or None (fewer steps, or no jump). Pure function of the rows."""
+    if len(trend) <= window:
+        return None
+    last, before = trend[-1], trend[-window - 1:-1]
+    seen = []
+    for key, (kind, size) in BLOWUP.items():
+        past = sorted(r[key] for r in before if key in r)
+        if key not in last or len(past) < window:
+            continue
+        ref = past[0] if kind == "rise" else past[len(past) // 2]
+        jumped = (last[key] - ref >= size if kind == "rise"
+                  else last[key] >= max(size * ref, KL_FLOOR))
+        if jumped:
+            seen.append(f"{key} {ref:.3g} -> {last[key]:.3g}")
+    span = f"(steps {before[0]['step']}-{last['step']})"
+    return f"{', '.join(seen)} {span}" if seen else None
 
 
 def completion_samples(rollout: Any, result: Any, n: int) -> list[dict[str, Any]]:

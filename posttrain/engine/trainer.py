@@ -223,6 +223,9 @@ class Trainer:
         """One training step (1-based); returns its metrics."""
         raise NotImplementedError
 
+    def watch(self, step: int, metrics: dict[str, float]) -> None:
+        """Look at a finished step's metrics (the RL trainers warn on a blow-up)."""
+
     def evaluate(self, when: str) -> dict[str, Any]:
         """Held-out evaluation; `when` is "before", "during" or "after".
 
@@ -474,6 +477,7 @@ class Trainer:
                 metrics["perf/step_seconds"] = time.time() - t0
                 metrics = self.dist.reduce_metrics(metrics, self.count_metrics)
                 metrics["perf/peak_rss_mb"] = self.dist.max(peak_rss_mb())
+                self.watch(step, metrics)
                 for key, mb in gpu_memory_metrics(self.device).items():  # CUDA only
                     metrics[key] = self.dist.max(mb)
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:

@@ -126,6 +126,9 @@ class PromptRLTrainer(Trainer):
         """Console warnings about a step's rewards and truncation; `log_completions`."""
         return StepNotes(self.name, self.dist.is_main)
 
+    def watch(self, step: int, metrics: dict[str, float]) -> None:
+        self.notes.trend(step, metrics)
+
     @functools.cached_property
     def accuracy_from(self) -> str | None:
         """The reward whose verdicts are `reward/accuracy` (the first `math`/`code` one)."""
