@@ -67,9 +67,9 @@ from posttrain.engine.tracking import MetricsLogger, NullLogger
 from posttrain.engine.update import CountFn, LossFn, OptimGroup, Plan, run_update
 from posttrain.models.bf16_copy import BF16Copy
 from posttrain.models.loading import save_checkpoint
-from posttrain.models.lora import merged
 from posttrain.ops.head_blocks import head_precision
 from posttrain.rollout.engine import Sampler, build_engine
+from posttrain.rollout.weights import lora_merged, named_weights
 
 
 class Trainer:
@@ -239,13 +239,18 @@ class Trainer:
         return {}
 
     def save(self, path: str) -> None:
-        """A `from_pretrained`-loadable checkpoint of the trained model (LoRA merged).
+        """A `from_pretrained`-loadable checkpoint of the trained model (LoRA merged into the
+        saved weights, never into the live model: a PeftModel given by the caller keeps its
+        adapters).
 
         Called on rank 0 only; under FSDP2 `self._full_weights` holds the gathered weights.
         """
-        model = merged(self.model) if path.endswith("final") else self.model
-        weights = self._full_weights
-        if weights is not None:  # gathered copies: drop the second name of tied weights
+        model, weights = self.model, self._full_weights
+        if path.endswith("final") and is_peft(model):
+            with lora_merged(model):  # merged, read, then restored bit for bit
+                weights = dict(named_weights(model, dtype=None))
+            model = model.get_base_model()
+        elif weights is not None:  # gathered copies: drop the second name of tied weights
             names = {n for n, _ in model.named_parameters()} | {n for n, _ in
                                                                 model.named_buffers()}
             weights = {k: v for k, v in weights.items() if k in names}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from posttrain.config import ConfigError, DPOConfig, GRPOConfig
 from posttrain.models import load_model_and_tokenizer
@@ -28,3 +29,34 @@ def test_config_object_together_with_objects(toy_world, tmp_path):
         GRPOTrainer(cfg, model=model, tokenizer=tok, train_data=rows, group_size=1)
     with pytest.raises(ConfigError, match="takes a GRPOConfig, got a DPOConfig"):
         GRPOTrainer(DPOConfig(), model=model, tokenizer=tok, train_data=rows)
+
+
+def test_a_callers_peft_model_keeps_its_adapters_after_training(toy_world, tmp_path):
+    """Issue 57 item 1: the final checkpoint is saved merged, but the caller's PeftModel is not
+    merged in place: its own `save_pretrained` afterwards writes the trained adapter tensors,
+    and `final/` holds the base weights with those adapters merged."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    base, tok = load_model_and_tokenizer(toy_world["model"])
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj",
+                                                                              "v_proj"]))
+    rows = [{"prompt": c, "answer": "7"} for c in "abcdefgh"]
+    GRPOTrainer(model=model, tokenizer=tok, train_data=rows, rewards=[sevens], group_size=4,
+                prompts_per_step=4, max_new_tokens=8, lr=5e-2, max_steps=2, progress=False,
+                threads=1, report_to="none", out_dir=str(tmp_path / "run")).train()
+    trained = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+    assert trained and any(p.abs().sum() > 0 for n, p in trained.items() if "lora_B" in n)
+    model.save_pretrained(tmp_path / "adapter")
+    saved = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    assert len(saved) == len(trained) > 0
+    for name, tensor in saved.items():  # peft drops the adapter name from the saved keys
+        live = name.replace(".weight", ".default.weight")
+        assert torch.equal(tensor, trained[live]), name
+    expected = copy.deepcopy(model).merge_and_unload().state_dict()
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final").state_dict()
+    assert set(final) == set(expected)
+    assert all(torch.allclose(final[k], expected[k], atol=1e-6) for k in final)
