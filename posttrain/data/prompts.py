@@ -56,14 +56,19 @@ def no_template_reason(template: str) -> str:
 
 def _apply(tokenizer: Any, messages: list[dict[str, Any]], template: str,
            generation_prompt: bool) -> str:
+    """The template's text; `generation_prompt`: the prompt of a reply, where a final
+    assistant message (a prefill: `<think>`, a JSON opener) is continued, not closed."""
     extra = {} if template in TEMPLATE_MODES else {"chat_template": template}
+    if generation_prompt and messages and messages[-1].get("role") == "assistant":
+        extra["continue_final_message"], generation_prompt = True, False  # as TRL renders it
     return tokenizer.apply_chat_template(messages, tokenize=False,
                                          add_generation_prompt=generation_prompt, **extra)
 
 
 def render_prompt(tokenizer: Any, prompt: Prompt, template: str = "auto") -> str:
-    """The text the model continues: the chat template with the generation prompt added, or
-    the string itself where no template applies (a base model; `chat_template: none`).
+    """The text the model continues: the chat template with the generation prompt added (a
+    prompt ending with an assistant message: that message continued, open), or the string
+    itself where no template applies (a base model; `chat_template: none`).
 
     Tokenize the result with ``add_special_tokens=False``: the template already holds any BOS.
     A message list where no template applies raises :class:`TemplateError`.
