@@ -89,6 +89,11 @@ def _column_hint(field: str, raw: Any, columns: Mapping[str, str] | None, kind: 
         return ""
     if kind == "unpaired" and {"chosen", "rejected"} <= set(raw):
         return ""  # preference pairs: said by the schema, no column to map
+    if field == "prompt" and kind in ("prompts", "code") and (sft := _sft_column(raw)):
+        return (f"; the row's '{sft}' is a whole conversation ending with the assistant's "
+                f"answer (an SFT row): give RL the prompt without that final assistant message "
+                f"({{prompt: {sft}[:-1], answer: ...}}), or train on these rows with "
+                f"`posttrain sft` (mapped as it is, the answer would be inside the prompt)")
     required, optional = schema(kind)
     have = sorted(map(str, raw))
     others = [c for c in have if c not in required and c not in optional]
@@ -97,6 +102,15 @@ def _column_hint(field: str, raw: Any, columns: Mapping[str, str] | None, kind: 
     pick = next((c for c in _LIKELY.get(field, ()) if c in others), None) or (
         others[0] if len(others) == 1 else "<column>")
     return f"; the row has columns {have}: map one with columns={{{field}: {pick}}}"
+
+
+def _sft_column(raw: dict) -> str | None:
+    """The column holding a chat conversation whose last message is the assistant's, if any."""
+    for key, value in raw.items():
+        if isinstance(value, list) and value and all(isinstance(m, dict) for m in value) \
+                and value[-1].get("role") == "assistant":
+            return str(key)
+    return None
 
 
 _LIKELY = {"prompt": ("question", "problem", "query", "instruction", "input", "text"),
