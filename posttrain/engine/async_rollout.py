@@ -31,12 +31,28 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from posttrain.config import ConfigError
 from posttrain.rewards.registry import ScoreResult
 from posttrain.rollout import Rollout, SamplingParams
 from posttrain.rollout.engine import build_engine
 
 POLL_S = 0.2
 """How often a waiting side looks whether the other one is still alive."""
+SAMPLER_NAME = "posttrain-sampler"
+REIMPORTED = 86
+"""The sampler's exit code when the script that started the run trained again at its import."""
+REIMPORT_LINE = ("config key 'async_rollouts': the sampler process imports the script that "
+                 "started this run again (Python's spawn), and this script trains when it is "
+                 "imported: put its training under `if __name__ == \"__main__\":` "
+                 "(docs/async.md)")
+
+
+def refuse_in_sampler() -> None:
+    """Stop a trainer being built in the sampler process (during spawn's re-import of a script
+    without the `__main__` guard) with `REIMPORTED`, before it takes the run's out_dir; the
+    learner then raises `REIMPORT_LINE`."""
+    if mp.current_process().name == SAMPLER_NAME:
+        raise SystemExit(REIMPORTED)
 
 
 def needed_version(step: int, start: int, max_staleness: int) -> int:
@@ -99,7 +115,7 @@ class AsyncSampler:
         self.results: Any = ctx.Queue()
         self.ready: dict[int, Sampled] = {}
         self.sent: set[int] = set()  # steps whose jobs went to the process
-        self.proc = ctx.Process(target=_sampler_main, name="posttrain-sampler", args=(
+        self.proc = ctx.Process(target=_sampler_main, name=SAMPLER_NAME, args=(
             cfg, tokenizer, skeleton, agent, reward_fns, threads, os.getpid(), self.jobs,
             self.results, self.version, self.loaded, self.lock))
         self.proc.start()
@@ -144,6 +160,8 @@ class AsyncSampler:
         while step not in self.ready:
             if not self._receive(POLL_S) and not self.proc.is_alive():
                 self._receive(0.0)  # an error it sent as it ended
+                if self.proc.exitcode == REIMPORTED:
+                    raise ConfigError(REIMPORT_LINE)
                 raise SamplerDied(f"the sampler process exited (code {self.proc.exitcode}) "
                                   "without a result; docs/async.md")
 

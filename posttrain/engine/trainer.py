@@ -30,6 +30,7 @@ from posttrain.config import BaseConfig, ConfigError, to_dict
 from posttrain.core.device import autocast_ctx, gpu_memory_metrics, reset_gpu_peak
 from posttrain.core.io import peak_rss_mb, write_summary
 from posttrain.core.runtime import set_seed, setup_threads
+from posttrain.engine.async_rollout import refuse_in_sampler
 from posttrain.engine.checkpoint import (
     find_resume,
     is_peft,
@@ -103,6 +104,7 @@ class Trainer:
                  model: Any = None, tokenizer: Any = None, train_data: Any = None,
                  eval_data: Any = None, rewards: list[Any] | None = None,
                  **config_keys: Any) -> None:
+        refuse_in_sampler()  # a script without the __main__ guard, re-imported by async
         cfg, objects = resolve_config(self.config_class, cfg, model, tokenizer, train_data,
                                        eval_data, rewards, config_keys)
         self.cfg = cfg

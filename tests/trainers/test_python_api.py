@@ -60,3 +60,30 @@ def test_a_callers_peft_model_keeps_its_adapters_after_training(toy_world, tmp_p
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final").state_dict()
     assert set(final) == set(expected)
     assert all(torch.allclose(final[k], expected[k], atol=1e-6) for k in final)
+
+
+def test_a_script_without_the_main_guard_is_told_to_add_it(toy_world, tmp_path):
+    """Issue 57 item 6: with async_rollouts the sampler process re-imports the script (spawn);
+    one that trains at import is stopped there, before it takes the out_dir, and the run ends
+    with one line naming the guard (no "another run is writing", no SamplerDied)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "train_unguarded.py"
+    script.write_text(
+        "from posttrain.trainers.grpo import GRPOTrainer\n\n\n"
+        "def sevens(completion, **row):\n    return float('7' in completion)\n\n\n"
+        f"GRPOTrainer(model={toy_world['model']!r}, train_data={toy_world['data']!r}, "
+        "rewards=[sevens], group_size=2, prompts_per_step=2, max_new_tokens=4, max_steps=2, "
+        "async_rollouts=True, max_staleness=1, progress=False, threads=1, report_to='none', "
+        f"out_dir={str(tmp_path / 'run')!r}).train()\n")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path, env={"PYTHONPATH": str(root), "PATH": "",
+                                                         "OMP_NUM_THREADS": "1"})
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert "if __name__ == \"__main__\":" in last and "trains when it is imported" in last
+    assert "another run" not in out.stderr and "SamplerDied" not in out.stderr
+    assert out.stderr.count("Traceback") == 1  # the learner's own; the sampler prints none
