@@ -60,3 +60,13 @@ def test_claims_table_before_any_job_is_one_line(tmp_path):
     assert out.returncode != 0 and "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "no finished jobs" in lines[0] and "--table" in lines[0]
+
+
+def test_async_benchmark_table_before_any_run_is_one_line(tmp_path):
+    """Issue 57 item 7: `benchmarks/async_grpo.py --table` before any run."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "async_grpo.py"), "--table",
+                          "--out", str(tmp_path / "none")], capture_output=True, text=True,
+                         timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": ""}, cwd=tmp_path)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not finished" in lines[0] and "--table" in lines[0]
