@@ -19,7 +19,10 @@ from posttrain.trainers import TRAINERS, config_class, train
 
 # TRL's trainers that are a setting of one of ours: `posttrain cpo` -> what to run instead
 TRL_COMMANDS = {"cpo": "posttrain dpo loss_type=simpo (CPO's NLL term: rpo_alpha)",
-                "simpo": "posttrain dpo loss_type=simpo", "rloo": "posttrain grpo advantage=rloo"}
+                "simpo": "posttrain dpo loss_type=simpo", "rloo": "posttrain grpo advantage=rloo",
+                "async_grpo": "posttrain grpo async_rollouts=true (docs/async.md)",
+                "vllm-serve": "`vllm serve MODEL` with posttrain's worker extension, then "
+                              "posttrain grpo rollout_engine=vllm_server (docs/rollout.md)"}
 COMMANDS: dict[str, str] = {
     **{name: text for name, (_, text) in TRAINERS.items()},
     "eval": "greedy held-out evaluation of a model with reward functions",

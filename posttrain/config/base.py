@@ -406,9 +406,10 @@ def _checked_values(sources: list[tuple[dict[str, Any], str]], hints: dict[str, 
     for mapping, where in sources:
         for key, value in mapping.items():
             if key not in hints or key not in valid:
-                nested = _flat(value, f"{key}.") if isinstance(value, dict) else {key: value}
-                errors += [unknown_key_message(str(k), valid, where, False, trainer)
-                           for k in nested]
+                nested = _flat(value, f"{key}.") if isinstance(value, dict) and value else {
+                    key: value}  # an empty mapping (`generation_kwargs: {}`) is named too
+                errors += [unknown_key_message(str(k), valid, where, False, trainer,
+                                               _configs_with(str(k))) for k in nested]
                 unknown = True
                 continue
             if key == "report_to":
@@ -424,6 +425,17 @@ def _checked_values(sources: list[tuple[dict[str, Any], str]], hints: dict[str, 
         raise ConfigError(f"{len(errors)} config keys are wrong:\n  " + "\n  ".join(errors)
                           + (f"\n {tail}" if tail else ""))
     return values
+
+
+def _configs_with(key: str) -> tuple[str, ...]:
+    """Names of the config classes that have `key` (every subclass of BaseConfig)."""
+    found, todo = [], list(BaseConfig.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if key in {f.name for f in dataclasses.fields(cls)}:
+            found.append(cls.__name__)
+    return tuple(sorted(set(found)))
 
 
 _REQUIRED_HINTS = {"model": " (a local model directory or hub name)",
