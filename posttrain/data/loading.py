@@ -190,6 +190,25 @@ def _datasets_rows(source: str, split: str, subset: str | None) -> list[tuple[in
     return [(i + 1, row) for i, row in enumerate(ds)]
 
 
+def in_memory_rows(source: Any, split: str, name: str) -> list[Any]:
+    """The rows of a Python object: a list or `datasets.Dataset` as it is, a pandas DataFrame
+    as its records, a `DatasetDict` as its `split` (or its only split; else a DataError
+    naming its splits)."""
+    kind = type(source).__name__
+    if kind == "DataFrame" and callable(getattr(source, "to_dict", None)):
+        return source.to_dict("records")
+    if kind in ("DatasetDict", "IterableDatasetDict") or (
+            isinstance(source, Mapping) and source and
+            all(hasattr(v, "column_names") for v in source.values())):
+        splits = list(source)
+        if split in splits or len(splits) == 1:
+            return list(source[split if split in splits else splits[0]])
+        raise DataError(name, None, None, f"a DatasetDict with splits {splits} and none named "
+                        f"'{split}': pass one split (dataset['{splits[0]}']) or set the "
+                        "split key (train_split / eval_split)")
+    return list(source)
+
+
 def load_rows(
     source: str | Path,
     kind: str,

@@ -87,3 +87,28 @@ def test_a_script_without_the_main_guard_is_told_to_add_it(toy_world, tmp_path):
     assert "if __name__ == \"__main__\":" in last and "trains when it is imported" in last
     assert "another run" not in out.stderr and "SamplerDied" not in out.stderr
     assert out.stderr.count("Traceback") == 1  # the learner's own; the sampler prints none
+
+
+def test_a_datasetdict_and_a_dataframe_are_taken_as_rows(toy_world, tmp_path):
+    """Issue 57: a DatasetDict gives its `train_split` (or its only split), a pandas DataFrame
+    its records; a DatasetDict without that split and with several is one DataError line."""
+    import datasets
+    import pandas as pd
+
+    from posttrain.data import DataError
+
+    model, tok = load_model_and_tokenizer(toy_world["model"])
+    rows = [{"prompt": c, "answer": "7"} for c in "abcd"]
+    keys = {"model": model, "tokenizer": tok, "rewards": [sevens], "group_size": 2,
+            "prompts_per_step": 2, "max_new_tokens": 4, "max_steps": 1, "progress": False,
+            "threads": 1, "report_to": "none"}
+    split = datasets.Dataset.from_list(rows)
+    for i, data in enumerate([datasets.DatasetDict({"train": split, "test": split[:1]}),
+                              datasets.DatasetDict({"only": split}), pd.DataFrame(rows)]):
+        trainer = GRPOTrainer(train_data=data, out_dir=str(tmp_path / str(i)), **keys)
+        assert trainer.session.train_rows == rows
+    two = datasets.DatasetDict({"a": split, "b": split})
+    with pytest.raises(DataError) as err:
+        GRPOTrainer(train_data=two, out_dir=str(tmp_path / "two"), **keys)
+    assert "splits ['a', 'b']" in str(err.value) and "dataset['a']" in str(err.value)
+    assert "\n" not in str(err.value)
