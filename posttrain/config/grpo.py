@@ -111,5 +111,4 @@ class GRPOConfig(PromptRLConfig):
                                    "docs/async.md") for k, (bad, why) in {
                 "rollout_engine": (self.rollout_engine != "hf", "the sampler process runs hf"),
                 "dynamic_sampling": (self.dynamic_sampling, "refills need a round trip"),
-                "fsdp": (self.fsdp, "one process"),
-                "lora_r": (self.lora_r > 0, "the push sends whole weights")}.items()})
+                "fsdp": (self.fsdp, "one process")}.items()})
