@@ -60,6 +60,7 @@ def _config_command(command: str, argv: list[str]) -> int:
         # eval reads eval_data; train_data is only required by the trainers
         overrides.append("train_data=__unused__")
     from posttrain.core.errors import UserFunctionError
+    from posttrain.engine.async_rollout import SamplerDied
     from posttrain.engine.distributed import close_process_group
     from posttrain.models.loading import ModelLoadError
 
@@ -80,6 +81,9 @@ def _config_command(command: str, argv: list[str]) -> int:
         return 2
     except UserFunctionError as err:  # a broken reward or tool stopped the run (docs/rewards.md)
         print(f"posttrain {command}: {err.kind} error: {err}", file=sys.stderr)
+        return 1
+    except SamplerDied as err:  # async_rollouts: the sampler process died or raised
+        print(f"posttrain {command}: sampler error: {err}", file=sys.stderr)
         return 1
     finally:
         close_process_group(finished)

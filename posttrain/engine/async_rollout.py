@@ -9,7 +9,7 @@ from shared memory before the job, samples with the `hf` engine (multi-turn epis
 the rewards and sends the scored rollout back. The learner pushes its weights after each step,
 once the job that needs the previous version has loaded it, so a job never sees other weights.
 The sampler stops itself when the learner's process is gone; the learner stops with the
-sampler's last traceback line when the sampler dies.
+sampler's last traceback line when the sampler dies (the whole one in sampler_traceback.txt).
 """
 
 from __future__ import annotations
@@ -20,18 +20,20 @@ import os
 import pickle
 import queue
 import signal
-import sys
 import threading
 import time
 import traceback
 import weakref
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
 
 from posttrain.config import ConfigError
+from posttrain.core.errors import UserFunctionError
+from posttrain.data import DataError
 from posttrain.rewards.registry import ScoreResult
 from posttrain.rollout import Rollout, SamplingParams
 from posttrain.rollout.engine import build_engine
@@ -107,6 +109,7 @@ class AsyncSampler:
     def __init__(self, cfg: Any, tokenizer: Any, model: torch.nn.Module, agent: Any,
                  reward_fns: dict[str, Any] | None, threads: int) -> None:
         ctx = mp.get_context("spawn")
+        self.out_dir = cfg.out_dir  # where the sampler's traceback is written when it raised
         skeleton = copy.deepcopy(model).share_memory()  # the push buffers, shared
         self.buffers = skeleton.state_dict()
         self.version, self.loaded = ctx.Value("q", -1), ctx.Value("q", 0)
@@ -174,9 +177,13 @@ class AsyncSampler:
         kind, value = pickle.loads(payload)
         if kind == "error":
             err, text = value
-            print(f"[sampler process] {text}", file=sys.stderr, end="")
-            raise err if isinstance(err, BaseException) else SamplerDied(
-                text.strip().splitlines()[-1])
+            path = Path(self.out_dir) / "sampler_traceback.txt"
+            with contextlib.suppress(OSError):
+                path.write_text(text)
+            if isinstance(err, (UserFunctionError, ConfigError, DataError)):
+                raise err  # said in one line, as in a synchronous run
+            raise SamplerDied(f"the sampler process failed: {text.strip().splitlines()[-1]} "
+                              f"(its traceback: {path})") from err
         self.ready[value.step] = value
         self.sent.discard(value.step)
         return True
