@@ -105,3 +105,20 @@ def test_a_sampler_error_message_prints_no_traceback(tmp_path, capsys):
     message = str(raised.value)
     assert "RuntimeError: boom" in message and "sampler_traceback.txt" in message
     assert "Traceback" in (tmp_path / "sampler_traceback.txt").read_text()
+
+
+def test_vllm_benchmark_without_vllm_is_one_line_at_once(tmp_path):
+    """Issue 57: `benchmarks/vllm_vs_hf.py` checks vLLM before building the world and SFT."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: the benchmark would run, not refuse")
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vllm_vs_hf.py"), "--out",
+                          str(tmp_path / "o")], capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(ROOT), "PATH": ""}, cwd=tmp_path)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "needs vLLM: pip install" in lines[0]
+    assert not (tmp_path / "o").exists()  # nothing built
