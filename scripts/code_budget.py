@@ -18,10 +18,10 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-BUDGETS = {"core": 190, "config+cli": 1050, "data": 650, "models": 830, "ops": 1050,
-           "engine": 2340, "rollout": 1830, "sandbox": 2140, "rewards": 800, "search": 500,
+BUDGETS = {"core": 190, "config+cli": 1140, "data": 660, "models": 830, "ops": 1050,
+           "engine": 2365, "rollout": 1830, "sandbox": 2140, "rewards": 800, "search": 500,
            "trainers": 1700}
-LIBRARY = 13080
+LIBRARY = 13230
 PROSE = (0.10, 0.36)
 PEERS = {  # what a family's budget was sized against: feature -> (peer, its lines, ours)
     "trainers: KTO": ("TRL 1.16 kto_trainer.py", 1945, 208),
@@ -45,6 +45,11 @@ PEERS = {  # what a family's budget was sized against: feature -> (peer, its lin
     "through shared memory, a schedule fixed by the learner, groups in flight checkpointed, "
     "faults stop the run)": ("verl's recipe/async_rl/ray_trainer.py alone (12,994 "
                              "characters; its rollout manager and loss apart), about", 330, 270),
+    "config + data + engine + cli: a TRL user's third hour (issue 57: keys a run would not "
+    "read, TRL-only names and value maps, keys of another trainer, DatasetDict / DataFrame "
+    "rows, SFT rows given to RL, the spawn re-import, sampler errors in one line, a caller's "
+    "PeftModel kept)": ("TRL 1.x GRPOConfig.__post_init__, its own checks of batch, generation "
+                        "and loss keys, about", 80, 150),
 }
 NOT_LIBRARY = ("tasks", "demo.py")  # the offline demo world: uses the library, never imported
 FAMILY_OF = {"__init__.py": "core", "__main__.py": "config+cli", "cli.py": "config+cli",
