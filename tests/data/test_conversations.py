@@ -113,3 +113,9 @@ def test_an_assistant_prefill_is_continued_not_closed():
     assert render_prompt(tok, [U], CHATML) == user + "<|im_start|>assistant\n"
     # a whole conversation (SFT's completion) still renders its final turn closed
     assert render_completion(tok, [U], [A("3")], CHATML)[1] == "3<|im_end|>\n"
+    # a string completion continues the prefill; a message completion after an earlier
+    # (closed) assistant turn, as an SFT `messages` row splits, is a new turn
+    assert render_completion(tok, [U, A("<think>")], "2+1</think>", CHATML) == (
+        user + "<|im_start|>assistant\n<think>", "2+1</think>")
+    two = user + "<|im_start|>assistant\n3<|im_end|>\n<|im_start|>assistant\n"
+    assert render_completion(tok, [U, A("3")], [A("4")], CHATML) == (two, "4<|im_end|>\n")
