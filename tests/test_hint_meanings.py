@@ -51,6 +51,9 @@ NAMES_BY_MEANING: dict[str, list[str]] = {  # what TRL's / verl's names mean (wh
                                               "vllm_importance_sampling_mode"],
     "importance ratio cap": ["vllm_importance_sampling_cap"],
     "bound on a negative advantage's ratio": ["delta"],
+    "vLLM asleep while training": ["vllm_enable_sleep_mode"],
+    "vLLM's longest sequence": ["vllm_max_model_length"],
+    "where the vLLM server listens": ["vllm_server_base_url"],
 }
 THEIRS = {name: meaning for meaning, names in NAMES_BY_MEANING.items() for name in names}
 OURS: dict[str, str] = {  # our key -> what it means (where the trainer has the key)
@@ -72,6 +75,8 @@ OURS: dict[str, str] = {  # our key -> what it means (where the trainer has the 
     "ent_coef": "entropy bonus", "max_tool_calling_iterations": "tool-calling rounds",
     "rollout_is": "sampler/learner importance correction", "rollout_is_cap": "importance ratio cap",
     "dual_clip": "bound on a negative advantage's ratio",
+    "vllm_sleep": "vLLM asleep while training", "vllm_max_model_len": "vLLM's longest sequence",
+    "vllm_server_host": "where the vLLM server listens",
 }
 # keys whose meaning differs by trainer: a word of the field's docstring there -> its meaning
 BY_DOC: dict[str, tuple[str, str]] = {
@@ -147,6 +152,9 @@ def test_a_hint_names_a_key_of_the_same_meaning_in_that_trainer(command):
     ("grpo", "min_p", "no key with its meaning: sampling takes temperature, top_p and top_k"),
     ("ppo", "repetition_penalty", "no key with its meaning: sampling takes temperature"),
     ("grpo", "top_entropy_quantile", "no key with its meaning: every response token"),
+    ("grpo", "vllm_server_base_url", "Did you mean vllm_server_host and vllm_server_port"),
+    ("grpo", "vllm_enable_sleep_mode", "Did you mean vllm_sleep?"),
+    ("grpo", "vllm_tensor_parallel_size", "no key with its meaning: vllm_colocate runs one"),
 ])
 def test_trl_and_verl_habits_get_the_hint_of_that_trainer(command, name, hint):
     cls = config_class(command)

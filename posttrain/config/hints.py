@@ -30,7 +30,8 @@ TRL_NAMES: dict[str, str] = {
     "log_completions", "per_device_train_batch_size": "prompts_per_step",
     "vllm_importance_sampling_correction": "rollout_is",
     "vllm_importance_sampling_mode": "rollout_is", "vllm_importance_sampling_cap":
-    "rollout_is_cap", "delta": "dual_clip",
+    "rollout_is_cap", "delta": "dual_clip", "vllm_enable_sleep_mode": "vllm_sleep",
+    "vllm_max_model_length": "vllm_max_model_len", "vllm_server_base_url": "vllm_server_host",
 }
 # where the first key is not in a trainer: the key of the same meaning there
 _SECOND: dict[str, str] = {"per_device_train_batch_size": "batch_size"}
@@ -67,6 +68,7 @@ _NOTES: dict[str, str] = {
         "is sequence_mask with a vLLM engine; false is rollout_is: none)"),
     "vllm_importance_sampling_mode": "rollout_is (TRL's mode names: token_truncate, "
                                      "token_mask, sequence_truncate, sequence_mask)",
+    "vllm_server_base_url": "vllm_server_host and vllm_server_port (TRL's http://HOST:PORT)",
     "delta": ("dual_clip (TRL's two-sided GRPO bound, INTELLECT-2: a ratio above delta counts "
               "as delta for a negative advantage, which is dual_clip: delta when delta > 1 + "
               "clip_eps_high)"),
@@ -119,6 +121,9 @@ TRL_ONLY: dict[str, str] = {
                        "`vllm serve` with --model-impl)",
     "weight_sync_steps": "the weights go to the sampler after every policy update (vLLM "
                          "engines and async_rollouts alike; docs/async.md)",
+    "vllm_tensor_parallel_size": "vllm_colocate runs one engine per trainer process, on its "
+                                 "GPU; for tensor parallelism serve the model with `vllm serve "
+                                 "--tensor-parallel-size N` and use rollout_engine: vllm_server",
     "min_p": "sampling takes temperature, top_p and top_k only",
     "generation_kwargs": "sampling takes temperature, top_p and top_k, each its own key",
     "repetition_penalty": "sampling takes temperature, top_p and top_k only (a penalty would "
