@@ -143,6 +143,11 @@ def main() -> None:
     ap.add_argument("--table", action="store_true", help="only the table of the runs in OUT")
     args = ap.parse_args()
     out, table = Path(args.out), []
+    missing = [out / n / f"{m}_{s}" for n in args.settings for s in args.seeds
+               for m in args.modes if not (out / n / f"{m}_{s}" / "summary.json").is_file()]
+    if args.table and missing:
+        sys.exit(f"[async_grpo] --table: {len(missing)} run(s) not finished in {out} (first: "
+                 f"{missing[0]}); run `python benchmarks/async_grpo.py --out {out}` first")
     for name in args.settings:
         res: dict[int, dict[str, dict[str, float]]] = {}
         keys = {} if args.table else setting_keys(name, out, args.tools)

@@ -17,7 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from posttrain.config import GRPOConfig, SFTConfig, build_config
+from posttrain.config import ConfigError, GRPOConfig, SFTConfig, build_config
 from posttrain.demo import _settings, build_world
 
 
@@ -46,6 +46,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--out", default="/tmp/vllm_vs_hf")
     args = ap.parse_args()
+    try:  # vLLM's engine checks before minutes of world building and SFT
+        build_config(GRPOConfig, overrides={"model": "m", "train_data": "d",
+                                            "rollout_engine": "vllm_colocate"})
+    except ConfigError as err:
+        sys.exit(f"[vllm_vs_hf] {err}")
     from posttrain.trainers.sft import SFTTrainer
 
     results = {}

@@ -19,7 +19,10 @@ from posttrain.trainers import TRAINERS, config_class, train
 
 # TRL's trainers that are a setting of one of ours: `posttrain cpo` -> what to run instead
 TRL_COMMANDS = {"cpo": "posttrain dpo loss_type=simpo (CPO's NLL term: rpo_alpha)",
-                "simpo": "posttrain dpo loss_type=simpo", "rloo": "posttrain grpo advantage=rloo"}
+                "simpo": "posttrain dpo loss_type=simpo", "rloo": "posttrain grpo advantage=rloo",
+                "async_grpo": "posttrain grpo async_rollouts=true (docs/async.md)",
+                "vllm-serve": "`vllm serve MODEL` with posttrain's worker extension, then "
+                              "posttrain grpo rollout_engine=vllm_server (docs/rollout.md)"}
 COMMANDS: dict[str, str] = {
     **{name: text for name, (_, text) in TRAINERS.items()},
     "eval": "greedy held-out evaluation of a model with reward functions",
@@ -57,6 +60,7 @@ def _config_command(command: str, argv: list[str]) -> int:
         # eval reads eval_data; train_data is only required by the trainers
         overrides.append("train_data=__unused__")
     from posttrain.core.errors import UserFunctionError
+    from posttrain.engine.async_rollout import SamplerDied
     from posttrain.engine.distributed import close_process_group
     from posttrain.models.loading import ModelLoadError
 
@@ -77,6 +81,9 @@ def _config_command(command: str, argv: list[str]) -> int:
         return 2
     except UserFunctionError as err:  # a broken reward or tool stopped the run (docs/rewards.md)
         print(f"posttrain {command}: {err.kind} error: {err}", file=sys.stderr)
+        return 1
+    except SamplerDied as err:  # async_rollouts: the sampler process died or raised
+        print(f"posttrain {command}: sampler error: {err}", file=sys.stderr)
         return 1
     finally:
         close_process_group(finished)

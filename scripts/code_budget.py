@@ -18,10 +18,10 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-BUDGETS = {"core": 190, "config+cli": 1050, "data": 650, "models": 830, "ops": 1050,
-           "engine": 2370, "rollout": 1850, "sandbox": 2140, "rewards": 800, "search": 500,
+BUDGETS = {"core": 190, "config+cli": 1150, "data": 660, "models": 830, "ops": 1050,
+           "engine": 2395, "rollout": 1850, "sandbox": 2140, "rewards": 800, "search": 500,
            "trainers": 1700}
-LIBRARY = 13080
+LIBRARY = 13280
 PROSE = (0.10, 0.36)
 PEERS = {  # what a family's budget was sized against: feature -> (peer, its lines, ours)
     "trainers: KTO": ("TRL 1.16 kto_trainer.py", 1945, 208),
@@ -49,6 +49,11 @@ PEERS = {  # what a family's budget was sized against: feature -> (peer, its lin
         ("no peer checks it; TRL 1.16's vllm-serve passes --dtype through to vLLM", 0, 15),
     "engine: a blow-up of the truncated share or the KL said while the run trains (issue 55)":
         ("no peer watches for it; TRL and verl log the metrics only", 0, 29),
+    "config + data + engine + cli: a TRL user's third hour (issue 57: keys a run would not "
+    "read, TRL-only names and value maps, keys of another trainer, DatasetDict / DataFrame "
+    "rows, SFT rows given to RL, the spawn re-import, sampler errors in one line, a caller's "
+    "PeftModel kept)": ("TRL 1.x GRPOConfig.__post_init__, its own checks of batch, generation "
+                        "and loss keys, about", 80, 150),
 }
 NOT_LIBRARY = ("tasks", "demo.py")  # the offline demo world: uses the library, never imported
 FAMILY_OF = {"__init__.py": "core", "__main__.py": "config+cli", "cli.py": "config+cli",

@@ -60,3 +60,65 @@ def test_claims_table_before_any_job_is_one_line(tmp_path):
     assert out.returncode != 0 and "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "no finished jobs" in lines[0] and "--table" in lines[0]
+
+
+def test_async_benchmark_table_before_any_run_is_one_line(tmp_path):
+    """Issue 57 item 7: `benchmarks/async_grpo.py --table` before any run."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "async_grpo.py"), "--table",
+                          "--out", str(tmp_path / "none")], capture_output=True, text=True,
+                         timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": ""}, cwd=tmp_path)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not finished" in lines[0] and "--table" in lines[0]
+
+
+def test_a_dead_sampler_process_stops_with_one_line(monkeypatch, capsys):
+    """Issue 57: SamplerDied (async_rollouts) ends in one CLI line, never a traceback."""
+    from posttrain.engine.async_rollout import SamplerDied
+
+    died = SamplerDied("the sampler process exited (code -9) without a result; docs/async.md")
+    code, lines = _stopped_by(died, monkeypatch, capsys)
+    assert code == 1 and lines == ["posttrain grpo: sampler error: the sampler process exited "
+                                   "(code -9) without a result; docs/async.md"]
+
+
+def test_a_sampler_error_message_prints_no_traceback(tmp_path, capsys):
+    """A reward's failure raised in the sampler is raised as it is (the CLI's one line); any
+    other error becomes SamplerDied with its last line, the traceback written to a file."""
+    import pickle
+    import queue
+
+    import pytest
+
+    from posttrain.engine.async_rollout import AsyncSampler, SamplerDied
+
+    sampler = AsyncSampler.__new__(AsyncSampler)
+    sampler.out_dir, sampler.results = str(tmp_path), queue.Queue()
+    sampler.ready, sampler.sent = {}, set()
+    reward = RewardFunctionError("r", 3, ValueError("no"), "text")
+    other = RuntimeError("boom")
+    for err, kind in ((reward, RewardFunctionError), (other, SamplerDied)):
+        sampler.results.put(pickle.dumps(("error", (err, "Traceback ...\nRuntimeError: boom\n"))))
+        with pytest.raises(kind) as raised:
+            sampler._receive(0.1)
+        assert capsys.readouterr().err == ""  # nothing printed before the one line
+    message = str(raised.value)
+    assert "RuntimeError: boom" in message and "sampler_traceback.txt" in message
+    assert "Traceback" in (tmp_path / "sampler_traceback.txt").read_text()
+
+
+def test_vllm_benchmark_without_vllm_is_one_line_at_once(tmp_path):
+    """Issue 57: `benchmarks/vllm_vs_hf.py` checks vLLM before building the world and SFT."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: the benchmark would run, not refuse")
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vllm_vs_hf.py"), "--out",
+                          str(tmp_path / "o")], capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(ROOT), "PATH": ""}, cwd=tmp_path)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "needs vLLM: pip install" in lines[0]
+    assert not (tmp_path / "o").exists()  # nothing built

@@ -107,3 +107,42 @@ def test_a_config_object_validates_when_made():
     assert cfg.adam_betas == [0.9, 0.95]
     with pytest.raises(ConfigError, match="'model': required"):
         build_config(GRPOConfig, overrides={"train_data": "d"}, base=cfg)
+
+
+# ---- issue 57 items 4 and 5: keys this run would not read -----------------------------------
+@pytest.mark.parametrize("keys", [{"max_staleness": 1}, {"max_staleness": 0},
+                                  {"sampler_threads": 2}])
+def test_async_keys_without_async_rollouts_are_refused(keys):
+    with pytest.raises(ConfigError) as err:
+        _build(GRPOConfig, **keys)
+    message = str(err.value)
+    assert "\n" not in message and f"'{next(iter(keys))}'" in message
+    assert "only read with async_rollouts: true" in message and "async_rollouts: false" in message
+    assert _build(GRPOConfig, async_rollouts=True, **keys).async_rollouts
+    with pytest.raises(ConfigError, match="'max_staleness'=3"):
+        GRPOConfig(max_staleness=3)  # the Python API: a value away from the default
+
+
+@pytest.mark.parametrize("key, value, engine", [
+    ("vllm_server_host", "10.0.0.2", "vllm_server"), ("vllm_server_port", 8001, "vllm_server"),
+    ("vllm_gpu_memory_utilization", 0.5, "vllm_colocate"),
+    ("vllm_push_check", 0.2, "vllm_colocate or vllm_server")])
+def test_trl_server_keys_with_the_hf_engine_name_the_engine_they_need(key, value, engine):
+    for cls in (GRPOConfig, PPOConfig):
+        with pytest.raises(ConfigError) as err:
+            _build(cls, **{key: value})
+        assert str(err.value) == (
+            f"config key '{key}'={value!r}: only read with rollout_engine: {engine}, and this "
+            f"run has rollout_engine: hf; set rollout_engine: {engine}, or drop it")
+
+
+def test_a_whole_config_yaml_with_its_defaults_is_accepted(tmp_path):
+    """A run's own config.yaml (every key, at its default) given back as a recipe."""
+    import dataclasses
+
+    import yaml
+
+    cfg = _build(GRPOConfig)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(dataclasses.asdict(cfg)))
+    assert build_config(GRPOConfig, path) == cfg

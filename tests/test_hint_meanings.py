@@ -46,6 +46,14 @@ NAMES_BY_MEANING: dict[str, list[str]] = {  # what TRL's / verl's names mean (wh
     "KL estimator": ["kl_loss_type"], "advantage estimator": ["adv_estimator"],
     "epochs over a step's samples": ["ppo_epochs"], "entropy bonus": ["entropy_coeff"],
     "tool-calling rounds": ["max_turns", "max_assistant_turns", "max_user_turns"],
+    # issue 57: TRL's rollout correction (its modes have our names) and two-sided GRPO's bound
+    "sampler/learner importance correction": ["vllm_importance_sampling_correction",
+                                              "vllm_importance_sampling_mode"],
+    "importance ratio cap": ["vllm_importance_sampling_cap"],
+    "bound on a negative advantage's ratio": ["delta"],
+    "vLLM asleep while training": ["vllm_enable_sleep_mode"],
+    "vLLM's longest sequence": ["vllm_max_model_length"],
+    "where the vLLM server listens": ["vllm_server_base_url"],
 }
 THEIRS = {name: meaning for meaning, names in NAMES_BY_MEANING.items() for name in names}
 OURS: dict[str, str] = {  # our key -> what it means (where the trainer has the key)
@@ -65,6 +73,10 @@ OURS: dict[str, str] = {  # our key -> what it means (where the trainer has the 
     "batch_size": "batch per step", "kl_estimator": "KL estimator",
     "advantage": "advantage estimator", "num_iterations": "epochs over a step's samples",
     "ent_coef": "entropy bonus", "max_tool_calling_iterations": "tool-calling rounds",
+    "rollout_is": "sampler/learner importance correction", "rollout_is_cap": "importance ratio cap",
+    "dual_clip": "bound on a negative advantage's ratio",
+    "vllm_sleep": "vLLM asleep while training", "vllm_max_model_len": "vLLM's longest sequence",
+    "vllm_server_host": "where the vLLM server listens",
 }
 # keys whose meaning differs by trainer: a word of the field's docstring there -> its meaning
 BY_DOC: dict[str, tuple[str, str]] = {
@@ -130,6 +142,19 @@ def test_a_hint_names_a_key_of_the_same_meaning_in_that_trainer(command):
     ("online_dpo", "epsilon", "no key with its meaning"),
     ("grpo", "num_completions_to_print", "Did you mean log_completions"),
     ("search", "per_device_train_batch_size", "no key with its meaning"),
+    ("grpo", "vllm_importance_sampling_correction", "Did you mean rollout_is (TRL's true"),
+    ("ppo", "vllm_importance_sampling_cap", "Did you mean rollout_is_cap?"),
+    ("online_dpo", "vllm_importance_sampling_cap", "no key with its meaning"),
+    ("grpo", "delta", "Did you mean dual_clip (TRL's two-sided GRPO bound"),
+    ("grpo", "loss_type", "dr_grpo is seq-mean-token-sum-norm"),
+    ("grpo", "vllm_model_impl", "no key with its meaning: vLLM picks its own"),
+    ("grpo", "weight_sync_steps", "no key with its meaning: the weights go to the sampler"),
+    ("grpo", "min_p", "no key with its meaning: sampling takes temperature, top_p and top_k"),
+    ("ppo", "repetition_penalty", "no key with its meaning: sampling takes temperature"),
+    ("grpo", "top_entropy_quantile", "no key with its meaning: every response token"),
+    ("grpo", "vllm_server_base_url", "Did you mean vllm_server_host and vllm_server_port"),
+    ("grpo", "vllm_enable_sleep_mode", "Did you mean vllm_sleep?"),
+    ("grpo", "vllm_tensor_parallel_size", "no key with its meaning: vllm_colocate runs one"),
 ])
 def test_trl_and_verl_habits_get_the_hint_of_that_trainer(command, name, hint):
     cls = config_class(command)
@@ -153,8 +178,30 @@ def test_trl_null_for_max_tool_calling_iterations_says_what_trl_meant():
 
 
 @pytest.mark.parametrize(("command", "ours"), [("cpo", "posttrain dpo loss_type=simpo"),
-                                               ("simpo", "posttrain dpo loss_type=simpo")])
+                                               ("simpo", "posttrain dpo loss_type=simpo"),
+                                               ("async_grpo", "posttrain grpo async_rollouts="),
+                                               ("vllm-serve", "rollout_engine=vllm_server")])
 def test_trl_trainer_names_as_commands_name_ours(command, ours, capsys):
     assert main([command, "--config", "x.yaml"]) == 2
     err = capsys.readouterr().err
     assert f"posttrain: unknown command '{command}'" in err and ours in err
+
+
+@pytest.mark.parametrize(("command", "key", "hint"), [
+    ("ppo", "async_rollouts", "'async_rollouts' is a key of posttrain grpo, not of posttrain ppo"),
+    ("sft", "group_size", "'group_size' is a key of posttrain grpo, posttrain online_dpo"),
+])
+def test_a_key_of_another_trainer_is_named_as_such_not_as_a_look_alike(command, key, hint):
+    """Issue 57: `async_rollouts` on PPO was hinted "rollout_is?"."""
+    with pytest.raises(ConfigError) as err:
+        build_config(config_class(command), overrides={"model": "m", "train_data": "d", key: 1})
+    assert hint in str(err.value) and "Did you mean" not in str(err.value)
+
+
+def test_an_unknown_key_with_an_empty_mapping_is_named():
+    """Issue 57: `generation_kwargs={}` was dropped without a word."""
+    with pytest.raises(ConfigError) as err:
+        build_config(GRPOConfig, overrides={"model": "m", "train_data": "d",
+                                            "generation_kwargs": {}})
+    assert "unknown config key 'generation_kwargs'" in str(err.value)
+    assert "sampling takes temperature, top_p and top_k" in str(err.value)

@@ -20,13 +20,14 @@ import os
 import textwrap
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
 
-from posttrain.config.engine import check_rollout_engine
+from posttrain.config.engine import check_rollout_engine, engine_key_needs
 from posttrain.config.errors import ConfigError, check_table
 from posttrain.config.hints import note_shared_names, null_note, unknown_key_message
 
@@ -221,6 +222,10 @@ class BaseConfig:
     def validate(self) -> None:
         """Cross-field checks of one trainer's config (types are checked already)."""
 
+    def key_needs(self) -> dict[str, tuple[bool, str]]:
+        """Keys read only under another setting: key -> (that setting holds, the setting)."""
+        return engine_key_needs(self)
+
 
 # ----------------------------------------------------------------------------------------------
 # Field documentation from the source (the string under each field)
@@ -376,7 +381,7 @@ def build_config(
     values = _checked_values(sources, hints, valid, cls.__name__)
     note_shared_names(list(values))
     cfg = dataclasses.replace(base, **values) if base is not None else cls(**values)
-    validate_config(cfg)
+    validate_config(cfg, given=values)
     return cfg
 
 
@@ -401,9 +406,10 @@ def _checked_values(sources: list[tuple[dict[str, Any], str]], hints: dict[str, 
     for mapping, where in sources:
         for key, value in mapping.items():
             if key not in hints or key not in valid:
-                nested = _flat(value, f"{key}.") if isinstance(value, dict) else {key: value}
-                errors += [unknown_key_message(str(k), valid, where, False, trainer)
-                           for k in nested]
+                nested = _flat(value, f"{key}.") if isinstance(value, dict) and value else {
+                    key: value}  # an empty mapping (`generation_kwargs: {}`) is named too
+                errors += [unknown_key_message(str(k), valid, where, False, trainer,
+                                               _configs_with(str(k))) for k in nested]
                 unknown = True
                 continue
             if key == "report_to":
@@ -421,13 +427,24 @@ def _checked_values(sources: list[tuple[dict[str, Any], str]], hints: dict[str, 
     return values
 
 
+def _configs_with(key: str) -> tuple[str, ...]:
+    """Names of the config classes that have `key` (every subclass of BaseConfig)."""
+    found, todo = [], list(BaseConfig.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if key in {f.name for f in dataclasses.fields(cls)}:
+            found.append(cls.__name__)
+    return tuple(sorted(set(found)))
+
+
 _REQUIRED_HINTS = {"model": " (a local model directory or hub name)",
                    "eval_data": " (problems with gold answers)"}
 
 
-def validate_config(cfg: BaseConfig, require: bool = True) -> None:
+def validate_config(cfg: BaseConfig, require: bool = True, given: Iterable[str] = ()) -> None:
     """Cross-field checks that types alone cannot express; `require`: also the keys a run
-    needs (`required`)."""
+    needs (`required`); `given`: the keys a recipe or override set (`check_idle_keys`)."""
     for key in cfg.required if require else ():
         if not getattr(cfg, key):
             raise ConfigError(f"config key '{key}': required{_REQUIRED_HINTS.get(key, '')}")
@@ -449,6 +466,31 @@ def validate_config(cfg: BaseConfig, require: bool = True) -> None:
         _check_run_keys(cfg)
     check_rollout_engine(cfg)
     cfg.validate()
+    check_idle_keys(cfg, set(given))
+
+
+def check_idle_keys(cfg: BaseConfig, given: set[str]) -> None:
+    """Refuse a key this run would not read (`key_needs`), set away from its default or
+    given without its setting (a full config.yaml, with both, passes at the defaults): one
+    line naming the keys and the setting they need."""
+    defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING
+                else f.default for f in dataclasses.fields(cfg)}
+    idle: dict[str, list[str]] = {}
+    for key, (ok, need) in cfg.key_needs().items():
+        setting = need.split(":")[0]
+        if not ok and (getattr(cfg, key) != defaults[key] or
+                       (key in given and setting not in given)):
+            idle.setdefault(need, []).append(f"'{key}'={getattr(cfg, key)!r}")
+    for need, keys in idle.items():
+        setting = need.split(":")[0]
+        raise ConfigError(f"config key{'s' * (len(keys) > 1)} {', '.join(keys)}: only read "
+                          f"with {need}, and this run has {setting}: "
+                          f"{_yaml_value(getattr(cfg, setting))}; set {need}, or drop "
+                          f"{'them' if len(keys) > 1 else 'it'}")
+
+
+def _yaml_value(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _check_run_keys(cfg: BaseConfig) -> None:

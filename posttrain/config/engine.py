@@ -75,6 +75,23 @@ def check_rollout_engine(cfg: Any) -> None:
                                "context)")})
 
 
+_ENGINE_KEYS = {"vllm_colocate": ("vllm_gpu_memory_utilization", "vllm_sleep",
+                                   "vllm_max_model_len"),
+                "vllm_server": ("vllm_server_host", "vllm_server_port", "vllm_group_port",
+                                "vllm_server_timeout")}
+
+
+def engine_key_needs(cfg: Any) -> dict[str, tuple[bool, str]]:
+    """The `vllm_*` keys and the engine that reads them (TRL's `vllm_mode`), for
+    `check_idle_keys`: a server's address with the `hf` engine would be set and unused."""
+    engine = getattr(cfg, "rollout_engine", "hf")
+    out = {key: (engine == name, f"rollout_engine: {name}")
+           for name, keys in _ENGINE_KEYS.items() for key in keys}
+    out["vllm_push_check"] = (engine in VLLM_ENGINES,
+                              "rollout_engine: vllm_colocate or vllm_server")
+    return out
+
+
 def _cuda() -> bool:
     import torch
 

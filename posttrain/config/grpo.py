@@ -82,6 +82,10 @@ class GRPOConfig(PromptRLConfig):
             return "token_truncate"  # decoupled PPO's behaviour weight (docs/async.md)
         return super().rollout_correction()
 
+    def key_needs(self) -> dict[str, tuple[bool, str]]:
+        return {**super().key_needs(), **{k: (self.async_rollouts, "async_rollouts: true")
+                                          for k in ("max_staleness", "sampler_threads")}}
+
     def validate(self) -> None:
         super().validate()
         n = self.group_size * self.prompts_per_step
@@ -107,5 +111,4 @@ class GRPOConfig(PromptRLConfig):
                                    "docs/async.md") for k, (bad, why) in {
                 "rollout_engine": (self.rollout_engine != "hf", "the sampler process runs hf"),
                 "dynamic_sampling": (self.dynamic_sampling, "refills need a round trip"),
-                "fsdp": (self.fsdp, "one process"),
-                "lora_r": (self.lora_r > 0, "the push sends whole weights")}.items()})
+                "fsdp": (self.fsdp, "one process")}.items()})

@@ -28,6 +28,10 @@ TRL_NAMES: dict[str, str] = {
     "vllm_mode": "rollout_engine", "reward_model_path": "rewards", "judge": "rewards",
     "simpo_gamma": "gamma", "cpo_alpha": "rpo_alpha", "num_completions_to_print":
     "log_completions", "per_device_train_batch_size": "prompts_per_step",
+    "vllm_importance_sampling_correction": "rollout_is",
+    "vllm_importance_sampling_mode": "rollout_is", "vllm_importance_sampling_cap":
+    "rollout_is_cap", "delta": "dual_clip", "vllm_enable_sleep_mode": "vllm_sleep",
+    "vllm_max_model_length": "vllm_max_model_len", "vllm_server_base_url": "vllm_server_host",
 }
 # where the first key is not in a trainer: the key of the same meaning there
 _SECOND: dict[str, str] = {"per_device_train_batch_size": "batch_size"}
@@ -55,6 +59,19 @@ _NOTES: dict[str, str] = {
         "prompts_per_step (prompts per step; TRL counts completions: per_device_train_batch_size"
         " = prompts_per_step * group_size) and micro_batch_size (sequences per forward/backward)"),
     "max_turns": "max_tool_calling_iterations (rounds of tool calls per episode)",
+    "loss_type": ("loss_agg (TRL's loss_type grpo is loss_agg: seq-mean-token-mean; dapo is "
+                  "token-mean, over the step's tokens; bnpo, its per-device token mean, is "
+                  "token-mean too; dr_grpo is seq-mean-token-sum-norm, with scale: none for the "
+                  "whole Dr. GRPO)"),
+    "vllm_importance_sampling_correction": (
+        "rollout_is (TRL's true is a vllm_importance_sampling_mode, the same names here: auto "
+        "is sequence_mask with a vLLM engine; false is rollout_is: none)"),
+    "vllm_importance_sampling_mode": "rollout_is (TRL's mode names: token_truncate, "
+                                     "token_mask, sequence_truncate, sequence_mask)",
+    "vllm_server_base_url": "vllm_server_host and vllm_server_port (TRL's http://HOST:PORT)",
+    "delta": ("dual_clip (TRL's two-sided GRPO bound, INTELLECT-2: a ratio above delta counts "
+              "as delta for a negative advantage, which is dual_clip: delta when delta > 1 + "
+              "clip_eps_high)"),
 }
 _NOTES["max_assistant_turns"] = _NOTES["max_user_turns"] = _NOTES["max_turns"]
 # verl's names (dotted as in its Hydra config; matched on their last components) -> ours
@@ -82,6 +99,7 @@ LOOK_ALIKES: dict[str, tuple[str, ...]] = {
     "clip_eps_low": ("OnlineDPOConfig",), "clip_eps_high": ("OnlineDPOConfig",),  # no ratio
     "gamma": ("PPOConfig",),  # the discount
     "batch_size": ("SearchConfig",),  # prompts per generation batch
+    **{k: ("OnlineDPOConfig",) for k in ("dual_clip", "rollout_is", "rollout_is_cap")},
 }
 # what to do where a name has no key of its meaning (any other: docs/trainers.md)
 _NOT_CUT = ("rows are never truncated here: max_seq_len bounds prompt + completion (a longer row "
@@ -97,6 +115,26 @@ _NO_KEY: dict[str, str] = {
     "max_length": "GRPO, PPO and online DPO sequences are at most max_prompt_len + "
                   "max_new_tokens tokens",
 }
+# TRL's names with no key of their meaning in any trainer: what to do instead
+TRL_ONLY: dict[str, str] = {
+    "vllm_model_impl": "vLLM picks its own implementation of the model (for vllm_server, start "
+                       "`vllm serve` with --model-impl)",
+    "weight_sync_steps": "the weights go to the sampler after every policy update (vLLM "
+                         "engines and async_rollouts alike; docs/async.md)",
+    "vllm_tensor_parallel_size": "vllm_colocate runs one engine per trainer process, on its "
+                                 "GPU; for tensor parallelism serve the model with `vllm serve "
+                                 "--tensor-parallel-size N` and use rollout_engine: vllm_server",
+    "min_p": "sampling takes temperature, top_p and top_k only",
+    "generation_kwargs": "sampling takes temperature, top_p and top_k, each its own key",
+    "repetition_penalty": "sampling takes temperature, top_p and top_k only (a penalty would "
+                          "sample from another distribution than the learner's log-probs)",
+    "top_entropy_quantile": "every response token is in the loss (no high-entropy token "
+                            "selection)",
+}
+# our keys that only some trainers have -> the commands that have them
+CONFIG_COMMANDS = {"SFTConfig": "sft", "GRPOConfig": "grpo", "PPOConfig": "ppo",
+                   "DPOConfig": "dpo", "KTOConfig": "kto", "OnlineDPOConfig": "online_dpo",
+                   "RMConfig": "rm", "PRMConfig": "prm", "SearchConfig": "search"}
 # names that mean something else here than in TRL / verl: said once, when a config sets them
 SHARED_NAMES: dict[str, str] = {
     "generation_batch_size": (
@@ -136,6 +174,8 @@ def foreign_hint(key: str, valid: list[str], trainer: str = "") -> tuple[str, st
     """For a TRL or verl name in `trainer` (a config class name): (its world, its name in the
     tables, our key of the same meaning or None when this trainer has none, the hint's text:
     that key with its note, or what to do instead)."""
+    if key in TRL_ONLY:
+        return "TRL", key, None, TRL_ONLY[key]
     found = _foreign(key)
     if found is None:
         return None
@@ -148,12 +188,19 @@ def foreign_hint(key: str, valid: list[str], trainer: str = "") -> tuple[str, st
 
 
 def unknown_key_message(key: str, valid: list[str], where: str, with_valid: bool = True,
-                        trainer: str = "") -> str:
+                        trainer: str = "", elsewhere: tuple[str, ...] = ()) -> str:
     """"unknown config key 'k'. Did you mean ...?" with the key of the same meaning in
     `trainer` (a config class name) for a TRL or verl name (or that it has none, and what to
-    do), else the closest spellings; `with_valid`: append every valid key."""
+    do), else the trainers that have the key (`elsewhere`: config class names), else the
+    closest spellings; `with_valid`: append every valid key."""
     foreign = foreign_hint(key, valid, trainer)
-    if foreign is None:
+    others = [CONFIG_COMMANDS[c] for c in elsewhere if c in CONFIG_COMMANDS]
+    if foreign is None and others:
+        here = f"posttrain {CONFIG_COMMANDS[trainer]}" if trainer in CONFIG_COMMANDS else \
+            "this trainer"
+        hint = (f" '{key}' is a key of {', '.join(f'posttrain {c}' for c in others)}, not of "
+                f"{here}")
+    elif foreign is None:
         close = difflib.get_close_matches(key.split(".")[-1], valid, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
     elif foreign[2] is not None:

@@ -89,6 +89,11 @@ def _column_hint(field: str, raw: Any, columns: Mapping[str, str] | None, kind: 
         return ""
     if kind == "unpaired" and {"chosen", "rejected"} <= set(raw):
         return ""  # preference pairs: said by the schema, no column to map
+    if field == "prompt" and kind in ("prompts", "code") and (sft := _sft_column(raw)):
+        return (f"; the row's '{sft}' is a whole conversation ending with the assistant's "
+                f"answer (an SFT row): give RL the prompt without that final assistant message "
+                f"({{prompt: {sft}[:-1], answer: ...}}), or train on these rows with "
+                f"`posttrain sft` (mapped as it is, the answer would be inside the prompt)")
     required, optional = schema(kind)
     have = sorted(map(str, raw))
     others = [c for c in have if c not in required and c not in optional]
@@ -97,6 +102,15 @@ def _column_hint(field: str, raw: Any, columns: Mapping[str, str] | None, kind: 
     pick = next((c for c in _LIKELY.get(field, ()) if c in others), None) or (
         others[0] if len(others) == 1 else "<column>")
     return f"; the row has columns {have}: map one with columns={{{field}: {pick}}}"
+
+
+def _sft_column(raw: dict) -> str | None:
+    """The column holding a chat conversation whose last message is the assistant's, if any."""
+    for key, value in raw.items():
+        if isinstance(value, list) and value and all(isinstance(m, dict) for m in value) \
+                and value[-1].get("role") == "assistant":
+            return str(key)
+    return None
 
 
 _LIKELY = {"prompt": ("question", "problem", "query", "instruction", "input", "text"),
@@ -174,6 +188,25 @@ def _datasets_rows(source: str, split: str, subset: str | None) -> list[tuple[in
                         f"could not load split '{split}'{hint}: {type(err).__name__}: {err}"
                         ) from err
     return [(i + 1, row) for i, row in enumerate(ds)]
+
+
+def in_memory_rows(source: Any, split: str, name: str) -> list[Any]:
+    """The rows of a Python object: a list or `datasets.Dataset` as it is, a pandas DataFrame
+    as its records, a `DatasetDict` as its `split` (or its only split; else a DataError
+    naming its splits)."""
+    kind = type(source).__name__
+    if kind == "DataFrame" and callable(getattr(source, "to_dict", None)):
+        return source.to_dict("records")
+    if kind in ("DatasetDict", "IterableDatasetDict") or (
+            isinstance(source, Mapping) and source and
+            all(hasattr(v, "column_names") for v in source.values())):
+        splits = list(source)
+        if split in splits or len(splits) == 1:
+            return list(source[split if split in splits else splits[0]])
+        raise DataError(name, None, None, f"a DatasetDict with splits {splits} and none named "
+                        f"'{split}': pass one split (dataset['{splits[0]}']) or set the "
+                        "split key (train_split / eval_split)")
+    return list(source)
 
 
 def load_rows(

@@ -55,15 +55,22 @@ def no_template_reason(template: str) -> str:
 
 
 def _apply(tokenizer: Any, messages: list[dict[str, Any]], template: str,
-           generation_prompt: bool) -> str:
+           generation_prompt: bool, continue_final: bool = False) -> str:
+    """The template's text; `continue_final`: a final assistant message (a prefill:
+    `<think>`, a JSON opener) is continued, open, with no generation prompt (TRL's
+    `continue_final_message`)."""
     extra = {} if template in TEMPLATE_MODES else {"chat_template": template}
+    if continue_final and messages and messages[-1].get("role") == "assistant":
+        extra["continue_final_message"], generation_prompt = True, False
     return tokenizer.apply_chat_template(messages, tokenize=False,
                                          add_generation_prompt=generation_prompt, **extra)
 
 
-def render_prompt(tokenizer: Any, prompt: Prompt, template: str = "auto") -> str:
-    """The text the model continues: the chat template with the generation prompt added, or
-    the string itself where no template applies (a base model; `chat_template: none`).
+def render_prompt(tokenizer: Any, prompt: Prompt, template: str = "auto",
+                  continue_final: bool = True) -> str:
+    """The text the model continues: the chat template with the generation prompt added (a
+    prompt ending with an assistant message, with `continue_final`: that message continued,
+    open), or the string itself where no template applies (`chat_template: none`).
 
     Tokenize the result with ``add_special_tokens=False``: the template already holds any BOS.
     A message list where no template applies raises :class:`TemplateError`.
@@ -71,7 +78,7 @@ def render_prompt(tokenizer: Any, prompt: Prompt, template: str = "auto") -> str
     if uses_template(tokenizer, template):
         if isinstance(prompt, str) and already_rendered(tokenizer, prompt, template):
             return prompt
-        return _apply(tokenizer, as_messages(prompt), template, True)
+        return _apply(tokenizer, as_messages(prompt), template, True, continue_final)
     if isinstance(prompt, str):
         return prompt
     raise TemplateError(no_template_reason(template))
@@ -79,10 +86,11 @@ def render_prompt(tokenizer: Any, prompt: Prompt, template: str = "auto") -> str
 
 def render_completion(tokenizer: Any, prompt: Prompt, completion: Prompt,
                       template: str = "auto") -> tuple[str, str]:
-    """(prompt text, completion text). A string completion follows the rendered prompt as is;
-    a message-list completion is what the template renders for the whole conversation after
-    the prompt's own rendering (with its generation prompt), as TRL splits it."""
-    prompt_text = render_prompt(tokenizer, prompt, template)
+    """(prompt text, completion text). A string completion follows the rendered prompt as is
+    (continuing a final assistant message); a message-list completion is a new turn: what
+    the template renders for the whole conversation after the prompt's own rendering (closed,
+    with its generation prompt; an SFT `messages` row's earlier assistant turns)."""
+    prompt_text = render_prompt(tokenizer, prompt, template, isinstance(completion, str))
     if isinstance(completion, str):
         return prompt_text, completion
     if not uses_template(tokenizer, template):

@@ -9,7 +9,7 @@ from shared memory before the job, samples with the `hf` engine (multi-turn epis
 the rewards and sends the scored rollout back. The learner pushes its weights after each step,
 once the job that needs the previous version has loaded it, so a job never sees other weights.
 The sampler stops itself when the learner's process is gone; the learner stops with the
-sampler's last traceback line when the sampler dies.
+sampler's last traceback line when the sampler dies (the whole one in sampler_traceback.txt).
 """
 
 from __future__ import annotations
@@ -20,23 +20,41 @@ import os
 import pickle
 import queue
 import signal
-import sys
 import threading
 import time
 import traceback
 import weakref
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
 
+from posttrain.config import ConfigError
+from posttrain.core.errors import UserFunctionError
+from posttrain.data import DataError
 from posttrain.rewards.registry import ScoreResult
 from posttrain.rollout import Rollout, SamplingParams
 from posttrain.rollout.engine import build_engine
 
 POLL_S = 0.2
 """How often a waiting side looks whether the other one is still alive."""
+SAMPLER_NAME = "posttrain-sampler"
+REIMPORTED = 86
+"""The sampler's exit code when the script that started the run trained again at its import."""
+REIMPORT_LINE = ("config key 'async_rollouts': the sampler process imports the script that "
+                 "started this run again (Python's spawn), and this script trains when it is "
+                 "imported: put its training under `if __name__ == \"__main__\":` "
+                 "(docs/async.md)")
+
+
+def refuse_in_sampler() -> None:
+    """Stop a trainer being built in the sampler process (during spawn's re-import of a script
+    without the `__main__` guard) with `REIMPORTED`, before it takes the run's out_dir; the
+    learner then raises `REIMPORT_LINE`."""
+    if mp.current_process().name == SAMPLER_NAME:
+        raise SystemExit(REIMPORTED)
 
 
 def needed_version(step: int, start: int, max_staleness: int) -> int:
@@ -91,6 +109,7 @@ class AsyncSampler:
     def __init__(self, cfg: Any, tokenizer: Any, model: torch.nn.Module, agent: Any,
                  reward_fns: dict[str, Any] | None, threads: int) -> None:
         ctx = mp.get_context("spawn")
+        self.out_dir = cfg.out_dir  # where the sampler's traceback is written when it raised
         skeleton = copy.deepcopy(model).share_memory()  # the push buffers, shared
         self.buffers = skeleton.state_dict()
         self.version, self.loaded = ctx.Value("q", -1), ctx.Value("q", 0)
@@ -99,7 +118,7 @@ class AsyncSampler:
         self.results: Any = ctx.Queue()
         self.ready: dict[int, Sampled] = {}
         self.sent: set[int] = set()  # steps whose jobs went to the process
-        self.proc = ctx.Process(target=_sampler_main, name="posttrain-sampler", args=(
+        self.proc = ctx.Process(target=_sampler_main, name=SAMPLER_NAME, args=(
             cfg, tokenizer, skeleton, agent, reward_fns, threads, os.getpid(), self.jobs,
             self.results, self.version, self.loaded, self.lock))
         self.proc.start()
@@ -144,6 +163,8 @@ class AsyncSampler:
         while step not in self.ready:
             if not self._receive(POLL_S) and not self.proc.is_alive():
                 self._receive(0.0)  # an error it sent as it ended
+                if self.proc.exitcode == REIMPORTED:
+                    raise ConfigError(REIMPORT_LINE)
                 raise SamplerDied(f"the sampler process exited (code {self.proc.exitcode}) "
                                   "without a result; docs/async.md")
 
@@ -156,9 +177,13 @@ class AsyncSampler:
         kind, value = pickle.loads(payload)
         if kind == "error":
             err, text = value
-            print(f"[sampler process] {text}", file=sys.stderr, end="")
-            raise err if isinstance(err, BaseException) else SamplerDied(
-                text.strip().splitlines()[-1])
+            path = Path(self.out_dir) / "sampler_traceback.txt"
+            with contextlib.suppress(OSError):
+                path.write_text(text)
+            if isinstance(err, (UserFunctionError, ConfigError, DataError)):
+                raise err  # said in one line, as in a synchronous run
+            raise SamplerDied(f"the sampler process failed: {text.strip().splitlines()[-1]} "
+                              f"(its traceback: {path})") from err
         self.ready[value.step] = value
         self.sent.discard(value.step)
         return True

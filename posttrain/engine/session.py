@@ -22,6 +22,7 @@ from posttrain.config import BaseConfig, ConfigError
 from posttrain.config.base import check_trackers
 from posttrain.core.device import resolve_device
 from posttrain.data import as_messages, load_rows, render_prompt, validate_rows
+from posttrain.data.loading import in_memory_rows
 from posttrain.data.render_checks import check_prompt_lengths, check_renderable
 from posttrain.models import apply_lora, load_model_and_tokenizer, load_tokenizer, model_context
 from posttrain.models.lora import check_lora_targets
@@ -205,8 +206,10 @@ def _rows(cfg: BaseConfig, source: Any, kind: str, split: str, limit: int | None
     if isinstance(source, str):
         return load_rows(source, kind=kind, split=split, subset=cfg.data_subset or None,
                          limit=limit, **opts)
-    rows = list(source)[:limit] if limit is not None else list(source)
-    return validate_rows(enumerate(rows, 1), kind, f"<in-memory {kind} data>", **opts)
+    name = f"<in-memory {kind} data>"
+    rows = in_memory_rows(source, split, name)  # a DatasetDict's split, a DataFrame's records
+    rows = rows[:limit] if limit is not None else rows
+    return validate_rows(enumerate(rows, 1), kind, name, **opts)
 
 
 def build_scorer(cfg: BaseConfig, reward_fns: dict[str, Any] | None

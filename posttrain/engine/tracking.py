@@ -80,7 +80,8 @@ def _make(kind: str, out_dir: Path, run_name: str, config: dict[str, Any],
 CONSOLE_KEYS = ("loss/total", "loss/policy", "loss/sft", "loss/dpo", "loss/rm", "loss/prm",
                 "reward/mean", "reward/accuracy", "rewards/accuracy", "train/accuracy",
                 "train/step_accuracy", "kl/mean", "kl/token_mean", "kl/coef", "train/grad_norm",
-                "train/lr", "response/truncated_frac", "eval/accuracy", "perf/step_seconds")
+                "train/lr", "response/truncated_frac", "async/staleness_mean",
+                "async/queue_groups", "eval/accuracy", "perf/step_seconds")
 
 
 def console_line(step: int, metrics: dict[str, float], max_steps: int | None = None,

@@ -30,6 +30,7 @@ from posttrain.config import BaseConfig, ConfigError, to_dict
 from posttrain.core.device import autocast_ctx, gpu_memory_metrics, reset_gpu_peak
 from posttrain.core.io import peak_rss_mb, write_summary
 from posttrain.core.runtime import set_seed, setup_threads
+from posttrain.engine.async_rollout import refuse_in_sampler
 from posttrain.engine.checkpoint import (
     find_resume,
     is_peft,
@@ -67,9 +68,9 @@ from posttrain.engine.tracking import MetricsLogger, NullLogger
 from posttrain.engine.update import CountFn, LossFn, OptimGroup, Plan, run_update
 from posttrain.models.bf16_copy import BF16Copy
 from posttrain.models.loading import save_checkpoint
-from posttrain.models.lora import merged
 from posttrain.ops.head_blocks import head_precision
 from posttrain.rollout.engine import Sampler, build_engine
+from posttrain.rollout.weights import lora_merged, named_weights
 
 
 class Trainer:
@@ -103,6 +104,7 @@ class Trainer:
                  model: Any = None, tokenizer: Any = None, train_data: Any = None,
                  eval_data: Any = None, rewards: list[Any] | None = None,
                  **config_keys: Any) -> None:
+        refuse_in_sampler()  # a script without the __main__ guard, re-imported by async
         cfg, objects = resolve_config(self.config_class, cfg, model, tokenizer, train_data,
                                        eval_data, rewards, config_keys)
         self.cfg = cfg
@@ -242,13 +244,18 @@ class Trainer:
         return {}
 
     def save(self, path: str) -> None:
-        """A `from_pretrained`-loadable checkpoint of the trained model (LoRA merged).
+        """A `from_pretrained`-loadable checkpoint of the trained model (LoRA merged into the
+        saved weights, never into the live model: a PeftModel given by the caller keeps its
+        adapters).
 
         Called on rank 0 only; under FSDP2 `self._full_weights` holds the gathered weights.
         """
-        model = merged(self.model) if path.endswith("final") else self.model
-        weights = self._full_weights
-        if weights is not None:  # gathered copies: drop the second name of tied weights
+        model, weights = self.model, self._full_weights
+        if path.endswith("final") and is_peft(model):
+            with lora_merged(model):  # merged, read, then restored bit for bit
+                weights = dict(named_weights(model, dtype=None))
+            model = model.get_base_model()
+        elif weights is not None:  # gathered copies: drop the second name of tied weights
             names = {n for n, _ in model.named_parameters()} | {n for n, _ in
                                                                 model.named_buffers()}
             weights = {k: v for k, v in weights.items() if k in names}

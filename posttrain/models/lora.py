@@ -78,8 +78,3 @@ def adapters_disabled(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     with model.disable_adapter():
         yield model
 
-
-def merged(model: Any) -> Any:
-    """The plain model to save: LoRA adapters merged into the weights (peft), else `model`."""
-    merge = getattr(model, "merge_and_unload", None)
-    return merge() if callable(merge) and hasattr(model, "peft_config") else model

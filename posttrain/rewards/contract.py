@@ -60,9 +60,22 @@ def field_params(fn: Callable[..., Any], style: str) -> list[inspect.Parameter]:
     return params[2:]  # rows: completions, rows, then the entry's keyword arguments
 
 
+_TRL_INPUTS = {"trainer_state": "TRL's TrainerState (global_step, epoch, ...)",
+               "completion_ids": "TRL's completion token ids"}
+"""Arguments TRL passes its reward functions that posttrain does not: a parameter named so,
+without a default, is refused by name (not reported as a missing dataset column)."""
+
+
 def check_entry_keys(name: str, fn: Callable[..., Any], keys: list[str]) -> None:
-    """Refuse entry keys the function does not take, with a did-you-mean."""
+    """Refuse entry keys the function does not take, with a did-you-mean, and a required
+    parameter only TRL passes (`_TRL_INPUTS`)."""
     style = call_style(fn)
+    for p in field_params(fn, style):
+        if p.name in _TRL_INPUTS and p.default is inspect.Parameter.empty and p.name not in keys:
+            raise ValueError(f"reward {name!r}: its parameter '{p.name}' is "
+                             f"{_TRL_INPUTS[p.name]}, which posttrain does not pass (a reward "
+                             f"gets the completions and its rows' fields): give it a default "
+                             f"({p.name}=None) or drop it")
     if takes_any_keyword(fn) or hasattr(fn, "validate_kwargs"):
         return  # **kwargs takes anything; learned rewards check their own keys
     valid = [p.name for p in field_params(fn, style)]

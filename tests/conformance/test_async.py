@@ -166,5 +166,3 @@ def test_what_cannot_go_to_the_sampler_process_is_refused_before_the_model_loads
     keys.pop("rewards")
     with pytest.raises(ConfigError, match="'async_rollouts'.*pickling"):
         GRPOTrainer(rewards=[lambda completion: 1.0], **keys)
-    with pytest.raises(ConfigError, match="'lora_r'.*async_rollouts"):
-        build("grpo", {**case_keys(world, "grpo", tmp_path, **ASYNC), "lora_r": 4})

@@ -97,3 +97,25 @@ def test_chat_template_modes():
     with pytest.raises(TemplateError, match="has none"):
         render_prompt(tok, [S, U])
     assert render_prompt(tok, [S, U], custom) == "[system]s[user]1+2"
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_an_assistant_prefill_is_continued_not_closed():
+    """Issue 57 item 2: a prompt ending with an assistant message (`<think>`, a JSON opener) is
+    that message left open for the model to continue (TRL's `continue_final_message`), with no
+    generation prompt after a closed turn; other prompts get the generation prompt."""
+    tok = build_char_tokenizer()
+    user = "<|im_start|>user\n1+2<|im_end|>\n"
+    assert render_prompt(tok, [U, A("<think>")], CHATML) == user + "<|im_start|>assistant\n<think>"
+    assert render_prompt(tok, [U], CHATML) == user + "<|im_start|>assistant\n"
+    # a whole conversation (SFT's completion) still renders its final turn closed
+    assert render_completion(tok, [U], [A("3")], CHATML)[1] == "3<|im_end|>\n"
+    # a string completion continues the prefill; a message completion after an earlier
+    # (closed) assistant turn, as an SFT `messages` row splits, is a new turn
+    assert render_completion(tok, [U, A("<think>")], "2+1</think>", CHATML) == (
+        user + "<|im_start|>assistant\n<think>", "2+1</think>")
+    two = user + "<|im_start|>assistant\n3<|im_end|>\n<|im_start|>assistant\n"
+    assert render_completion(tok, [U, A("3")], [A("4")], CHATML) == (two, "4<|im_end|>\n")

@@ -101,6 +101,24 @@ def test_a_missing_field_is_one_line_with_a_columns_hint(tmp_path):
     assert "columns={prompt: question}" in message and "missing from 20 rows" in message
 
 
+def test_sft_conversations_given_to_rl_are_named_as_sft_rows(tmp_path):
+    """Issue 57 item 3: `{"messages": [user, assistant]}` rows for GRPO are said to be SFT rows
+    (drop the final assistant message, or `posttrain sft`), never mapped to the prompt whole:
+    that would put the reference answer inside the prompt."""
+    conv = [{"role": "user", "content": "1+2"}, {"role": "assistant", "content": "3"}]
+    path = write(tmp_path, [{"messages": conv} for _ in range(4)])
+    with pytest.raises(DataError) as info:
+        load_rows(path, "prompts")
+    message = str(info.value)
+    assert "\n" not in message and "columns={prompt: messages}" not in message
+    assert "an SFT row" in message and "{prompt: messages[:-1], answer: ...}" in message
+    assert "`posttrain sft`" in message and "missing from 4 rows" in message
+    # a conversation that ends with the user's turn is a prompt: mapping it is the fix
+    path = write(tmp_path, [{"messages": conv[:1]}], "prompts.jsonl")
+    with pytest.raises(DataError, match="columns=\\{prompt: messages\\}"):
+        load_rows(path, "prompts")
+
+
 def test_numeric_answer_becomes_string_and_columns_rename(tmp_path):
     path = write(tmp_path, [{"question": "1+2", "answer": 3}, {"question": "1.5+1", "answer": 2.5}])
     rows = load_rows(path, "prompts", columns={"prompt": "question"})

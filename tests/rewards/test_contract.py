@@ -153,6 +153,26 @@ def test_needed_fields():
     assert scorer.needed_fields() == {"answer": ["math"], "solution": ["sol"]}
 
 
+def trl_curriculum(completions, trainer_state, **kwargs):
+    return [float(trainer_state.global_step > 10)] * len(completions)
+
+
+def trl_curriculum_default(completions, trainer_state=None, **kwargs):
+    return [1.0] * len(completions)
+
+
+def test_trainer_state_in_a_signature_is_named_not_a_missing_column():
+    """Issue 57: TRL passes `trainer_state`; posttrain does not, so a reward that requires it
+    is refused by name before any model loads, not reported as a missing dataset column."""
+    with pytest.raises(ValueError) as err:
+        validate_specs([RewardSpec("cur", fn=trl_curriculum)])
+    message = str(err.value)
+    assert "'trainer_state' is TRL's TrainerState" in message and "trainer_state=None" in message
+    assert "\n" not in message and "column" not in message
+    validate_specs([RewardSpec("cur", fn=trl_curriculum_default)])  # a default: never needed
+    assert RewardScorer([RewardSpec("cur", fn=trl_curriculum_default)]).needed_fields() == {}
+
+
 def test_a_reward_failing_on_most_samples_stops_the_run():
     scorer = RewardScorer([RewardSpec("broken", fn=always_fails), "format"])
     with pytest.raises(RewardFunctionError) as err:

@@ -25,6 +25,13 @@ def test_console_line_format():
     assert line == "[run] step 5/100 loss/policy=0.01235 reward/mean=0.5 perf/step_seconds=1.25"
 
 
+def test_the_async_step_line_shows_staleness_and_queue_depth():
+    """Issue 57: without a terminal an async run's line shows what its progress bar does."""
+    line = console_line(3, {"reward/mean": 0.5, "async/staleness_mean": 1.0,
+                            "async/queue_groups": 8.0, "async/learner_wait_s": 0.1}, 10)
+    assert line == "step 3/10 reward/mean=0.5 async/staleness_mean=1 async/queue_groups=8"
+
+
 @pytest.mark.parametrize(("tty", "progress", "printed"), [
     (False, True, True), (True, True, False), (False, False, False)])
 def test_lines_only_without_a_terminal(tmp_path, monkeypatch, tty, progress, printed):

@@ -212,3 +212,23 @@ def test_bf16_sampler_weights_follow_the_policy(toy_world, tmp_path):
     _assert_learns(_reward_curve(str(tmp_path)))
     fp32 = GRPOTrainer(_cfg(toy_world, str(tmp_path / "fp32"), max_steps=1))
     assert fp32.sampler().sampling_model() == (fp32.model, False)
+
+
+def test_lora_async_at_staleness_0_is_the_synchronous_lora_run(toy_world, tmp_path):
+    """Issue 57: `lora_r` with async_rollouts (refused before, while a PeftModel object ran):
+    the push copies the whole state dict, adapters included, so at max_staleness 0 the async
+    LoRA run samples, scores and trains exactly as the synchronous one."""
+    runs = {}
+    for name, extra in {"sync": {}, "async": {"async_rollouts": True, "max_staleness": 0}}.items():
+        out = str(tmp_path / name)
+        GRPOTrainer(_cfg(toy_world, out, lora_r=4, lora_alpha=16, lr=5e-2, max_steps=3,
+                         group_size=4, prompts_per_step=4, report_to=[], **extra)).train()
+        rows = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+        runs[name] = [{k: v for k, v in r.items() if k.startswith(("reward/", "loss/"))}
+                      for r in rows if "reward/mean" in r]
+    assert len(runs["sync"]) == 3 and runs["async"] == runs["sync"]
+    assert len({r["reward/mean"] for r in runs["sync"]} | {r["loss/policy"]
+                                                           for r in runs["sync"]}) > 1
+    from safetensors.torch import load_file
+    a, b = (load_file(str(tmp_path / n / "final" / "model.safetensors")) for n in runs)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
