@@ -61,9 +61,9 @@ class StepNotes:
         seen = blowup(self._trend)
         if seen:
             self._say("blowup", f"warning (step {step}): the policy is blowing up: {seen}; "
-                      "a saturated policy writing to max_new_tokens is the usual cause "
-                      "(mask_truncated_completions: true, a lower lr or a larger kl_coef "
-                      "hold it)")
+                      "long wrong completions weigh less per token under loss_agg "
+                      "seq-mean-token-mean; loss_agg: token-mean (DAPO), a lower lr or a larger "
+                      "kl_coef hold it")
 
     def tool_answers(self, step: int, overflows: list[int], max_new_tokens: int) -> None:
         """Episodes that ended because a tool's answer did not fit in their budget."""

@@ -50,9 +50,9 @@ def test_said_once_while_it_trains(toy_world, tmp_path, capsys, monkeypatch):
     _grpo(toy_world, tmp_path / "run", max_steps=7).train()
     lines = [x for x in capsys.readouterr().err.splitlines() if "blowing up" in x]
     assert lines == ["[grpo] warning (step 6): the policy is blowing up: "
-                     "response/truncated_frac 0 -> 0.6 (steps 1-6); a saturated policy writing "
-                     "to max_new_tokens is the usual cause (mask_truncated_completions: true, a "
-                     "lower lr or a larger kl_coef hold it)"]
+                     "response/truncated_frac 0 -> 0.6 (steps 1-6); long wrong completions weigh "
+                     "less per token under loss_agg seq-mean-token-mean; loss_agg: token-mean "
+                     "(DAPO), a lower lr or a larger kl_coef hold it"]
 
 
 def test_notes_of_other_ranks_say_nothing(capsys):
