@@ -72,12 +72,14 @@ _said_full: set[str] = set()
 
 
 def say_full_logits(model: torch.nn.Module, n: int, T: int) -> None:
-    """One stderr line (per reason, rank 0) the first time a model's [n, T, V] logits are built
-    in full where the fused head would have been used: their size and why."""
+    """One stderr line (per reason, rank 0) where a model with an LM head will build [n, T, V]
+    logits in full past `FUSE_MIN_ELEMENTS`: their size and why. Called at a run's start with
+    its largest micro-batch (`Trainer`), and at the first such forward (a Python API caller)."""
     reason = unfused_reason(model)
     V = int(getattr(model.config, "vocab_size", 0) or 0)
     rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
-    if reason is None or reason in _said_full or not rank0:
+    if (reason is None or reason in _said_full or not rank0 or embeddings(model)[1] is None
+            or n * T * V <= FUSE_MIN_ELEMENTS):
         return
     _said_full.add(reason)
     size = n * T * V * 4

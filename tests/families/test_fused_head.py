@@ -59,3 +59,28 @@ def test_softcapped_head_falls_back_with_one_line(family_builder, capsys, monkey
                     "(gemma3_text applies final_logit_softcapping=30.0 after the head, so the "
                     "fused chunked head is off; a smaller micro_batch_size or shorter "
                     "completions bound them)"], err
+
+
+def test_a_run_says_it_at_start(family_builder, tmp_path, capsys, monkeypatch):
+    """A trainer built on a model that cannot fuse its head says so once, before training,
+    with its largest micro-batch (micro_batch_size x max_seq_len)."""
+    from posttrain.trainers import trainer_class
+
+    model = AutoModelForCausalLM.from_pretrained(family_builder("gemma3"))
+    model.config.final_logit_softcapping = 30.0
+    model.save_pretrained(tmp_path / "capped")
+    for item in family_builder("gemma3").glob("tokenizer*"):
+        (tmp_path / "capped" / item.name).write_bytes(item.read_bytes())
+    rows = [{"prompt": "2+3?", "completion": "5"}] * 4
+    monkeypatch.setattr(forward, "_said_full", set())
+    cls = trainer_class("sft")
+    keys = {"model": str(tmp_path / "capped"), "train_data": rows, "out_dir": str(tmp_path / "o"),
+            "micro_batch_size": 4, "batch_size": 4, "max_seq_len": 217, "progress": False,
+            "report_to": [], "threads": 1}
+    cls(**keys)  # built, not trained
+    err = capsys.readouterr().err
+    line = [x for x in err.splitlines() if "full logits" in x]
+    assert line == ["posttrain: full logits: 4 x 217 x 262144 fp32 = 0.9 GB per micro-batch "
+                    "(gemma3_text applies final_logit_softcapping=30.0 after the head, so the "
+                    "fused chunked head is off; a smaller micro_batch_size or shorter "
+                    "completions bound them)"], err
