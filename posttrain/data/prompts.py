@@ -133,17 +133,12 @@ def cut_after_turn_end(tokenizer: Any, text: str, end: int | None) -> str:
     return text[:text.rindex(mark) + len(mark)] if mark and mark in text else text
 
 
-_ends: dict[tuple[int, str], int | None] = {}
-
-
 def turn_end_id(tokenizer: Any, template: str = "auto") -> int | None:
     """The id that ends an assistant turn: the added token the chat template closes an
     assistant message with (Qwen's ``<|im_end|>``, Gemma's ``<end_of_turn>``, gpt-oss's
-    ``<|return|>``), else the tokenizer's EOS (no template, or one that closes with text)."""
-    key = (id(tokenizer), template)
-    if key not in _ends:
-        _ends[key] = _closing_token(tokenizer, template)
-    found = _ends[key]
+    ``<|return|>``), else the tokenizer's EOS (no template, or one that closes with text).
+    Not cached: a tokenizer's template may change, and one render is cheap."""
+    found = _closing_token(tokenizer, template)
     return found if found is not None else tokenizer.eos_token_id
 
 
