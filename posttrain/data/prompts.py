@@ -97,10 +97,9 @@ def render_completion(tokenizer: Any, prompt: Prompt, completion: Prompt,
 
 def tokenize_completions(tokenizer: Any, rows: list[dict[str, Any]], field: str,
                          template: str = "auto") -> tuple[list[list[int]], list[list[int]]]:
-    """Token ids of each row's rendered ``prompt`` and of its ``row[field]`` completion closed
-    by `close_turn` (both without special tokens added): the trained ids end exactly at the
-    turn's end token. A row that cannot be rendered raises TemplateError with its `row` and
-    `field`."""
+    """Token ids of each row's rendered ``prompt`` and of its ``row[field]`` completion ending
+    at exactly one turn end (`closed_ids`; both without special tokens added). A row that
+    cannot be rendered raises TemplateError with its `row` and `field`."""
     texts = []
     for i, r in enumerate(rows):
         try:
@@ -108,29 +107,37 @@ def tokenize_completions(tokenizer: Any, rows: list[dict[str, Any]], field: str,
         except TemplateError as err:
             raise TemplateError(str(err), row=i, field=field) from err
     p_ids = tokenizer([p for p, _ in texts], add_special_tokens=False)["input_ids"]
-    c_ids = tokenizer([c for _, c in texts], add_special_tokens=False)["input_ids"]
+    c_ids = closed_ids(tokenizer, [""] * len(rows), [c for _, c in texts],
+                       [isinstance(r[field], list) for r in rows], template)
+    return [list(p) for p in p_ids], c_ids
+
+
+def closed_ids(tokenizer: Any, heads: list[str], tails: list[str], rendered: list[bool],
+               template: str = "auto") -> list[list[int]]:
+    """Token ids of each ``head + tail`` ending at exactly one turn end. A `rendered` tail (the
+    chat template's) that ends with one of the tokenizer's special tokens keeps it and loses the
+    whitespace after it (Qwen's and Gemma's newline after the end-of-turn: never sampled, since
+    sampling stops at the end token); gpt-oss's ``<|call|>`` closes a turn too. Any other tail
+    gets `turn_end_id` appended unless it already ends with it (`close_turn`)."""
     end = turn_end_id(tokenizer, template)
-    out = [close_turn(list(ids), end, isinstance(row[field], list))
-           for row, ids in zip(rows, c_ids, strict=True)]
-    return [list(p) for p in p_ids], out
+    closers = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special} | {end}
+    bare = [t.rstrip() if r else t for t, r in zip(tails, rendered, strict=True)]
+    ids = tokenizer([h + t for h, t in zip(heads, bare, strict=True)],
+                    add_special_tokens=False)["input_ids"]
+    out = []
+    for i, x in enumerate(ids):
+        if rendered[i] and x and x[-1] in closers:
+            out.append(list(x))
+            continue
+        if tails[i] != bare[i]:  # not closed by a special token: the text as rendered
+            x = tokenizer(heads[i] + tails[i], add_special_tokens=False)["input_ids"]
+        out.append(close_turn(list(x), end))
+    return out
 
 
-def close_turn(ids: list[int], end: int | None, rendered: bool) -> list[int]:
-    """`ids` of a completion ending exactly at one `end` token. A `rendered` (chat-template)
-    completion is cut after its last `end`, dropping what the template writes after the turn's
-    end (Qwen's and Gemma's newline: never sampled, since sampling stops at `end`); one without
-    `end`, or a plain string, gets `end` appended unless it already ends with it."""
-    if end is None:
-        return ids
-    if rendered and end in ids:
-        return ids[:len(ids) - ids[::-1].index(end)]
-    return ids if ids[-1:] == [end] else [*ids, end]
-
-
-def cut_after_turn_end(tokenizer: Any, text: str, end: int | None) -> str:
-    """A rendered completion's text cut after its last `end` token (`close_turn` on text)."""
-    mark = tokenizer.convert_ids_to_tokens(end) if end is not None else None
-    return text[:text.rindex(mark) + len(mark)] if mark and mark in text else text
+def close_turn(ids: list[int], end: int | None) -> list[int]:
+    """`ids` with `end` appended unless they already end with it (or `end` is None)."""
+    return ids if end is None or ids[-1:] == [end] else [*ids, end]
 
 
 def turn_end_id(tokenizer: Any, template: str = "auto") -> int | None:

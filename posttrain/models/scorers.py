@@ -80,7 +80,7 @@ class ORMScorer(_Scorer):
     def score(self, prompts: Sequence[Any], completions: Sequence[str],
               transform: str = "raw") -> list[float]:
         """One score per completion, read at the last real token of ``prompt + completion``
-        closed by the turn's end token, as the ORM trained (`close_turn`; a logit, its sigmoid
+        closed by the turn's end token, as the ORM trained (`closed_ids`; a logit, its sigmoid
         with ``transform="sigmoid"``)."""
         if transform not in TRANSFORMS:
             raise ValueError(f"transform={transform!r}; valid: {list(TRANSFORMS)}")
@@ -89,8 +89,7 @@ class ORMScorer(_Scorer):
         texts = [self.render(p) + c for p, c in zip(prompts, completions, strict=True)]
         if not texts:
             return []
-        seqs = [close_turn(ids, end, False)
-                for ids in tok(texts, add_special_tokens=False)["input_ids"]]
+        seqs = [close_turn(ids, end) for ids in tok(texts, add_special_tokens=False)["input_ids"]]
         self.model.eval()
         scores = torch.cat([sequence_scores(self.model, ids, mask).cpu()
                             for ids, mask in self._batches(seqs)])  # [n]

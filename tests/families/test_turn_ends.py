@@ -113,3 +113,18 @@ def test_sampler_stops_on_every_generation_end_id(family, family_dir, family_tok
             assert m == sorted(m, reverse=True), "the mask is a prefix"
             found = [t for t in kept if t in stops]
             assert found == ([] if cut else [end]) and (cut or kept[-1] == end)
+
+
+def test_a_gptoss_tool_call_turn_ends_at_its_call(family_builder):
+    """gpt-oss closes a tool-call turn with ``<|call|>`` (an end id of its generation_config):
+    the trained ids end there, with no ``<|return|>`` after it."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(family_builder("gptoss"))
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]}
+    examples, _ = tokenize_sft_rows(tok, [{"prompt": USER, "completion": [call]}], 512)
+    ids, n = examples[0]
+    trained = ids[n:]
+    assert tok.convert_ids_to_tokens(trained[-1]) == "<|call|>"
+    assert [t for t in trained if t in ends("gptoss", tok) | {200012}] == [trained[-1]]
