@@ -105,10 +105,9 @@ def render_completion(tokenizer: Any, prompt: Prompt, completion: Prompt,
 
 def tokenize_completions(tokenizer: Any, rows: list[dict[str, Any]], field: str,
                          template: str = "auto") -> tuple[list[list[int]], list[list[int]]]:
-    """Token ids of each row's rendered ``prompt`` and of its ``row[field]`` completion + EOS
-    (both without special tokens added). A conversational completion already ending in EOS
-    (a template that closes the assistant turn with it) gets no second one. A row that cannot
-    be rendered raises TemplateError with its `row` and `field`."""
+    """Token ids of each row's rendered ``prompt`` and of its ``row[field]`` completion ending
+    at exactly one turn end (`closed_ids`; both without special tokens added). A row that
+    cannot be rendered raises TemplateError with its `row` and `field`."""
     texts = []
     for i, r in enumerate(rows):
         try:
@@ -116,13 +115,65 @@ def tokenize_completions(tokenizer: Any, rows: list[dict[str, Any]], field: str,
         except TemplateError as err:
             raise TemplateError(str(err), row=i, field=field) from err
     p_ids = tokenizer([p for p, _ in texts], add_special_tokens=False)["input_ids"]
-    c_ids = tokenizer([c for _, c in texts], add_special_tokens=False)["input_ids"]
-    eos = tokenizer.eos_token_id
+    c_ids = closed_ids(tokenizer, [""] * len(rows), [c for _, c in texts],
+                       [isinstance(r[field], list) for r in rows], template)
+    return [list(p) for p in p_ids], c_ids
+
+
+def closed_ids(tokenizer: Any, heads: list[str], tails: list[str], rendered: list[bool],
+               template: str = "auto") -> list[list[int]]:
+    """Token ids of each ``head + tail`` ending at exactly one turn end. A `rendered` tail (the
+    chat template's) that ends with one of the tokenizer's special tokens keeps it and loses the
+    whitespace after it (Qwen's and Gemma's newline after the end-of-turn: never sampled, since
+    sampling stops at the end token); gpt-oss's ``<|call|>`` closes a turn too. Any other tail
+    gets `turn_end_id` appended unless it already ends with it (`close_turn`)."""
+    end = turn_end_id(tokenizer, template)
+    closers = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special} | {end}
+    bare = [t.rstrip() if r else t for t, r in zip(tails, rendered, strict=True)]
+    ids = tokenizer([h + t for h, t in zip(heads, bare, strict=True)],
+                    add_special_tokens=False)["input_ids"]
     out = []
-    for row, ids in zip(rows, c_ids, strict=True):
-        closed = isinstance(row[field], list) and ids and ids[-1] == eos
-        out.append(list(ids) if closed or eos is None else [*ids, eos])
-    return [list(p) for p in p_ids], out
+    for i, x in enumerate(ids):
+        if rendered[i] and x and x[-1] in closers:
+            out.append(list(x))
+            continue
+        if tails[i] != bare[i]:  # not closed by a special token: the text as rendered
+            x = tokenizer(heads[i] + tails[i], add_special_tokens=False)["input_ids"]
+        out.append(close_turn(list(x), end))
+    return out
+
+
+def close_turn(ids: list[int], end: int | None) -> list[int]:
+    """`ids` with `end` appended unless they already end with it (or `end` is None)."""
+    return ids if end is None or ids[-1:] == [end] else [*ids, end]
+
+
+def turn_end_id(tokenizer: Any, template: str = "auto") -> int | None:
+    """The id that ends an assistant turn: the added token the chat template closes an
+    assistant message with (Qwen's ``<|im_end|>``, Gemma's ``<end_of_turn>``, gpt-oss's
+    ``<|return|>``), else the tokenizer's EOS (no template, or one that closes with text).
+    Not cached: a tokenizer's template may change, and one render is cheap."""
+    found = _closing_token(tokenizer, template)
+    return found if found is not None else tokenizer.eos_token_id
+
+
+def _closing_token(tokenizer: Any, template: str) -> int | None:
+    """The added token that starts what the template writes after an assistant message's
+    content, or None (no template, a template that fails on the probe, or a text close)."""
+    if not uses_template(tokenizer, template):
+        return None
+    probe = [{"role": "user", "content": "1"}, {"role": "assistant", "content": _PROBE}]
+    try:
+        text = _apply(tokenizer, probe, template, False)
+    except Exception:  # noqa: BLE001 - a template that cannot render the probe: EOS as before
+        return None
+    if _PROBE not in text:
+        return None
+    tail = tokenizer(text.rsplit(_PROBE, 1)[1], add_special_tokens=False)["input_ids"]
+    if not tail:
+        return None
+    added = set(tokenizer.get_added_vocab().values())
+    return int(tail[0]) if tail[0] in added else None
 
 
 _PROBE = "\x00posttrain-probe\x00"

@@ -47,7 +47,7 @@ from posttrain.engine.checkpoint import (
     write_checkpoint,
 )
 from posttrain.engine.distributed import Dist
-from posttrain.engine.forward import PolicyForward, policy_forward
+from posttrain.engine.forward import PolicyForward, policy_forward, say_full_logits
 from posttrain.engine.fsdp import SHARDED, full_weights, load_sharded, save_sharded
 from posttrain.engine.launch import (
     StopRequest,
@@ -149,6 +149,9 @@ class Trainer:
         self.model = self.dist.wrap(self.model, cfg.fsdp, self.device, bf16)
         if self.ref.model is not None and self.sharded_start:  # the reference: sharded alike
             self.ref.model = self.dist.wrap(self.ref.model, True, self.device, bf16)
+        length = getattr(cfg, "max_seq_len", None) or getattr(cfg, "max_new_tokens", None)
+        if self.dist.is_main and length:  # one line now if the largest logits go unfused
+            say_full_logits(self.model, int(getattr(cfg, "micro_batch_size", 1) or 1), length)
         # everything that trains is built before a checkpoint is restored into it
         self.groups = self.optimizer_groups()
         self.start_step = 0
