@@ -523,7 +523,7 @@ def main():
     _apply_limits(run["limits"])
     try:
         code = compile(run["code"], "<program>", "exec")
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # too deep to compile: 0
         code = None
     for index, line in enumerate(commands):
         response = _answer(code, json.loads(line), run)

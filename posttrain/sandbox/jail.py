@@ -142,6 +142,28 @@ class SandboxResult:
     carry what they need; forgeable)."""
 
 
+_INFRA = ("cannot start the sandbox", "sandbox did not start", "bad report")
+_HOW = {"failed": "raised an exception or exited with a non-zero status",
+        "timeout": "ran past its time limit of {t:g} s", "memory": "ran out of memory",
+        "crashed": "was killed by a signal", "sandbox_error": "broke the sandbox's protocol"}
+
+
+def script_answer(result: SandboxResult, timeout_s: float) -> str:
+    """What a script run (``run_sandboxed(code)``, no tests) says to the model that wrote it:
+    its stdout, and when it did not finish cleanly a last line saying how (a program's failure
+    is an answer, never an exception). Raises RuntimeError only when the sandbox itself did not
+    run (it could not start, or its report broke): that is the tool's failure, not the
+    program's."""
+    if result.status == "passed":
+        return result.stdout
+    if result.status == "sandbox_error" and result.detail.startswith(_INFRA):
+        raise RuntimeError(f"the sandbox did not run: {result.detail[-300:]}")
+    how = _HOW.get(result.status, result.status).format(t=timeout_s)
+    out = result.stdout if result.stdout.endswith("\n") or not result.stdout \
+        else result.stdout + "\n"
+    return f"{out}error: the program {how}"
+
+
 class _Slots:
     """Slot numbers for concurrent runs; with ``lock_dir`` a slot is also locked across
     processes (``flock``), so two trainers on one machine never share a sandbox uid."""
