@@ -65,3 +65,134 @@ def test_the_standard_library_still_imports_during_a_test(mode: str) -> None:
             "assert f(1) == 5 and Fraction(1, 2) == 0.5 and statistics.mean([1, 3]) == 2\n"
             "assert P(1, 2).x == 1 and Q(3).a == 3\n")
     assert _score("def f(x):\n    return 5\n", [test], mode)[0] == 1.0
+
+
+def _statuses(program: str, tests: list[str], mode: str) -> list[str]:
+    return _score(program, tests, mode)[1].test_status
+
+
+# ---- 1. copies where Python shares: the program's lists, dicts and sets are shared ----------
+_SHARING = ("class S:\n    def __init__(self):\n        self._i = [1]\n"
+            "    def items(self):\n        return self._i\n"
+            "    def add(self, x):\n        self._i.append(x)\n"
+            "TABLE = [1, 2]\n"
+            "def grow(x):\n    TABLE.append(x)\n"
+            "CACHE = {1: 5}\n"
+            "def f(x):\n    return CACHE.get(x, 0)\n"
+            "X = [1]\n"
+            "def rebind():\n    global X\n    X = [2]\n"
+            "def fresh():\n    return [3, 1, 2]\n")
+# each passes where a copy stood in for the program's object, and fails in plain Python
+SHARED_WRONG = [
+    "s = S()\nv = s.items()\nv.append(99)\nassert s.items() == [1]",  # a leaky accessor
+    "s = S()\nv = s.items()\ns.add(2)\nassert v == [1]",  # the program changes it later
+    "t = TABLE\ngrow(3)\nassert t == [1, 2]",  # a table the test holds
+    "CACHE.clear()\nassert f(1) == 5",  # a poisoned cache the test clears
+    "v = [fresh()]\nv[0].append(4)\nassert len(fresh()) == 3 and v[0] == [3, 1, 2]",
+]
+SHARED_HONEST = [
+    "s = S()\nv = s.items()\nv.append(99)\nassert s.items() == [1, 99] and s.items() is v",
+    "t = TABLE\ngrow(3)\nassert t == [1, 2, 3] and t is TABLE",
+    "a = X\nrebind()\nassert X == [2] and a == [1]",
+    "r = fresh()\nr.sort()\nassert r == [1, 2, 3] and sorted(fresh()) == r",
+    "CACHE[2] = 7\nassert f(2) == 7",
+]
+
+
+def test_the_programs_lists_dicts_and_sets_are_shared(mode: str) -> None:
+    assert _statuses(_SHARING, SHARED_WRONG, mode) == ["failed"] * len(SHARED_WRONG)
+    assert _statuses(_SHARING, SHARED_HONEST, mode) == ["passed"] * len(SHARED_HONEST)
+
+
+# ---- 2. a subclass of a plain type: its base value by the base type's methods; overrides ----
+_SUBCLASSES = (
+    "from collections import Counter, OrderedDict, defaultdict, namedtuple\n"
+    "class D(dict):\n"  # storage {'b': 2}; every override shows {'a': 1}
+    "    def items(self):\n        return [('a', 1)]\n"
+    "    def keys(self):\n        return ['a']\n"
+    "    def __iter__(self):\n        return iter(['a'])\n"
+    "    def __getitem__(self, k):\n        return 1\n"
+    "    def __len__(self):\n        return 1\n"
+    "    def __repr__(self):\n        return \"{'a': 1}\"\n"
+    "    def __reduce__(self):\n        return (dict, ({'a': 1},))\n"
+    "class L(list):\n"  # storage [9]; the overrides show [1]
+    "    def __iter__(self):\n        return iter([1])\n"
+    "    def __getitem__(self, i):\n        return 1\n"
+    "    def __len__(self):\n        return 1\n"
+    "class Twice(list):\n"
+    "    def append(self, x):\n        list.append(self, x)\n        list.append(self, x)\n"
+    "class Always(set):\n    def __contains__(self, x):\n        return True\n"
+    "class Ne(tuple):\n    def __eq__(self, other):\n        return False\n"
+    "    __hash__ = tuple.__hash__\n"
+    "class Falsy(int):\n    def __bool__(self):\n        return False\n"
+    "class Short(str):\n    def __len__(self):\n        return 3\n"
+    "class Stack(list):\n    def push(self, x):\n        self.append(x)\n"
+    "    def peek(self):\n        return self[-1]\n"
+    "class Shout(str):\n    def upper(self):\n        return 'LOUD'\n"
+    "P = namedtuple('P', 'x y')\n"
+    "def make(kind, *args, **kwargs):\n    return kind(*args, **kwargs)\n"
+    "def bad():\n    return D(b=2)\n"
+    "def ne():\n    return Ne((1, 2))\n"
+    "def counts(s):\n    return Counter(s)\n")
+SUBCLASS_WRONG = [
+    "assert (make(D, b=2) == {'a': 1}) == True",
+    "assert make(D, b=2) == {'a': 1}",  # the value path: compared outside, by its storage
+    "assert (make(L, [9]) == [1]) == True",
+    "assert make(L, [9]) == [1]",
+    "t = make(Twice)\nt.append(1)\nassert t == [1]",  # a redefined method with a bug
+    "assert 5 not in make(Always, [1])",
+    "assert (make(Ne, (1, 2)) == (1, 2)) == True",
+    "assert make(Ne, (1, 2)) == (1, 2)",
+    "assert bad() == {'a': 1}",  # the value path (compared outside): by its storage
+    "assert ne() == (1, 2)",  # the value path: its own == would run in Python
+    "assert make(Falsy, 5)",
+    "assert len(make(Short, 'abcde')) == 5",
+]
+SUBCLASS_HONEST = [
+    "c = make(Counter, 'aab')\nassert c == {'a': 2, 'b': 1} and c['z'] == 0",
+    "c = make(Counter, 'ab')\nc.update('a')\nassert c.most_common(1) == [('a', 2)]",
+    "assert counts('ab') == {'a': 1, 'b': 1}",  # value path: Counter's == is dict's
+    "p = make(P, 1, 2)\nassert p == (1, 2) and p.x == 1 and str(p) == 'P(x=1, y=2)'",
+    "s = make(Stack)\ns.push(1)\ns.push(2)\nassert s.peek() == 2 and s == [1, 2] and len(s) == 2",
+    "d = make(defaultdict, int)\nd['a'] += 1\nassert d == {'a': 1}",
+    "assert make(Shout, 'hi').upper() == 'LOUD' and make(Shout, 'hi') == 'hi'",
+    "o = make(OrderedDict, a=1, b=2)\no.move_to_end('a')\nassert list(o) == ['b', 'a']",
+    "t = make(Twice)\nt.append(1)\nassert t == [1, 1]",
+]
+
+
+def test_a_subclass_is_read_by_its_base_type_and_its_overrides_are_the_programs(mode: str
+                                                                               ) -> None:
+    assert _statuses(_SUBCLASSES, SUBCLASS_WRONG, mode) == ["failed"] * len(SUBCLASS_WRONG)
+    assert _statuses(_SUBCLASSES, SUBCLASS_HONEST, mode) == ["passed"] * len(SUBCLASS_HONEST)
+
+
+# ---- 3. equality and `in` of a program object: asked, typed, or the test fails --------------
+_OBJECTS = ("class AlwaysEqual:\n    def __eq__(self, other):\n        return True\n"
+            "class Hashed(AlwaysEqual):\n    __hash__ = object.__hash__\n"
+            "class Bag:\n    def __init__(self, xs):\n        self.xs = xs\n"
+            "    def __iter__(self):\n        return iter(self.xs)\n"
+            "    def __contains__(self, x):\n        return False\n"
+            "class Yes:\n    def __contains__(self, x):\n        return True\n"
+            "class Plain:\n    pass\n"
+            "def make(kind, *args):\n    return kind(*args)\n")
+OBJECT_WRONG = [
+    "assert make(AlwaysEqual) != 5",
+    "assert not (make(AlwaysEqual) == 5)",
+    "assert len({make(AlwaysEqual), make(AlwaysEqual)}) == 2",  # unhashable in Python
+    "assert len({make(Hashed): 1, 5: 2}) == 2 and make(Hashed) != 5",
+    "assert 5 not in make(Yes)",
+    "assert 1 in make(Bag, [1, 2])",  # its own __contains__, not its iteration
+    "try:\n    assert make(AlwaysEqual) != 5\nexcept BaseException:\n    pass\n",  # caught
+]
+OBJECT_HONEST = [
+    "a = make(Plain)\nassert a == a and a != make(Plain) and a is not None",
+    "assert make(Plain) not in [make(Plain)] and len({make(Plain), make(Plain)}) == 2",
+    "assert 7 in make(Yes) and 3 not in make(Bag, [3])",
+    "b = make(Bag, [1])\nassert [x for x in b] == [1]",
+]
+
+
+def test_equality_and_in_of_a_program_object_are_pythons_or_fail(mode: str) -> None:
+    assert _statuses(_OBJECTS, OBJECT_WRONG, mode) == ["failed"] * len(OBJECT_WRONG)
+    assert _statuses(_OBJECTS, OBJECT_HONEST, mode) == ["passed"] * len(OBJECT_HONEST)
