@@ -79,7 +79,7 @@ def _child(code, test, fds, token, cpu_s):
     except base_exception:  # our own set-up failed, before any untrusted code ran
         write(write_fd, b"S")
         exit_now(71)
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    namespace = _main_namespace()
     try:
         try:
             run(code, namespace)
@@ -104,6 +104,15 @@ def _child(code, test, fds, token, cpu_s):
     except base_exception:
         exit_now(1)
     exit_now(0)
+
+
+def _main_namespace():
+    """The program's globals: a fresh ``__main__`` module's, put in ``sys.modules`` as plain
+    Python does (``import __main__`` is the program, not the supervisor)."""
+    module = type(sys)("__main__")
+    module.__builtins__ = __builtins__
+    sys.modules["__main__"] = module
+    return module.__dict__
 
 
 def _finish_script(namespace):
@@ -312,7 +321,7 @@ def _program_process(code, link, close, run, describe):
         _setup_forked(close, run["cpu_s"])
     except base_exception:
         exit_now(71)
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    namespace = _main_namespace()
     try:
         execute(code, namespace)
         with contextlib.suppress(base_exception):

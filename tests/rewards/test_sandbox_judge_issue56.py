@@ -196,3 +196,17 @@ OBJECT_HONEST = [
 def test_equality_and_in_of_a_program_object_are_pythons_or_fail(mode: str) -> None:
     assert _statuses(_OBJECTS, OBJECT_WRONG, mode) == ["failed"] * len(OBJECT_WRONG)
     assert _statuses(_OBJECTS, OBJECT_HONEST, mode) == ["passed"] * len(OBJECT_HONEST)
+
+
+def test_main_is_the_programs_own_module(mode: str) -> None:
+    """`sys.modules['__main__']` in a program process is the program's module (plain Python's),
+    never the supervisor's: its encoder cannot be replaced that way (a frame's globals still
+    can: documented as not closed)."""
+    forge = ("import sys\nm = sys.modules['__main__']\nreal = m.wire_encode\n"
+             "m.wire_encode = lambda v, *a, **k: real(5 if v == 0 else v, *a, **k)\n"
+             "def f(x):\n    return 0\n")
+    assert _statuses(forge, ["assert f(1) == 5", "assert (f(1) == 5) == True"], mode) == \
+        ["failed", "failed"]
+    honest = "import __main__\nX = 3\ndef f():\n    return __main__.X\n"
+    assert _statuses(honest, ["assert f() == 3", "assert (f() == 3) == True"], mode) == \
+        ["passed", "passed"]
