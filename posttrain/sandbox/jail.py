@@ -407,9 +407,10 @@ def _launch(mode: str, limits: SandboxLimits, uid: int | None, workdir: str | No
 
 
 def _ipc_wrapper(uid: int) -> list[str]:
-    """``unshare --ipc`` then ``setpriv`` to the sandbox uid (util-linux): in limits mode as
-    root each run gets an IPC namespace of its own, so SysV shared memory, message queues,
-    semaphores and POSIX message queues die with the run. Without both tools limits mode
+    """``unshare --ipc --net`` then ``setpriv`` to the sandbox uid (util-linux): in limits mode
+    as root each run gets an IPC namespace of its own, so SysV shared memory, message queues,
+    semaphores and POSIX message queues die with the run, and a network namespace of its own
+    (no interface up: no network, not even the host's localhost, e.g. a vLLM server). Without both tools limits mode
     refuses to run as root (SandboxUnavailableError)."""
     unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
     if not (unshare and setpriv):
@@ -417,7 +418,7 @@ def _ipc_wrapper(uid: int) -> list[str]:
             "limits mode as root needs unshare and setpriv (util-linux) so that nothing a run "
             "leaves in SysV IPC or POSIX message queues reaches a later run; install "
             "util-linux or bubblewrap, or run the trainer as a non-root user")
-    return [unshare, "--ipc", "--", setpriv, f"--reuid={uid}", f"--regid={uid}",
+    return [unshare, "--ipc", "--net", "--", setpriv, f"--reuid={uid}", f"--regid={uid}",
             "--clear-groups", "--"]
 
 
@@ -488,7 +489,8 @@ def _run_in_slot(code: str, tests: list[CodeTest], limits: SandboxLimits, mode: 
             os.close(tests_r)
         deadline = started + _STARTUP_S + len(tests) * (limits.timeout_s + 1.0)
         done = exchange(proc, result_r, preamble + run, messages, judged, deadline,
-                        limits.max_output_bytes, line_cap, sources=(tests_w, sources))
+                        limits.max_output_bytes, line_cap, sources=(tests_w, sources),
+                        per_answer_s=_STARTUP_S / 2 + 2 * limits.timeout_s)
     finally:
         os.close(result_r)
         os.close(tests_w)

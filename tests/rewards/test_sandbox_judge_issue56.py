@@ -210,3 +210,38 @@ def test_main_is_the_programs_own_module(mode: str) -> None:
     honest = "import __main__\nX = 3\ndef f():\n    return __main__.X\n"
     assert _statuses(honest, ["assert f() == 3", "assert (f() == 3) == True"], mode) == \
         ["passed", "passed"]
+
+
+# ---- limits mode: no network; a stopped supervisor holds its slot for one answer's time -----
+def test_no_network_in_either_mode(mode: str) -> None:
+    """A server on the host's localhost (a local vLLM server's stand-in) is out of reach: in
+    limits mode as root the run has a network namespace of its own (as a non-root user limits
+    mode has the host's network: documented)."""
+    import os
+    import socket
+
+    if mode == "limits" and os.geteuid() != 0:
+        pytest.skip("limits mode as a non-root user keeps the host's network (documented)")
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    try:
+        program = ("import socket\ndef reach():\n    try:\n"
+                   f"        socket.create_connection(('127.0.0.1', {port}), timeout=1).close()\n"
+                   "        return True\n    except OSError:\n        return False\n")
+        assert _statuses(program, ["assert reach() == False"], mode) == ["passed"]
+    finally:
+        server.close()
+
+
+def test_a_stopped_supervisor_holds_its_slot_for_one_answers_time(mode: str) -> None:
+    import time
+
+    program = "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\ndef f():\n    return 1\n"
+    limits = SandboxLimits(timeout_s=1.0)
+    t0 = time.monotonic()
+    result = code_reward_detailed(program, ["assert f() == 1"] * 6, 1.0, partial=True,
+                                  mode=mode, limits=limits)[1]
+    assert time.monotonic() - t0 < 12.0  # the run's deadline would be 10 + 6 x 2 = 22 s
+    # limits: the supervisor stops (every test times out); bwrap: it is its PID namespace's
+    # init there, which a signal from inside does not stop (every test passes)
+    assert result.test_status in (["timeout"] * 6, ["passed"] * 6), result.test_status
