@@ -410,8 +410,8 @@ def _ipc_wrapper(uid: int) -> list[str]:
     """``unshare --ipc --net`` then ``setpriv`` to the sandbox uid (util-linux): in limits mode
     as root each run gets an IPC namespace of its own, so SysV shared memory, message queues,
     semaphores and POSIX message queues die with the run, and a network namespace of its own
-    (no interface up: no network, not even the host's localhost, e.g. a vLLM server). Without both tools limits mode
-    refuses to run as root (SandboxUnavailableError)."""
+    (no interface up: no network, not even the host's localhost, e.g. a vLLM server).
+    Without both tools limits mode refuses to run as root (SandboxUnavailableError)."""
     unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
     if not (unshare and setpriv):
         raise SandboxUnavailableError(
