@@ -83,6 +83,10 @@ SHAPES: dict[str, Callable[[dict, str, ast.Module], bool]] = {
     # a subclass of a plain type: a redefined operator a handle lacks (+, <) fails
     "program subclass of a plain type": lambda program, test, tree: any(
         issubclass(kind, PLAIN) for kind in classes(program)),
+    # a program that imports a thread module: the test fails while one of its threads lives
+    "program imports threads": lambda program, test, tree: any(
+        getattr(v, "__name__", "").split(".")[0] in ("threading", "_thread", "concurrent")
+        for v in program.values()),
     # a program name shadowing a builtin that the test calls (plain Python's, counted for info)
     "program name shadows a builtin": lambda program, test, tree: bool(
         (used_names(tree) - top_level_names(tree)) & set(program) & set(dir(builtins))),

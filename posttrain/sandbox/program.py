@@ -10,6 +10,7 @@ More: docs/sandbox.md, "The judge process".
 """
 
 import _operator
+import _thread
 import builtins
 
 # <parent-only> (removed from the sandbox's source, which starts with wire's)
@@ -258,6 +259,8 @@ def serve_program(namespace, fd, cap, describe):
         return diff
 
     hello = {"names": changed() if describe else {}}
+    if describe:  # threads of the program alive: its names may change after any answer
+        hello["threads"] = _thread._count()
     write_frame(fd, {**hello, "back": shared.state()})
     while True:
         request = read_frame(fd, cap)
@@ -274,6 +277,6 @@ def serve_program(namespace, fd, cap, describe):
         except Exception as exc:
             answer = {"id": request["id"], "raise": _raised(exc, shared)}
         if describe:
-            answer["names"] = changed()
+            answer["names"], answer["threads"] = changed(), _thread._count()
         answer["back"] = shared.state()  # last: the value and the names may share objects
         write_frame(fd, answer)

@@ -205,8 +205,8 @@ def test_main_is_the_programs_own_module(mode: str) -> None:
     forge = ("import sys\nm = sys.modules['__main__']\nreal = m.wire_encode\n"
              "m.wire_encode = lambda v, *a, **k: real(5 if v == 0 else v, *a, **k)\n"
              "def f(x):\n    return 0\n")
-    assert _statuses(forge, ["assert f(1) == 5", "assert (f(1) == 5) == True"], mode) == \
-        ["failed", "failed"]
+    for test in ("assert f(1) == 5", "assert (f(1) == 5) == True"):  # fails at its top level
+        assert _statuses(forge, [test], mode) == ["failed"]
     honest = "import __main__\nX = 3\ndef f():\n    return __main__.X\n"
     assert _statuses(honest, ["assert f() == 3", "assert (f() == 3) == True"], mode) == \
         ["passed", "passed"]
@@ -245,3 +245,17 @@ def test_a_stopped_supervisor_holds_its_slot_for_one_answers_time(mode: str) -> 
     # limits: the supervisor stops (every test times out); bwrap: it is its PID namespace's
     # init there, which a signal from inside does not stop (every test passes)
     assert result.test_status in (["timeout"] * 6, ["passed"] * 6), result.test_status
+
+
+# ---- 5. stale after the last answer: a live thread of the program fails the test -----------
+def test_a_live_program_thread_fails_the_test(mode: str) -> None:
+    late = ("import threading, time\nX = 1\n"
+            "def later():\n    time.sleep(0.2)\n    global X\n    X = 2\n"
+            "threading.Thread(target=later).start()\n")
+    # plain Python: X is 2 after the wait (the first fails); the judge cannot follow: both fail
+    assert _statuses(late, ["import time\ntime.sleep(0.5)\nassert X == 1",
+                            "import time\ntime.sleep(0.5)\nassert X == 2"], mode) == \
+        ["failed", "failed"]
+    joined = ("import threading\nX = []\nt = threading.Thread(target=lambda: X.append(1))\n"
+              "t.start()\nt.join()\n")
+    assert _statuses(joined, ["assert X == [1]"], mode) == ["passed"]
