@@ -53,23 +53,40 @@ def plain_size(value: object) -> int | None:
     return None
 
 
+PLAIN = (list, dict, set, tuple, frozenset, str, int, float)
+
+
+def classes(program: dict) -> list[type]:
+    """The program's own top-level classes (exceptions left out: they are stand-ins)."""
+    return [v for v in program.values() if isinstance(v, type) and
+            v.__module__ == "__main__" and not issubclass(v, BaseException)]
+
+
 SHAPES: dict[str, Callable[[dict, str, ast.Module], bool]] = {
     # a test that hands program output to eval/exec/pickle or a stdlib code runner: refused
     "code runner in the test": lambda program, test, tree: bool(RUNNERS.search(test)),
     # the test binds a name the program also defines (the test's binding stays the test's)
     "test rebinds a program name": lambda program, test, tree:
         bool(top_level_names(tree) & set(program)),
-    # a top-level plain value over 1 KiB: a handle (len and [] work, == does not)
+    # a top-level plain value over 1 KiB: a handle (len, [] and == work; + and < do not)
     "program constant over 1 KiB": lambda program, test, tree: any(
         (plain_size(program[name]) or 0) > HELLO_VALUE_BYTES
         for name in used_names(tree) - top_level_names(tree) if name in program),
     # the test checks a type: a handle or a view is not an instance of the program's class
     "isinstance / type() in the test": lambda program, test, tree:
         bool(re.search(r"\b(isinstance|issubclass|type)\(", test)),
-    # a program container the test may change in place (the program does not see the change)
-    "program global container": lambda program, test, tree: any(
-        type(program[name]) in (list, dict, set)
-        for name in used_names(tree) - top_level_names(tree) if name in program),
+    # a class of the program: its instances are handles (no arithmetic, no ordering)
+    "program class (handles)": lambda program, test, tree: bool(classes(program)),
+    # a class of the program with its own ==: == of its instance with another value fails
+    "program class with its own ==": lambda program, test, tree: any(
+        "__eq__" in vars(kind) or "__ne__" in vars(kind) for kind in classes(program)),
+    # a subclass of a plain type: a redefined operator a handle lacks (+, <) fails
+    "program subclass of a plain type": lambda program, test, tree: any(
+        issubclass(kind, PLAIN) for kind in classes(program)),
+    # a program that imports a thread module: the test fails while one of its threads lives
+    "program imports threads": lambda program, test, tree: any(
+        getattr(v, "__name__", "").split(".")[0] in ("threading", "_thread", "concurrent")
+        for v in program.values()),
     # a program name shadowing a builtin that the test calls (plain Python's, counted for info)
     "program name shadows a builtin": lambda program, test, tree: bool(
         (used_names(tree) - top_level_names(tree)) & set(program) & set(dir(builtins))),

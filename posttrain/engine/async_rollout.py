@@ -37,6 +37,7 @@ from posttrain.data import DataError
 from posttrain.rewards.registry import ScoreResult
 from posttrain.rollout import Rollout, SamplingParams
 from posttrain.rollout.engine import build_engine
+from posttrain.rollout.tools import python_mode
 
 POLL_S = 0.2
 """How often a waiting side looks whether the other one is still alive."""
@@ -120,7 +121,7 @@ class AsyncSampler:
         self.sent: set[int] = set()  # steps whose jobs went to the process
         self.proc = ctx.Process(target=_sampler_main, name=SAMPLER_NAME, args=(
             cfg, tokenizer, skeleton, agent, reward_fns, threads, os.getpid(), self.jobs,
-            self.results, self.version, self.loaded, self.lock))
+            self.results, self.version, self.loaded, self.lock, python_mode()))
         self.proc.start()
         self._finalizer = weakref.finalize(self, _stop, self.proc, self.jobs)
 
@@ -214,9 +215,13 @@ def _watch_parent(parent: int) -> None:
 
 def _sampler_main(cfg: Any, tokenizer: Any, skeleton: torch.nn.Module, agent: Any,
                   reward_fns: dict[str, Any] | None, threads: int, parent: int, jobs: Any,
-                  results: Any, version: Any, loaded: Any, lock: Any) -> None:
-    """The sampler process: load the job's weights, sample, score, send; errors are sent."""
+                  results: Any, version: Any, loaded: Any, lock: Any,
+                  sandbox_mode: str = "strict") -> None:
+    """The sampler process: load the job's weights, sample, score, send; errors are sent.
+    `sandbox_mode`: the learner's `python` tool mode (a spawned process starts from the
+    module default, not the run's `sandbox_mode`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the learner stops us after its save
+    python_mode(sandbox_mode)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     torch.set_num_threads(threads)
     try:

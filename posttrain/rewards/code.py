@@ -68,7 +68,7 @@ def _is_solution(body: str) -> bool:
     try:
         with AST_LOCK:
             module = ast.parse(body)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # model text: never a stop
         return False
     return any(isinstance(node, _SOLUTION) for node in module.body) or bool(module.body) and \
         all(isinstance(node, (ast.Import, ast.ImportFrom)) for node in module.body)

@@ -25,9 +25,10 @@ PER_SAMPLE, BATCHED, ROWS = "per_sample", "batched", "rows"
 ENTRY_KEYS = ("name", "weight", "kwargs")
 _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 _BATCH_INPUTS = ("completions", "prompts")
-EPISODE_FIELDS = ("messages", "environments")
+EPISODE_FIELDS = ("messages", "environments", "environment_closed")
 """Fields a multi-turn rollout adds to each sample's row for the rewards (the episode's chat
-messages, its environment instance): not required of the dataset's rows."""
+messages, its environment instance, whether a call on it timed out): not required of the
+dataset's rows."""
 
 
 def _params(fn: Callable[..., Any]) -> list[inspect.Parameter]:

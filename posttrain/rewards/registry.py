@@ -44,14 +44,32 @@ from posttrain.sandbox.jail import STATUSES, SandboxUnavailableError
 RewardFn = Callable[..., float]
 
 
-def environment_reward(completions: list[str], environments: list[Any]) -> list[float | None]:
+def environment_reward(completions: list[str], environments: list[Any],
+                       environment_closed: list[bool] | None = None) -> list[float | None]:
     """The environment's own score of each episode (`get_reward()`; docs/agents.md): None
     (not scored) for a sample without an environment or whose environment has no get_reward.
-    An `async def get_reward` is awaited on the run's event loop."""
+    An `async def get_reward` is awaited on the run's event loop.
+
+    A closed episode (a call on its environment timed out: `environment_closed`) scores the
+    lowest score of the batch's finished episodes (a batch holds whole groups), so timing a
+    call out on purpose never beats finishing wrong; None when no episode of the batch
+    finished with a score."""
     from posttrain.rollout.tools import resolve
 
-    return [resolve(env.get_reward()) if hasattr(env, "get_reward") else None
-            for env in environments]
+    closed = environment_closed or [False] * len(environments)
+    scores = [resolve(env.get_reward()) if hasattr(env, "get_reward") and not shut else None
+              for env, shut in zip(environments, closed, strict=True)]
+    lowest = min((s for s in map(_finite, scores) if s is not None), default=None)
+    return [lowest if shut else score for score, shut in zip(scores, closed, strict=True)]
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a finite float, or None (not a number: its own sample's error, later)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 BUILTIN_REWARDS: dict[str, RewardFn] = {

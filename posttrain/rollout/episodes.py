@@ -224,7 +224,8 @@ class AgentEngine:
             [e.cut == "length" for e in eps], group_size=group_size,
             pad_token_id=pad_id(self.tokenizer, stops), tokenizer=None,
             rows=[{**rows[i // group_size], "messages": e.messages,  # a closed env: a late call
-                   "environments": None if getattr(e.tools, "closed", False) else e.env}
+                   "environments": None if getattr(e.tools, "closed", False) else e.env,
+                   "environment_closed": getattr(e.tools, "closed", False)}  # scored lowest
                   for i, e in enumerate(eps)],  # may still change it; no reward reads it
             model_tokens=[e.model for e in eps], episodes=[e.stats() for e in eps],
             texts=["\n".join(e.said) for e in eps])  # rewards read what the model wrote

@@ -80,6 +80,7 @@ def python(code: str) -> str:
         code: a Python program; its standard output is the answer.
     """
     from posttrain.sandbox import SANDBOXES, SandboxLimits, run_sandboxed
+    from posttrain.sandbox.jail import script_answer
 
     deadline = getattr(_CALL, "deadline", math.inf)
     if not SANDBOXES.acquire(timeout=None if deadline == math.inf
@@ -89,13 +90,25 @@ def python(code: str) -> str:
         left = deadline - time.monotonic()
         if left <= 0:  # reported timed out already: never start it
             raise TimeoutError("no time left")
-        limits = SandboxLimits(timeout_s=max(0.1, min(SandboxLimits.timeout_s, left)))
+        # the program's own limit ends before the call's (2 s for the sandbox to start, end
+        # the program and answer), so a program that runs too long is an answer, not a
+        # timed-out call
+        limits = SandboxLimits(timeout_s=max(0.1, min(SandboxLimits.timeout_s, left - 2.0)))
         result = run_sandboxed(code, limits=limits, mode=_SANDBOX_MODE["mode"])
     finally:
         SANDBOXES.release()
-    if result.status != "passed":
-        raise RuntimeError(f"{result.status}: {(result.detail or result.stderr)[-300:]}")
-    return result.stdout
+    return script_answer(result, limits.timeout_s)  # the program's failure is its answer
+
+
+def python_mode(mode: str | None = None) -> str:
+    """The `python` tool's sandbox mode (`strict` or `limits`); with `mode`, set it first
+    (a spawned process, e.g. the async sampler, takes its parent's: module state is not
+    inherited)."""
+    if mode is not None:
+        if mode not in ("strict", "limits"):
+            raise ValueError(f"python tool sandbox mode {mode!r}; expected strict or limits")
+        _SANDBOX_MODE["mode"] = mode
+    return _SANDBOX_MODE["mode"]
 
 
 BUILTIN_TOOLS: dict[str, Callable[..., Any]] = {"python": python}

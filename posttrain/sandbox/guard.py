@@ -15,32 +15,77 @@ import sys
 # module the import system loads from the standard library, or made by one of the standard
 # library's generators that paste validated identifiers into fixed templates (``namedtuple``,
 # ``dataclass``): no caller is exempt because of the file it lives in.
-_CODE_EVENTS = frozenset(("exec", "marshal.loads", "marshal.load"))
+_CODE_EVENTS = frozenset(("exec", "marshal.loads", "marshal.load", "import"))
 _REFUSED_EVENTS = frozenset((
     "pickle.find_class", "os.system", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
     "os.kill", "os.killpg", "subprocess.Popen", "ctypes.dlopen", "ctypes.dlsym",
     "ctypes.cdata", "ctypes.call_function", "sys.settrace", "sys.setprofile",
     "code.__new__", "function.__new__"))
-_STDLIB = os.path.dirname(os.__file__) + os.sep
-_IMPORTS = frozenset((("<frozen importlib._bootstrap>", "_call_with_frames_removed"),
-                      ("<frozen importlib._bootstrap>", "exec_module"),
-                      ("<frozen importlib._bootstrap_external>", "_compile_bytecode")))
-_GENERATORS = frozenset(((_STDLIB + "collections/__init__.py", "namedtuple"),
-                         (_STDLIB + "dataclasses.py", "_create_fn"),  # Python <= 3.12
-                         (_STDLIB + "dataclasses.py", "add_fns_to_class")))  # 3.13
+# code that may run code: the import system's own functions and the two generators, named by
+# module and function and compared by identity (a code object's file name is program data)
+_IMPORTS = (("_frozen_importlib", "_call_with_frames_removed"),
+            ("_frozen_importlib_external", "_compile_bytecode"))
+_GENERATORS = (("collections", "namedtuple"), ("dataclasses", "_create_fn"),  # Python <= 3.12
+               ("dataclasses", "add_fns_to_class"))  # 3.13
 
 
-def _allowed(event, args, caller):
-    """May this code event run in the judge (see above)? ``caller``: the calling code object."""
-    where = (caller.co_filename, caller.co_name)
-    if where in _GENERATORS:
+def _code_of(module, *names):
+    obj = sys.modules.get(module)
+    for name in names:
+        obj = getattr(obj, name, None)
+    return getattr(obj, "__code__", None)
+
+
+def _read_only(path):
+    """Can no process of the program change ``path``? (a read-only mount, or not ours and not
+    writable by us); a path that does not exist is left to its directory."""
+    try:
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return True
+        return os.stat(path).st_uid != os.geteuid() and not os.access(path, os.W_OK)
+    except FileNotFoundError:
         return True
-    if where not in _IMPORTS:
+    except OSError:
         return False
-    if event != "exec":  # marshal: a module's cached bytecode, checked again when it runs
+
+
+def _trusted_file(path, roots, cache):
+    """Is ``path`` (its real path: no ``..``, no links) inside one of ``roots`` (the judge's own
+    ``sys.path`` when the test started), with it and every directory up to the root's parent
+    read-only to the program? Only such a file's code may run in the judge."""
+    if type(path) is not str:
+        return False
+    if path not in cache:
+        real, ok = os.path.realpath(path), False
+        for root in roots:
+            if real == root or real.startswith(root + os.sep):
+                top, ok = os.path.dirname(root), True
+                while ok and real != top and real != os.path.dirname(real):
+                    ok, real = _read_only(real), os.path.dirname(real)
+                ok = ok and _read_only(top)
+                break
+        cache[path] = ok
+    return cache[path]
+
+
+def _allowed(event, args, frame, roots, cache):
+    """May this code event run in the judge (see above)? ``frame``: the calling frame."""
+    caller = frame.f_code
+    if event == "import":  # an extension module (native code) is a file the import loads
+        return len(args) < 2 or args[1] is None or _trusted_file(args[1], roots, cache)
+    if any(caller is _code_of(module, name) for module, name in _GENERATORS):
         return True
-    origin = getattr(args[0], "co_filename", "") if args else ""
-    return origin.startswith(_STDLIB) or origin.startswith("<frozen ")
+    if event != "exec":  # marshal: a module's cached bytecode, from a trusted file only
+        return caller is _code_of(*_IMPORTS[1]) and \
+            _trusted_file(frame.f_locals.get("bytecode_path"), roots, cache)
+    if caller is _code_of("_frozen_importlib", "FrozenImporter", "exec_module"):
+        return True  # a frozen module: its code is in the interpreter itself
+    if caller is not _code_of(*_IMPORTS[0]):
+        return False
+    called = frame.f_locals.get("args")
+    namespace = called[1] if type(called) is tuple and len(called) == 2 else None
+    spec = namespace.get("__spec__") if type(namespace) is dict else None
+    return _trusted_file(getattr(spec, "origin", None), roots, cache)
 
 
 class RefusedInJudge(BaseException):
@@ -51,14 +96,15 @@ def guard_judge(check):
     """Install the judge's audit hook (it cannot be removed). Returns ``(disarm, refused)``:
     ``disarm()`` ends the guard once the test is over; ``refused`` is non-empty when the test
     tried something the guard refused (the test then fails, even if it caught the error)."""
-    getframe, armed, refused = sys._getframe, [True], []
+    getframe, armed, refused, cache = sys._getframe, [True], [], {}
+    roots = tuple(os.path.realpath(entry) for entry in sys.path if entry)
 
     def hook(event, args):
         if not armed[0]:
             return
         if event in _CODE_EVENTS:
             if (event == "exec" and args and args[0] is check) or \
-                    _allowed(event, args, getframe(1).f_code):
+                    _allowed(event, args, getframe(1), roots, cache):
                 return
         elif event not in _REFUSED_EVENTS and not event.startswith("os.exec"):
             return

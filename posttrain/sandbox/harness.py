@@ -25,8 +25,9 @@ import sys
 import time
 
 # <parent-only> (removed from the sandbox's source, which starts with wire's and judge's)
-from posttrain.sandbox.judge import Link, judge_test, program_names, serve_program
+from posttrain.sandbox.judge import Link, judge_test, program_names
 from posttrain.sandbox.procs import _apply_limits, _clear_keyrings, _deny_sysinfo, _prctl, _sweep
+from posttrain.sandbox.program import serve_program
 from posttrain.sandbox.wire import (
     WireError,
     dumps_frame,
@@ -78,7 +79,7 @@ def _child(code, test, fds, token, cpu_s):
     except base_exception:  # our own set-up failed, before any untrusted code ran
         write(write_fd, b"S")
         exit_now(71)
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    namespace = _main_namespace()
     try:
         try:
             run(code, namespace)
@@ -103,6 +104,15 @@ def _child(code, test, fds, token, cpu_s):
     except base_exception:
         exit_now(1)
     exit_now(0)
+
+
+def _main_namespace():
+    """The program's globals: a fresh ``__main__`` module's, put in ``sys.modules`` as plain
+    Python does (``import __main__`` is the program, not the supervisor)."""
+    module = type(sys)("__main__")
+    module.__builtins__ = __builtins__
+    sys.modules["__main__"] = module
+    return module.__dict__
 
 
 def _finish_script(namespace):
@@ -311,7 +321,7 @@ def _program_process(code, link, close, run, describe):
         _setup_forked(close, run["cpu_s"])
     except base_exception:
         exit_now(71)
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    namespace = _main_namespace()
     try:
         execute(code, namespace)
         with contextlib.suppress(base_exception):
@@ -381,7 +391,7 @@ def _value_response(data, truncated, status, cpu_used, run, timed_out, cap):
         frames = split_frames(data, cap)
     except WireError:
         frames = None
-    top = bool(frames) and frames[0] == {"names": {}}
+    top = bool(frames) and frames[0] == {"names": {}, "back": []}
     if not exited or truncated:
         if truncated and exited:
             return _response("failed", top)  # a value over max_value_bytes
@@ -393,7 +403,7 @@ def _value_response(data, truncated, status, cpu_used, run, timed_out, cap):
     if frames is None or len(frames) != 2 or not top or frames[1].get("id") != 1:
         return _response("sandbox_error", top)  # not exactly one hello and one answer
     answer = frames[1]
-    if set(answer) == {"id", "raise"}:
+    if set(answer) == {"id", "raise", "back"}:
         return _response("failed", True)
     if set(answer) != {"id", "ok", "back"}:
         return _response("sandbox_error", True)
@@ -523,7 +533,7 @@ def main():
     _apply_limits(run["limits"])
     try:
         code = compile(run["code"], "<program>", "exec")
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # too deep to compile: 0
         code = None
     for index, line in enumerate(commands):
         response = _answer(code, json.loads(line), run)

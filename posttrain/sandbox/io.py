@@ -11,6 +11,7 @@ leniently or truncated into shape.
 
 from __future__ import annotations
 
+import math
 import os
 import selectors
 import subprocess
@@ -167,23 +168,27 @@ class _Streams:
 def exchange(proc: subprocess.Popen, result_fd: int, run: bytes, tests: Sequence[bytes],
              on_answer: Callable[[int, dict], bool], deadline: float, out_cap: int,
              line_cap: int, grace_s: float = 0.5,
-             sources: tuple[int, bytes] | None = None) -> Exchange:
+             sources: tuple[int, bytes] | None = None,
+             per_answer_s: float = math.inf) -> Exchange:
     """Drive one run; ``on_answer(i, response)`` judges test ``i`` and says whether to go on.
 
     ``on_answer`` may raise :class:`ProtocolError`; so may the checks here. Either ends the run
-    with ``Exchange.error`` set (the caller turns it into ``sandbox_error``).
+    with ``Exchange.error`` set (the caller turns it into ``sandbox_error``). Each answer is due
+    within ``per_answer_s`` of the start line or of the last answer (a supervisor the program
+    stopped holds the slot that long, not until the run's ``deadline``): late, the run ends
+    timed out.
     """
     io = _Streams(proc, result_fd, out_cap, line_cap, sources)
     outcome = Exchange()
     io.send(run + b"\n" + b"".join(test + b"\n" for test in tests), close_after=True)
-    done, grace_end = False, None
+    done, grace_end, due = False, None, math.inf
     try:
         while not outcome.stopped_early:
             while not outcome.stopped_early and (line := io.next_line()) is not None:
                 if not outcome.started:
                     if line != _HELLO:
                         raise ProtocolError(f"bad start of report: {line[:200]!r}")
-                    outcome.started = True
+                    outcome.started, due = True, time.monotonic() + per_answer_s
                     continue
                 if done:
                     raise ProtocolError("report after the last answer")
@@ -193,6 +198,7 @@ def exchange(proc: subprocess.Popen, result_fd: int, run: bytes, tests: Sequence
                     raise ProtocolError(f"answer {response['id']} where {index} was due")
                 go_on = on_answer(index, response)
                 outcome.answered += 1
+                due = time.monotonic() + per_answer_s
                 if outcome.answered == len(tests):
                     done, grace_end = True, time.monotonic() + grace_s
                 elif not go_on:  # the caller kills the run: later answers are not read
@@ -204,7 +210,7 @@ def exchange(proc: subprocess.Popen, result_fd: int, run: bytes, tests: Sequence
                     raise ProtocolError("report ends without a newline")
                 break
             now = time.monotonic()
-            end = deadline if grace_end is None else min(deadline, grace_end)
+            end = min(deadline, due) if grace_end is None else min(deadline, grace_end)
             if now >= end:
                 if io.pending_result_bytes():
                     raise ProtocolError("unterminated report line (or bytes after the last "

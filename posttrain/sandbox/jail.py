@@ -57,10 +57,11 @@ _PARENT_ONLY = re.compile(r"^# <parent-only>.*?^# </parent-only>\n", re.DOTALL |
 
 
 def _sandbox_source() -> str:
-    """The supervisor's source: wire, guard, views, judge, procs, harness, without their
+    """The supervisor's source: wire, guard, views, program, judge, procs, harness, without their
     parent-only imports."""
     parts = [Path(__file__).with_name(name).read_text() for name in
-             ("wire.py", "guard.py", "views.py", "judge.py", "procs.py", "harness.py")]
+             ("wire.py", "guard.py", "views.py", "program.py", "judge.py", "procs.py",
+              "harness.py")]
     return "\n".join(_PARENT_ONLY.sub("", part) for part in parts)
 
 
@@ -140,6 +141,28 @@ class SandboxResult:
     in_process_verdicts: int = 0
     """Assert tests judged inside the program's interpreter after all (the judge could not
     carry what they need; forgeable)."""
+
+
+_INFRA = ("cannot start the sandbox", "sandbox did not start", "bad report")
+_HOW = {"failed": "raised an exception or exited with a non-zero status",
+        "timeout": "ran past its time limit of {t:g} s", "memory": "ran out of memory",
+        "crashed": "was killed by a signal", "sandbox_error": "broke the sandbox's protocol"}
+
+
+def script_answer(result: SandboxResult, timeout_s: float) -> str:
+    """What a script run (``run_sandboxed(code)``, no tests) says to the model that wrote it:
+    its stdout, and when it did not finish cleanly a last line saying how (a program's failure
+    is an answer, never an exception). Raises RuntimeError only when the sandbox itself did not
+    run (it could not start, or its report broke): that is the tool's failure, not the
+    program's."""
+    if result.status == "passed":
+        return result.stdout
+    if result.status == "sandbox_error" and result.detail.startswith(_INFRA):
+        raise RuntimeError(f"the sandbox did not run: {result.detail[-300:]}")
+    how = _HOW.get(result.status, result.status).format(t=timeout_s)
+    out = result.stdout if result.stdout.endswith("\n") or not result.stdout \
+        else result.stdout + "\n"
+    return f"{out}error: the program {how}"
 
 
 class _Slots:
@@ -384,17 +407,18 @@ def _launch(mode: str, limits: SandboxLimits, uid: int | None, workdir: str | No
 
 
 def _ipc_wrapper(uid: int) -> list[str]:
-    """``unshare --ipc`` then ``setpriv`` to the sandbox uid (util-linux): in limits mode as
-    root each run gets an IPC namespace of its own, so SysV shared memory, message queues,
-    semaphores and POSIX message queues die with the run. Without both tools limits mode
-    refuses to run as root (SandboxUnavailableError)."""
+    """``unshare --ipc --net`` then ``setpriv`` to the sandbox uid (util-linux): in limits mode
+    as root each run gets an IPC namespace of its own, so SysV shared memory, message queues,
+    semaphores and POSIX message queues die with the run, and a network namespace of its own
+    (no interface up: no network, not even the host's localhost, e.g. a vLLM server).
+    Without both tools limits mode refuses to run as root (SandboxUnavailableError)."""
     unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
     if not (unshare and setpriv):
         raise SandboxUnavailableError(
             "limits mode as root needs unshare and setpriv (util-linux) so that nothing a run "
             "leaves in SysV IPC or POSIX message queues reaches a later run; install "
             "util-linux or bubblewrap, or run the trainer as a non-root user")
-    return [unshare, "--ipc", "--", setpriv, f"--reuid={uid}", f"--regid={uid}",
+    return [unshare, "--ipc", "--net", "--", setpriv, f"--reuid={uid}", f"--regid={uid}",
             "--clear-groups", "--"]
 
 
@@ -465,7 +489,8 @@ def _run_in_slot(code: str, tests: list[CodeTest], limits: SandboxLimits, mode: 
             os.close(tests_r)
         deadline = started + _STARTUP_S + len(tests) * (limits.timeout_s + 1.0)
         done = exchange(proc, result_r, preamble + run, messages, judged, deadline,
-                        limits.max_output_bytes, line_cap, sources=(tests_w, sources))
+                        limits.max_output_bytes, line_cap, sources=(tests_w, sources),
+                        per_answer_s=_STARTUP_S / 2 + 2 * limits.timeout_s)
     finally:
         os.close(result_r)
         os.close(tests_w)

@@ -138,10 +138,14 @@ def is_finite(value: Any) -> bool:
 _OPAQUE = object()
 
 
-def _opaque(number: int, *view: object) -> object:
+def _opaque(number: int, *view: Any) -> object:
     """A program object the value path cannot compare (it fails the test); an instance of a
-    subclass of a plain type (``["x", n, base]``) compares as its base value."""
-    return view[0] if view else _OPAQUE
+    subclass of a plain type (``["x", n, base, overrides]``) compares as its base value, read
+    with the base type's own methods, unless its class redefines ``==`` or hashing (Python
+    would run those; the expected value never reaches the program, so the test fails)."""
+    if not view or {"__eq__", "__hash__"} & view[1]:
+        return _OPAQUE
+    return view[0]
 
 
 def decode_value(text: str) -> tuple[bool, Any]:

@@ -24,13 +24,59 @@ def view_method(name):
     return forward
 
 
-# A program's instance of a subclass of a plain type (namedtuple, Counter, IntEnum...) in the
-# judge: a copy of its value as the base type, so ==, hashing, len, [] and arithmetic are the
-# base type's, computed here; attributes, text and missing keys are read from the program's
-# object (``p.x``, ``c.most_common()``, ``str(p)``, ``counts['absent']``).
-VIEWS = {base: type(f"program_{base.__name__}", (base,), {
-    "_program": None, "__getattr__": program_attr, "__str__": view_method("__str__"),
-    "__repr__": view_method("__repr__"),
-    **({"__missing__": view_method("__getitem__")} if base is dict else {})})
-    for base in (dict, list, tuple, set, frozenset, str, int, float)}
+# what a view never guards: construction, and what reads no value (text is the program's)
+_UNGUARDED = frozenset(("__new__", "__init__", "__getattribute__", "__getattr__", "__class__",
+                        "__init_subclass__", "__subclasshook__", "__class_getitem__",
+                        "__reduce__", "__reduce_ex__", "__getnewargs__", "__getstate__",
+                        "__sizeof__", "__dir__", "__setattr__", "__delattr__", "__str__",
+                        "__repr__"))
+
+
+class NotPython(BaseException):
+    """A program object's operation the judge does not reproduce (``==`` of a handle with
+    another value, a redefined method the proxy lacks): the test fails, even if it catches it
+    (:data:`NOT_PYTHON` records it)."""
+
+
+NOT_PYTHON = []
+
+
+def not_python(why):
+    NOT_PYTHON.append(why)
+    return NotPython(why)
+
+
+def _guarded(name, method):
+    """``method`` of the base type, unless the program's class redefines ``name``: then the
+    program's own, asked of its object (Python would run the override, never the base's)."""
+    def call(self, *args, **kwargs):
+        if name not in self._overrides:
+            return method(self, *args, **kwargs)
+        program = self._program
+        if not name.startswith("__"):
+            return getattr(program, name)(*args, **kwargs)
+        forward = getattr(type(program), name, None)
+        if forward is None:
+            raise not_python(f"the program's class redefines {name}")
+        return forward(program, *args, **kwargs)
+    return call
+
+
+def _view(base):
+    methods = {name: _guarded(name, getattr(base, name)) for name in dir(base)
+               if name not in _UNGUARDED and callable(getattr(base, name))}
+    return type(f"program_{base.__name__}", (base,), {
+        **methods, "_program": None, "_overrides": frozenset(), "__getattr__": program_attr,
+        "__str__": view_method("__str__"), "__repr__": view_method("__repr__"),
+        **({"__missing__": view_method("__getitem__")} if base is dict else {})})
+
+
+# A program's instance of a subclass of a plain type (namedtuple, IntEnum, Counter, a str
+# subclass, ``class Stack(list)``) in the judge: a copy of its value as the base type, read by
+# the base type's own methods in the program (``tuple.__iter__(obj)``), so ==, hashing, len, []
+# and arithmetic are the base type's, computed here, except the methods the program's class
+# redefines, which are asked of the program's object; attributes, text and missing keys are
+# read from it (``p.x``, ``str(p)``, ``c.most_common()``, ``counts['z']``). A subclass of a
+# list, dict or set is shared (kept in step both ways, :class:`.judge._Shared`).
+VIEWS = {base: _view(base) for base in (tuple, frozenset, str, int, float, list, dict, set)}
 VIEW_TYPES = frozenset(VIEWS.values())

@@ -19,9 +19,18 @@ WIRE_MAX_DEPTH = 100
 _SAFE_INT = 1 << 53
 _HEADER = struct.Struct(">I")
 _SEQUENCES = {"l": list, "t": tuple, "s": set, "z": frozenset}
-# plain base types of a subclass instance sent as ["x", n, base], with their exact copy
-_BASES = ((dict, dict), (list, list), (tuple, tuple), (set, set), (frozenset, frozenset),
-          (str, str.__str__), (int, int.__int__), (float, float.__float__))
+# plain base types of a subclass instance sent as ["x", n, base, overrides], with their exact
+# copy read by the base type's own methods (never the subclass's overrides)
+_BASES = ((dict, lambda v: dict(dict.items(v))), (list, lambda v: list(list.__iter__(v))),
+          (tuple, lambda v: tuple(tuple.__iter__(v))), (set, lambda v: set(set.__iter__(v))),
+          (frozenset, lambda v: frozenset(frozenset.__iter__(v))), (str, str.__str__),
+          (int, int.__int__), (float, float.__float__))
+_MUTABLE = (list, dict, set)
+# methods of a base type a subclass may redefine without changing what its value is
+_NOT_SEMANTIC = frozenset(("__new__", "__init__", "__getattribute__", "__init_subclass__",
+                           "__subclasshook__", "__class_getitem__", "__reduce__",
+                           "__reduce_ex__", "__getnewargs__", "__getstate__", "__sizeof__",
+                           "__dir__", "__setattr__", "__delattr__", "__str__", "__repr__"))
 
 
 class WireError(ValueError):
@@ -32,13 +41,34 @@ class FrameTooLarge(WireError):
     """A well-formed frame header announcing more than the reader's cap."""
 
 
+def overrides(kind, base, value, copy):
+    """Names of ``base``'s methods that ``kind`` (a subclass) redefines, so that reading its
+    value as ``base`` would not be what Python does with it; an ``__eq__`` / ``__ne__`` that
+    answers ``NotImplemented`` to its own value as ``base`` (``Counter``'s) leaves ``==`` to
+    the base type and is not counted."""
+    names = set()
+    for klass in kind.__mro__:
+        if klass is base:
+            break
+        names.update(name for name in vars(klass) if name not in _NOT_SEMANTIC
+                     and callable(getattr(base, name, None)))
+    for name in ("__eq__", "__ne__"):
+        if name in names:
+            try:
+                if getattr(kind, name)(value, copy) is NotImplemented:
+                    names.discard(name)
+            except Exception:
+                pass
+    return sorted(names)
+
+
 def wire_encode(value, handle=None, depth=0, ref=None):
     """Tagged JSON form of ``value``; ``handle(obj) -> int`` names anything that is not plain
     data (without it such a value is a :class:`WireError`); ``ref(obj) -> int | None``, when
-    given, may name a list, dict or set as ``["h", n]`` instead of copying it (shared objects,
-    :mod:`.judge`)."""
+    given, may name a list, dict or set (or an instance of a subclass of one) as ``["h", n]``
+    instead of copying it (shared objects, :mod:`.judge`)."""
     kind = type(value)
-    if ref is not None and (kind is list or kind is dict or kind is set):
+    if ref is not None and issubclass(kind, _MUTABLE):
         number = ref(value)
         if number is not None:
             return ["h", number]
@@ -66,7 +96,9 @@ def wire_encode(value, handle=None, depth=0, ref=None):
         raise WireError(f"not plain data: {kind.__name__}")
     for base, copy in _BASES if depth < WIRE_MAX_DEPTH else ():
         if issubclass(kind, base):
-            return ["x", handle(value), wire_encode(copy(value), handle, depth + 1, ref)]
+            plain = copy(value)
+            return ["x", handle(value), wire_encode(plain, handle, depth + 1, ref),
+                    overrides(kind, base, value, plain)]
     return ["h", handle(value)]
 
 
@@ -87,8 +119,9 @@ def _decode_tagged(tag, rest, handle, depth):
         return complex(float.fromhex(_text(rest[0])), float.fromhex(_text(rest[1])))
     if tag == "h" and len(rest) == 1 and handle is not None and type(rest[0]) is int:
         return handle(rest[0])
-    if tag == "x" and len(rest) == 2 and handle is not None and type(rest[0]) is int:
-        return handle(rest[0], wire_decode(rest[1], handle, depth + 1))
+    if tag == "x" and len(rest) == 3 and handle is not None and type(rest[0]) is int and \
+            type(rest[2]) is list and all(type(name) is str for name in rest[2]):
+        return handle(rest[0], wire_decode(rest[1], handle, depth + 1), frozenset(rest[2]))
     if tag in _SEQUENCES:
         items = [wire_decode(item, handle, depth + 1) for item in rest]
         made = _SEQUENCES[tag](items)

@@ -96,3 +96,14 @@ def test_no_input_sinks_the_batch(caplog: pytest.LogCaptureFixture) -> None:
                                     compare={"int_float": True, "float_rel_tol": 1e-9})
     assert scores == [1.0, 0.0, 0.0, 0.0, 1.0]
     assert sum("scored 0.0" in r.getMessage() for r in caplog.records) == 2  # the bad rows
+
+
+@pytest.mark.parametrize("where", ["block", "bare"])
+def test_text_too_deep_to_parse_scores_zero(mode: str, where: str) -> None:
+    """A 60,000-term sum makes `ast.parse` (the solution check) and `compile` (the sandbox)
+    raise RecursionError; model text is data: the reward is 0, never an error (issue 56)."""
+    body = "def f():\n    return " + "+".join(["1"] * 60_000) + "\n"
+    completion = f"```python\n{body}```\n" if where == "block" else body
+    assert extract_program(completion).startswith("def f():")
+    score, result = code_reward_detailed(completion, ["assert f() == 60000"], mode=mode)
+    assert score == 0.0 and result.status == "failed"
