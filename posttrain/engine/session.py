@@ -226,7 +226,8 @@ def build_scorer(cfg: BaseConfig, reward_fns: dict[str, Any] | None
         validate_specs(specs)
     except ValueError as err:
         raise ConfigError(f"config key 'rewards': {err}") from err
-    return (RewardScorer(specs, on_error=getattr(cfg, "reward_on_error", "auto")),
+    return (RewardScorer(specs, on_error=getattr(cfg, "reward_on_error", "auto"),
+                         timeout_s=getattr(cfg, "reward_timeout_s", 60.0)),
             [s.name for s in specs])
 
 

@@ -37,3 +37,11 @@ def crash_on_a(completion: str) -> float:
 def always_one(completion: str) -> float:
     """A custom reward that says nothing about correctness: 1.0 for every sample."""
     return 1.0
+
+
+async def digits_async(completion: str) -> float:
+    """`digits` as an `async def` reward (TRL's async reward functions): awaited by the scorer."""
+    import asyncio
+
+    await asyncio.sleep(0.001)
+    return digits(completion)

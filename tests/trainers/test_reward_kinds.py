@@ -1,0 +1,35 @@
+"""Issue 59: the rewards users write, in a run of the toy task: an async reward (the synchronous
+trainer and the sampler process), a remote reward, a judge reward, and the tripwire."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.trainers.test_second_hour_runs import _grpo
+
+
+def _grpo_history(toy_world, out, reward: str, **kw) -> list[dict]:
+    _grpo(toy_world, out, rewards=[reward], max_steps=2, group_size=4, **kw).train()
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _rewards(rows: list[dict]) -> list[tuple]:
+    return [(r["step"], r["reward/mean"], r["reward/std"]) for r in rows]
+
+
+def test_an_async_reward_trains_the_toy_task_as_its_sync_twin(toy_world, tmp_path) -> None:
+    sync = _grpo_history(toy_world, tmp_path / "sync", "tests.trainers.toy_rewards:digits")
+    both = _grpo_history(toy_world, tmp_path / "async", "tests.trainers.toy_rewards:digits_async")
+    assert _rewards(both) == _rewards(sync) and len(sync) == 2
+    assert any(r["reward/std"] > 0 for r in sync)  # the values say something
+    assert all(r["reward/errors/tests.trainers.toy_rewards.digits_async"] == 0 for r in both)
+
+
+@pytest.mark.slow
+def test_an_async_reward_in_the_sampler_process(toy_world, tmp_path) -> None:
+    sync = _grpo_history(toy_world, tmp_path / "sync", "tests.trainers.toy_rewards:digits")
+    got = _grpo_history(toy_world, tmp_path / "async", "tests.trainers.toy_rewards:digits_async",
+                        async_rollouts=True, max_staleness=0)
+    assert _rewards(got) == _rewards(sync)
