@@ -40,6 +40,7 @@ from posttrain.rewards.errors import RewardFunctionError, UnscorableError
 from posttrain.rewards.format import format_reward
 from posttrain.rewards.learned import process_reward_model_reward, reward_model_reward
 from posttrain.rewards.math import math_reward
+from posttrain.rewards.remote import remote_reward
 from posttrain.sandbox.jail import STATUSES, SandboxUnavailableError
 
 RewardFn = Callable[..., float]
@@ -72,6 +73,7 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "reward_model": reward_model_reward,
     "process_reward_model": process_reward_model_reward,
     "environment": environment_scores,
+    "remote": remote_reward,
 }
 # Functions whose detailed variant also reports an outcome status for the counters.
 _DETAILED: dict[Any, Callable[..., tuple[float, Any]]] = {code_reward: code_reward_detailed}
@@ -277,7 +279,12 @@ class RewardScorer:
             if call_style(fn) != PER_SAMPLE:
                 jobs += [(spec, fn, i, spec.kwargs) for i in range(len(completions))]
                 outcomes += self._call_batched(spec, fn, completions, rows)
-        return self._collect(completions, jobs, outcomes)
+        result = self._collect(completions, jobs, outcomes)
+        for spec, fn in self.resolved:  # the calling rewards' latency, requests, retries
+            for key, value in (fn.drain_metrics(spec.kwargs) if hasattr(fn, "drain_metrics")
+                               else {}).items():
+                result.metrics[f"reward/{_metric_name(spec.name)}/{key}"] = value
+        return result
 
     def _call_batched(self, spec: RewardSpec, fn: RewardFn, completions: Sequence[str],
                       rows: Sequence[dict[str, Any]]) -> list[tuple[float | None, None, Any]]:

@@ -33,3 +33,16 @@ def test_an_async_reward_in_the_sampler_process(toy_world, tmp_path) -> None:
     got = _grpo_history(toy_world, tmp_path / "async", "tests.trainers.toy_rewards:digits_async",
                         async_rollouts=True, max_staleness=0)
     assert _rewards(got) == _rewards(sync)
+
+
+def test_a_remote_reward_trains_the_toy_task_as_the_same_function_in_process(toy_world,
+                                                                            tmp_path) -> None:
+    from tests.rewards.http_stub import serve
+    from tests.trainers.toy_rewards import digits
+
+    sync = _grpo_history(toy_world, tmp_path / "sync", "tests.trainers.toy_rewards:digits")
+    with serve(lambda p, b: (200, {"scores": [digits(c) for c in b["completions"]]})) as stub:
+        got = _grpo_history(toy_world, tmp_path / "remote", {"name": "remote", "url": stub.url})
+    assert _rewards(got) == _rewards(sync)
+    assert len(stub.bodies) == 2  # one request per step (no held-out data here)
+    assert all(r["reward/remote/latency_s_mean"] > 0 for r in got)
