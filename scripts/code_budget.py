@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BUDGETS = {"core": 190, "config+cli": 1050, "data": 650, "models": 830, "ops": 1050,
-           "engine": 2370, "rollout": 1850, "sandbox": 2140, "rewards": 950, "search": 500,
+           "engine": 2370, "rollout": 1850, "sandbox": 2140, "rewards": 1060, "search": 500,
            "trainers": 1700}
-LIBRARY = 13230
+LIBRARY = 13340
 PROSE = (0.10, 0.36)
 PEERS = {  # what a family's budget was sized against: feature -> (peer, its lines, ours)
     "trainers: KTO": ("TRL 1.16 kto_trainer.py", 1945, 208),
@@ -56,6 +56,9 @@ PEERS = {  # what a family's budget was sized against: feature -> (peer, its lin
     "flight bounded, per-sample errors, latency metrics; issue 59)":
         ("OpenRLHF 0.x openrlhf/utils/remote_rm_utils.py (retry loop, batching, no bound in "
          "flight, no shape check), about", 60, 105),
+    "rewards: the LLM judge (rubric prompt, the completion fenced by a digest tag, the score "
+    "parsed strictly, identical requests cached, requests bounded; issue 59)":
+        ("verl's recipe genrm_remote reward + OpenRLHF's agent judge examples, about", 110, 105),
 }
 NOT_LIBRARY = ("tasks", "demo.py")  # the offline demo world: uses the library, never imported
 FAMILY_OF = {"__init__.py": "core", "__main__.py": "config+cli", "cli.py": "config+cli",

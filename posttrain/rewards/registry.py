@@ -1,10 +1,9 @@
 """Named reward functions, their weighted sum, and a scorer that counts every failure.
 
 Call forms: :mod:`posttrain.rewards.contract`, docs/rewards.md. Built-in names: ``math``,
-``format``, ``code``, ``reward_model`` / ``process_reward_model``; anything else is
-``"package.module:function"``. Entry keys other than ``name``/``weight``/``kwargs`` become
-keyword arguments (:func:`validate_specs` refuses unknown ones); row fields go by parameter name
-(``RewardSpec.kwargs`` win over a field of the same name).
+``format``, ``code``, learned, ``environment``, ``remote``, ``judge``; else ``"pkg.mod:fn"``.
+Entry keys other than ``name``/``weight``/``kwargs`` become keyword arguments (unknown ones
+refused); row fields go by parameter name (``RewardSpec.kwargs`` win over a row's field).
 ``RewardScorer.score``: the weighted sum per sample over the functions that score it (``None``:
 not scored; no function scores it: 0, counted in ``reward/unscored``; :class:`UnscorableError`:
 ``nan``, excluded and counted), per-function values, metrics and error records. Other errors and
@@ -38,6 +37,7 @@ from posttrain.rewards.contract import (
 )
 from posttrain.rewards.errors import RewardFunctionError, UnscorableError
 from posttrain.rewards.format import format_reward
+from posttrain.rewards.judge import judge_reward
 from posttrain.rewards.learned import process_reward_model_reward, reward_model_reward
 from posttrain.rewards.math import math_reward
 from posttrain.rewards.remote import remote_reward
@@ -74,6 +74,7 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "process_reward_model": process_reward_model_reward,
     "environment": environment_scores,
     "remote": remote_reward,
+    "judge": judge_reward,
 }
 # Functions whose detailed variant also reports an outcome status for the counters.
 _DETAILED: dict[Any, Callable[..., tuple[float, Any]]] = {code_reward: code_reward_detailed}

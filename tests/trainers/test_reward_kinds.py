@@ -46,3 +46,21 @@ def test_a_remote_reward_trains_the_toy_task_as_the_same_function_in_process(toy
     assert _rewards(got) == _rewards(sync)
     assert len(stub.bodies) == 2  # one request per step (no held-out data here)
     assert all(r["reward/remote/latency_s_mean"] > 0 for r in got)
+
+
+def test_a_judge_reward_trains_the_toy_task_as_the_same_rule_in_process(toy_world,
+                                                                       tmp_path) -> None:
+    from tests.rewards.http_stub import serve
+    from tests.rewards.test_judge_reward import graded
+
+    def digit_judge(path: str, body: dict) -> tuple[int, dict]:  # `digits` as a judge: N of 8
+        n = sum(ch.isdigit() for ch in graded(body)[:8])
+        return 200, {"choices": [{"message": {"content": f"SCORE: {n}"}}]}
+
+    sync = _grpo_history(toy_world, tmp_path / "sync", "tests.trainers.toy_rewards:digits")
+    with serve(digit_judge) as stub:
+        entry = {"name": "judge", "url": stub.url, "model": "stub", "max_score": 8,
+                 "rubric": "One point per digit among the first 8 characters."}
+        got = _grpo_history(toy_world, tmp_path / "judge", entry)
+    assert _rewards(got) == _rewards(sync)
+    assert all(r["reward/errors/judge"] == 0 for r in got) and stub.bodies
