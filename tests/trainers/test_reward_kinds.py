@@ -4,6 +4,7 @@ trainer and the sampler process), a remote reward, a judge reward, and the tripw
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -64,3 +65,29 @@ def test_a_judge_reward_trains_the_toy_task_as_the_same_rule_in_process(toy_worl
         got = _grpo_history(toy_world, tmp_path / "judge", entry)
     assert _rewards(got) == _rewards(sync)
     assert all(r["reward/errors/judge"] == 0 for r in got) and stub.bodies
+
+
+def _hacked_run(toy_world, out, audit: str) -> list[dict]:
+    keys = {"group_size": 8, "prompts_per_step": 4, "max_new_tokens": 8, "lr": 3e-2,
+            "max_steps": 12, "audit_rewards": [{"name": audit}], "audit_samples": 8}
+    _grpo(toy_world, out, rewards=["tests.trainers.toy_rewards:digits"], **keys).train()
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_tripwire_says_when_the_reward_is_gamed_against_the_audit(toy_world, tmp_path,
+                                                                      capsys) -> None:
+    rows = _hacked_run(toy_world, tmp_path / "run", "tests.trainers.toy_rewards:not_digits")
+    err = [x for x in capsys.readouterr().err.splitlines() if "audit reward falls" in x]
+    assert len(err) == 1, err  # one line, naming the steps
+    step = int(err[0].split("(step ")[1].split(")")[0])
+    audit = [r["reward/audit_mean"] for r in rows]
+    assert audit[step - 1] < audit[0] and rows[step - 1]["reward/mean"] > rows[0]["reward/mean"]
+    assert all(abs(r["reward/audit_gap"] - (r["reward/audit_train_mean"] -
+                                            r["reward/audit_mean"])) < 1e-9 for r in rows)
+    print(err[0], [round(a, 3) for a in audit], file=sys.stderr)
+
+
+def test_no_tripwire_when_the_audit_agrees(toy_world, tmp_path, capsys) -> None:
+    rows = _hacked_run(toy_world, tmp_path / "run", "tests.trainers.toy_rewards:digits")
+    assert "audit reward falls" not in capsys.readouterr().err
+    assert rows[-1]["reward/audit_mean"] > rows[0]["reward/audit_mean"]  # it did learn

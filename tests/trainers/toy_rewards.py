@@ -45,3 +45,8 @@ async def digits_async(completion: str) -> float:
 
     await asyncio.sleep(0.001)
     return digits(completion)
+
+
+def not_digits(completion: str) -> float:
+    """1 - `digits`: a held-out check that disagrees with `digits` (the tripwire's audit)."""
+    return 1.0 - digits(completion)
