@@ -59,7 +59,7 @@ PEERS = {  # what a family's budget was sized against: feature -> (peer, its lin
     "rewards: the LLM judge (rubric prompt, the completion fenced by a digest tag, the score "
     "parsed strictly, identical requests cached, requests bounded; issue 59)":
         ("verl's recipe genrm_remote reward + OpenRLHF's agent judge examples, about", 110, 105),
-    "rewards + cli: `posttrain audit`, a reward against 18 exploits and honest forms built "
+    "rewards + cli: `posttrain audit`, a reward against 14 exploits and 6 honest forms built "
     "from each row's answer (issue 59)": ("no peer ships one (TRL closed its reward-checking "
                                           "helper; verl, OpenRLHF, NeMo RL none)", 0, 245),
     "engine + trainers + config: tripwires, audit_rewards on a sample of each step and one "

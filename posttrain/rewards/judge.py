@@ -110,8 +110,7 @@ def judge_reward(completions: Sequence[str], rows: Sequence[dict[str, Any]], *, 
                  retries: int = 2, max_in_flight: int = 8, max_tokens: int = 512,
                  api_key_env: str = "") -> list[float | Exception]:
     """The judge's score of each sample in [0, 1], or that sample's error (module doc)."""
-    endpoint = url.rstrip("/")
-    endpoint += "" if endpoint.endswith("/chat/completions") else "/v1/chat/completions"
+    endpoint = chat_endpoint(url)
     key = os.environ.get(api_key_env, "") if api_key_env else ""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     bodies = [{"model": model, "temperature": 0.0, "max_tokens": max_tokens,
@@ -156,10 +155,17 @@ def _validate(kwargs: dict[str, Any]) -> None:
             raise ValueError(f"reward 'judge': key {key!r} is required (a non-empty string)")
 
 
+def chat_endpoint(url: str) -> str:
+    """`url` as the chat-completions endpoint: the server (`/v1/chat/completions` added), its
+    `/v1`, or the full path."""
+    url = url.rstrip("/")
+    if url.endswith("/chat/completions"):
+        return url
+    return url + ("/chat/completions" if url.endswith("/v1") else "/v1/chat/completions")
+
+
 def _drain(kwargs: dict[str, Any]) -> dict[str, float]:
-    url = kwargs["url"].rstrip("/")
-    return STATS.drain(url if url.endswith("/chat/completions") else
-                       url + "/v1/chat/completions")
+    return STATS.drain(chat_endpoint(kwargs["url"]))
 
 
 judge_reward.validate_kwargs = _validate  # type: ignore[attr-defined]

@@ -114,3 +114,9 @@ def test_an_entry_is_checked_before_any_work(keys, message) -> None:
     entry = {"name": "judge", "url": "http://127.0.0.1:9", "model": "m", "rubric": "r", **keys}
     with pytest.raises(ValueError, match=message):
         validate_specs([RewardSpec.from_dict(entry)])
+
+
+def test_the_endpoint_from_a_server_its_v1_or_the_full_path() -> None:
+    full = "http://127.0.0.1:8000/v1/chat/completions"
+    assert {judge.chat_endpoint(u) for u in ("http://127.0.0.1:8000", "http://127.0.0.1:8000/",
+                                             "http://127.0.0.1:8000/v1", full)} == {full}

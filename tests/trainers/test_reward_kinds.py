@@ -91,3 +91,21 @@ def test_no_tripwire_when_the_audit_agrees(toy_world, tmp_path, capsys) -> None:
     rows = _hacked_run(toy_world, tmp_path / "run", "tests.trainers.toy_rewards:digits")
     assert "audit reward falls" not in capsys.readouterr().err
     assert rows[-1]["reward/audit_mean"] > rows[0]["reward/audit_mean"]  # it did learn
+
+
+def test_overoptimised_is_a_rise_against_a_fall_over_the_window() -> None:
+    from posttrain.engine.step_notes import overoptimised
+
+    def rows(train: list[float], audit: list[float]) -> list[dict]:
+        return [{"step": s, "reward/mean": t, "reward/audit_mean": a}
+                for s, (t, a) in enumerate(zip(train, audit, strict=True), 1)]
+
+    # halves: training 0.1 -> 0.3 (+0.2), audit 0.9 -> 0.7 (-0.2): said, with the steps
+    got = overoptimised(rows([0.1] * 3 + [0.3] * 3, [0.9] * 3 + [0.7] * 3))
+    assert got == ("reward/mean 0.1 -> 0.3 while reward/audit_mean 0.9 -> 0.7 (steps 1-6)")
+    assert overoptimised(rows([0.1] * 3 + [0.3] * 3, [0.9] * 3 + [0.88] * 3)) is None  # -0.02
+    assert overoptimised(rows([0.1] * 3 + [0.3] * 3, [0.7] * 3 + [0.9] * 3)) is None  # agree
+    assert overoptimised(rows([0.1] * 2 + [0.3] * 3, [0.9] * 2 + [0.7] * 3)) is None  # 5 steps
+    nan = rows([0.1] * 3 + [0.3] * 3, [0.9] * 3 + [0.7] * 3)
+    nan[4]["reward/audit_mean"] = float("nan")
+    assert overoptimised(nan) is None
