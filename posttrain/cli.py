@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     **{name: text for name, (_, text) in TRAINERS.items()},
     "eval": "greedy held-out evaluation of a model with reward functions",
     "search": "test-time search: best-of-N, (weighted) majority vote, PRM beam search",
+    "audit": "run a reward over known exploits before training on it (exit 1 on one)",
 }
 
 
@@ -194,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         print(warning, file=sys.stderr)
     if command == "demo":
         return _demo(rest)
+    if command == "audit":  # not a config command: flags, like demo
+        from posttrain.rewards.audit import audit_command
+
+        return audit_command(rest)
     if command not in COMMANDS:
         trl = f" (TRL's trainer: run {TRL_COMMANDS[command]})" if command in TRL_COMMANDS else ""
         print(f"posttrain: unknown command '{command}'{trl}\n{usage}", file=sys.stderr)

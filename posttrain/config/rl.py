@@ -27,6 +27,22 @@ class PromptRLConfig(BaseConfig):
     function that fails on more than half of a step's samples stops the run with its first
     error and sample; zero: always score 0 and go on (a reward that always fails then trains on
     nothing); raise: stop at the first failure (docs/rewards.md)."""
+    reward_timeout_s: float = 60.0
+    """Wall-clock limit of each awaited reward call (an `async def` reward function or
+    environment `get_reward`, awaited together within a step); past it the call is cancelled
+    and its samples are reward errors (reward_on_error). A synchronous function cannot be
+    stopped and is not bounded by it; the remote and judge rewards have their own
+    `timeout_s`."""
+    audit_rewards: list[dict[str, Any]] = field(default_factory=list)
+    """A second reward list, never trained on (a held-out verifier, a judge): scored on
+    audit_samples completions of every audit_every-th step, logged as reward/audit_mean,
+    reward/audit_train_mean (the training reward on the same samples) and reward/audit_gap
+    (their difference); one warning line when the training reward rises while this one falls
+    (docs/rewards.md, "Tripwires")."""
+    audit_every: int = 1
+    """Score audit_rewards every this many steps."""
+    audit_samples: int = 8
+    """Completions per audited step and rank (evenly spread over the step's)."""
     log_completions: int | bool = 0
     """Write this many sampled training completions of each step (at most the step's), with
     their prompt, weighted reward and each reward function's value, to out_dir/completions.jsonl
@@ -128,6 +144,9 @@ class PromptRLConfig(BaseConfig):
             "log_completions": (self.log_completions is True or self.log_completions >= 0,
                                 "expected true (one group), false / 0 (none) or a count of "
                                 "samples per step (TRL's num_completions_to_print)"),
+            "reward_timeout_s": (self.reward_timeout_s > 0, "expected > 0 seconds"),
+            "audit_every": (self.audit_every >= 1, "expected >= 1 (steps)"),
+            "audit_samples": (self.audit_samples >= 1, "expected >= 1 (completions)"),
             "kl_clamp": (self.kl_clamp >= 0, "expected >= 0 (0: off)"),
             "rollout_is_cap": (self.rollout_is_cap > 0, "expected > 0"),
             "max_tool_calling_iterations": (self.max_tool_calling_iterations >= 0,

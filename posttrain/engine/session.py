@@ -212,11 +212,11 @@ def _rows(cfg: BaseConfig, source: Any, kind: str, split: str, limit: int | None
     return validate_rows(enumerate(rows, 1), kind, name, **opts)
 
 
-def build_scorer(cfg: BaseConfig, reward_fns: dict[str, Any] | None
+def build_scorer(cfg: BaseConfig, reward_fns: dict[str, Any] | None, key: str = "rewards"
                  ) -> tuple[RewardScorer | None, list[str]]:
-    """The scorer of `rewards:` (None without rewards) and the reward names, in order;
-    `reward_fns`: name -> function object given in Python."""
-    specs_raw = getattr(cfg, "rewards", None)
+    """The scorer of `rewards:` (or of the list under `key`: `audit_rewards`; None when it is
+    empty) and the reward names, in order; `reward_fns`: name -> function given in Python."""
+    specs_raw = getattr(cfg, key, None)
     if not specs_raw:  # SFT / DPO with `rewards: []`: no greedy held-out scoring
         return None, []
     fns = reward_fns or {}
@@ -224,12 +224,13 @@ def build_scorer(cfg: BaseConfig, reward_fns: dict[str, Any] | None
         specs = [RewardSpec.from_dict(s, fn=fns.get(s.get("name"))) for s in specs_raw]
     except TypeError as err:
         raise ConfigError(
-            f"config key 'rewards': each entry needs name and weight: {err}") from err
+            f"config key {key!r}: each entry needs name and weight: {err}") from err
     try:
         validate_specs(specs)
     except ValueError as err:
-        raise ConfigError(f"config key 'rewards': {err}") from err
-    return (RewardScorer(specs, on_error=getattr(cfg, "reward_on_error", "auto")),
+        raise ConfigError(f"config key {key!r}: {err}") from err
+    return (RewardScorer(specs, on_error=getattr(cfg, "reward_on_error", "auto"),
+                         timeout_s=getattr(cfg, "reward_timeout_s", 60.0)),
             [s.name for s in specs])
 
 

@@ -2,7 +2,8 @@
 with their sample, samples no reward function scored, completions cut at `max_new_tokens`,
 and `log_completions` (N sampled training completions per step, also in
 `out_dir/completions.jsonl`), and a blow-up (truncated share or KL jumping against the steps
-before: `blowup`). One line each, from rank 0; a problem that only a part of a step
+before: `blowup`), the training reward rising while `audit_rewards` fall (`tripwire`). One
+line each, from rank 0; a problem that only a part of a step
 shows is said the first time, one that hits most of a step every time it does.
 """
 
@@ -23,6 +24,7 @@ class StepNotes:
         self.name, self.enabled = name, enabled
         self._said: set[str] = set()
         self._trend: list[dict[str, float]] = []
+        self._audited: list[dict[str, float]] = []
 
     def _say(self, key: str, text: str, always: bool = False) -> None:
         if self.enabled and (always or key not in self._said):
@@ -64,6 +66,18 @@ class StepNotes:
                       "long wrong completions weigh less per token under loss_agg "
                       "seq-mean-token-mean; loss_agg: token-mean (DAPO), a lower lr or a larger "
                       "kl_coef hold it")
+
+    def tripwire(self, step: int, metrics: dict[str, float]) -> None:
+        """The training reward rising while `audit_rewards` fall (`overoptimised`): one line."""
+        if "reward/audit_mean" in metrics:
+            self._audited.append({"step": step, **{k: metrics.get(k, float("nan"))
+                                                   for k in TRIPWIRE}})
+        seen = overoptimised(self._audited)
+        if seen:
+            self._say("tripwire", f"warning (step {step}): the training reward rises while the "
+                      f"audit reward falls: {seen}; the policy may be gaming the training "
+                      "reward (docs/rewards.md, 'Tripwires'): read out_dir/completions.jsonl "
+                      "and run `posttrain audit` on it")
 
     def tool_answers(self, step: int, overflows: list[int], max_new_tokens: int) -> None:
         """Episodes that ended because a tool's answer did not fit in their budget."""
@@ -112,6 +126,29 @@ def blowup(trend: list[dict[str, float]], window: int = 5) -> str | None:
             seen.append(f"{key} {ref:.3g} -> {last[key]:.3g}")
     span = f"(steps {before[0]['step']}-{last['step']})"
     return f"{', '.join(seen)} {span}" if seen else None
+
+
+TRIPWIRE = ("reward/mean", "reward/audit_mean")
+"""The training reward of the whole step and `audit_rewards` on its audited samples."""
+TRIPWIRE_WINDOW, TRIPWIRE_MOVE = 6, 0.05
+
+
+def overoptimised(rows: list[dict[str, float]], window: int = TRIPWIRE_WINDOW,
+                  move: float = TRIPWIRE_MOVE) -> str | None:
+    """Over the last `window` audited steps: the training reward's mean over the later half up
+    by at least `move` on the earlier half while the audit reward's is down by at least `move`,
+    as "reward/mean a -> b while reward/audit_mean c -> d (steps i-j)"; else None (fewer
+    steps, a NaN). Pure function of the rows."""
+    last = rows[-window:]
+    if len(last) < window or any(r[k] != r[k] for r in last for k in TRIPWIRE):
+        return None
+    half = window // 2
+    (t0, a0), (t1, a1) = ([sum(r[k] for r in part) / len(part) for k in TRIPWIRE]
+                          for part in (last[:half], last[half:]))
+    if t1 - t0 < move or a0 - a1 < move:
+        return None
+    return (f"reward/mean {t0:.3g} -> {t1:.3g} while reward/audit_mean {a0:.3g} -> {a1:.3g} "
+            f"(steps {last[0]['step']}-{last[-1]['step']})")
 
 
 def completion_samples(rollout: Any, result: Any, n: int) -> list[dict[str, Any]]:

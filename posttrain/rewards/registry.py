@@ -1,10 +1,9 @@
 """Named reward functions, their weighted sum, and a scorer that counts every failure.
 
 Call forms: :mod:`posttrain.rewards.contract`, docs/rewards.md. Built-in names: ``math``,
-``format``, ``code``, ``reward_model`` / ``process_reward_model``; anything else is
-``"package.module:function"``. Entry keys other than ``name``/``weight``/``kwargs`` become
-keyword arguments (:func:`validate_specs` refuses unknown ones); row fields go by parameter name
-(``RewardSpec.kwargs`` win over a field of the same name).
+``format``, ``code``, learned, ``environment``, ``remote``, ``judge``; else ``"pkg.mod:fn"``.
+Entry keys other than ``name``/``weight``/``kwargs`` become keyword arguments (unknown ones
+refused); row fields go by parameter name (``RewardSpec.kwargs`` win over a row's field).
 ``RewardScorer.score``: the weighted sum per sample over the functions that score it (``None``:
 not scored; no function scores it: 0, counted in ``reward/unscored``; :class:`UnscorableError`:
 ``nan``, excluded and counted), per-function values, metrics and error records. Other errors and
@@ -16,6 +15,7 @@ More: docs/rewards.md, "Module notes", posttrain.rewards.registry.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import math
@@ -37,30 +37,36 @@ from posttrain.rewards.contract import (
 )
 from posttrain.rewards.errors import RewardFunctionError, UnscorableError
 from posttrain.rewards.format import format_reward
+from posttrain.rewards.judge import judge_reward
 from posttrain.rewards.learned import process_reward_model_reward, reward_model_reward
 from posttrain.rewards.math import math_reward
+from posttrain.rewards.remote import remote_reward
 from posttrain.sandbox.jail import STATUSES, SandboxUnavailableError
 
 RewardFn = Callable[..., float]
 
 
-def environment_reward(completions: list[str], environments: list[Any],
-                       environment_closed: list[bool] | None = None) -> list[float | None]:
+async def environment_scores(completions: list[str], environments: list[Any],
+                             environment_closed: list[bool] | None = None
+                             ) -> list[float | None]:
     """The environment's own score of each episode (`get_reward()`; docs/agents.md): None
     (not scored) for a sample without an environment or whose environment has no get_reward.
-    An `async def get_reward` is awaited on the run's event loop.
+    The `async def get_reward` ones are awaited together.
 
     A closed episode (a call on its environment timed out: `environment_closed`) scores the
     lowest score of the batch's finished episodes (a batch holds whole groups), so timing a
     call out on purpose never beats finishing wrong; None when no episode of the batch
     finished with a score."""
-    from posttrain.rollout.tools import resolve
-
     closed = environment_closed or [False] * len(environments)
-    scores = [resolve(env.get_reward()) if hasattr(env, "get_reward") and not shut else None
+    values = [env.get_reward() if hasattr(env, "get_reward") and not shut else None
               for env, shut in zip(environments, closed, strict=True)]
+    scores = list(await asyncio.gather(*(_settled(v) for v in values)))
     lowest = min((s for s in map(_finite, scores) if s is not None), default=None)
     return [lowest if shut else score for score, shut in zip(scores, closed, strict=True)]
+
+
+async def _settled(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
 
 
 def _finite(value: Any) -> float | None:
@@ -72,13 +78,23 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def environment_reward(completions: list[str], environments: list[Any],
+                       environment_closed: list[bool] | None = None) -> list[float | None]:
+    """:func:`environment_scores` for a synchronous caller (on the run's event loop)."""
+    from posttrain.rollout.tools import resolve
+
+    return resolve(environment_scores(completions, environments, environment_closed))
+
+
 BUILTIN_REWARDS: dict[str, RewardFn] = {
     "math": math_reward,
     "format": format_reward,
     "code": code_reward,
     "reward_model": reward_model_reward,
     "process_reward_model": process_reward_model_reward,
-    "environment": environment_reward,
+    "environment": environment_scores,
+    "remote": remote_reward,
+    "judge": judge_reward,
 }
 # Functions whose detailed variant also reports an outcome status for the counters.
 _DETAILED: dict[Any, Callable[..., tuple[float, Any]]] = {code_reward: code_reward_detailed}
@@ -199,11 +215,15 @@ class RewardScorer:
     """Weighted sum of named reward functions over a batch, run on a thread pool."""
 
     def __init__(self, specs: Sequence[RewardSpec | str], on_error: str = "auto",
-                 max_workers: int | None = None) -> None:
+                 max_workers: int | None = None, timeout_s: float = 60.0) -> None:
         if on_error not in _ON_ERROR:
             raise ValueError(f"unknown on_error {on_error!r}; valid values: {sorted(_ON_ERROR)}")
         self.resolved = validate_specs(specs)
         self.on_error = on_error
+        self.timeout_s = timeout_s
+        """Bound on each awaited call (an `async def` reward or get_reward); past it the call
+        is cancelled and its samples are reward errors. Threads cannot be stopped: a
+        synchronous function is not bounded by it."""
         self.max_workers = max(1, max_workers or os.cpu_count() or 1)
 
     def needed_fields(self) -> dict[str, list[str]]:
@@ -222,9 +242,45 @@ class RewardScorer:
             if fn in _DETAILED:
                 value, result = _DETAILED[fn](completion, **kwargs)
                 return _value(value), result, None
-            return _value(fn(completion, **kwargs)), None, None
+            value = self._settle([fn(completion, **kwargs)])[0]
+            if isinstance(value, BaseException):
+                raise value
+            return _value(value), None, None
         except Exception as exc:
             return math.nan, None, exc
+
+    def _settle(self, values: list[Any]) -> list[Any]:
+        """`values` with each awaitable awaited, all together on the run's event loop, each
+        within `timeout_s`; an awaitable that raised or timed out gives its exception."""
+        if not any(inspect.isawaitable(v) for v in values):
+            return values
+
+        async def one(value: Any) -> Any:
+            if not inspect.isawaitable(value):
+                return value
+            try:
+                return await asyncio.wait_for(value, self.timeout_s)
+            except asyncio.TimeoutError:
+                return TimeoutError(f"no value within reward_timeout_s={self.timeout_s}")
+            except Exception as exc:  # noqa: BLE001 - the sample's error, recorded with it
+                return exc
+
+        async def every() -> list[Any]:
+            return list(await asyncio.gather(*(one(v) for v in values)))
+
+        from posttrain.rollout.tools import resolve
+
+        return resolve(every())
+
+    def _call_async(self, jobs: list, completions: Sequence[str]) -> list[tuple]:
+        """The calls of `async def` per-sample functions, awaited together (never raises)."""
+        values = []
+        for _, fn, i, kwargs in jobs:
+            try:
+                values.append(fn(completions[i], **kwargs))
+            except Exception as exc:  # noqa: BLE001 - raised before its first await
+                values.append(exc)
+        return [_outcome(v) for v in self._settle(values)]
 
     def score(self, completions: Sequence[str], rows: Sequence[dict[str, Any]]) -> ScoreResult:
         """Score every completion with every function; ``rows[i]`` holds sample i's fields."""
@@ -232,15 +288,24 @@ class RewardScorer:
             raise ValueError(f"{len(completions)} completions but {len(rows)} rows")
         per_sample = [(spec, fn) for spec, fn in self.resolved if call_style(fn) == PER_SAMPLE]
         jobs = [(spec, fn, i, call_arguments(fn, spec, rows[i], i))
-                for spec, fn in per_sample for i in range(len(completions))]
+                for spec, fn in per_sample if not is_async(fn) for i in range(len(completions))]
         with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
             outcomes = list(pool.map(lambda job: self._call(job[0], job[1], completions[job[2]],
                                                             job[3]), jobs))
+        awaited = [(spec, fn, i, call_arguments(fn, spec, rows[i], i))
+                   for spec, fn in per_sample if is_async(fn) for i in range(len(completions))]
+        jobs += awaited
+        outcomes += self._call_async(awaited, completions)
         for spec, fn in self.resolved:  # batched functions: one call each
             if call_style(fn) != PER_SAMPLE:
                 jobs += [(spec, fn, i, spec.kwargs) for i in range(len(completions))]
                 outcomes += self._call_batched(spec, fn, completions, rows)
-        return self._collect(completions, jobs, outcomes)
+        result = self._collect(completions, jobs, outcomes)
+        for spec, fn in self.resolved:  # the calling rewards' latency, requests, retries
+            for key, value in (fn.drain_metrics(spec.kwargs) if hasattr(fn, "drain_metrics")
+                               else {}).items():
+                result.metrics[f"reward/{_metric_name(spec.name)}/{key}"] = value
+        return result
 
     def _call_batched(self, spec: RewardSpec, fn: RewardFn, completions: Sequence[str],
                       rows: Sequence[dict[str, Any]]) -> list[tuple[float | None, None, Any]]:
@@ -253,18 +318,15 @@ class RewardScorer:
                 by_name = "completions" in inspect.signature(fn).parameters
                 values = (fn(completions=list(completions), **kwargs) if by_name
                           else fn(list(completions), **kwargs))
+            values = self._settle([values])[0]
+            if isinstance(values, Exception):
+                raise values
             if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
                 raise TypeError(f"a batched reward must return a list of floats, got "
                                 f"{type(values).__name__}")
             if len(values) != len(completions):
                 raise ValueError(f"returned {len(values)} values for {len(completions)} samples")
-            out: list[tuple[float | None, None, Any]] = []
-            for v in values:
-                try:
-                    out.append((_value(v), None, None))
-                except ValueError as exc:  # one non-finite value: an error of that sample only
-                    out.append((math.nan, None, exc))
-            return out
+            return [_outcome(v) for v in self._settle(list(values))]
         except Exception as exc:
             return [(math.nan, None, exc)] * len(completions)
 
@@ -326,6 +388,24 @@ class RewardScorer:
                     name, i, exc, completions[i],
                     note=f"it failed on {count} of {len(completions)} samples; set "
                          "reward_on_error: zero to score failures 0 and go on") from exc
+
+
+def is_async(fn: RewardFn) -> bool:
+    """An `async def` function (or an object whose `__call__` is one)."""
+    call = type(fn).__call__ if not inspect.isroutine(fn) else None
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def _outcome(value: Any) -> tuple[float | None, None, BaseException | None]:
+    """(value, None, error) of one sample's value: an exception (a batched function may give
+    one per sample: the remote and judge rewards) or a non-finite value is that sample's
+    error."""
+    if isinstance(value, BaseException):
+        return math.nan, None, value
+    try:
+        return _value(value), None, None
+    except (TypeError, ValueError) as exc:
+        return math.nan, None, exc
 
 
 def _value(value: Any) -> float | None:

@@ -25,6 +25,7 @@ from posttrain.core.device import resolve_device
 from posttrain.core.runtime import sequence_seed
 from posttrain.engine.async_rollout import AsyncSampler, Job, Sampled, fresh, needed_version
 from posttrain.engine.distributed import weighted
+from posttrain.engine.session import build_scorer
 from posttrain.engine.step_notes import StepNotes, completion_samples
 from posttrain.engine.trainer import Trainer
 from posttrain.rewards.registry import ScoreResult
@@ -68,6 +69,7 @@ class PromptRLTrainer(Trainer):
                               f"be a multiple of the {world} torchrun processes")
         if self.cfg.agentic():
             self._validate_agent()
+        self.audit_scorer = build_scorer(self.cfg, None, "audit_rewards")[0]  # checked now
         if getattr(self.cfg, "async_rollouts", False):
             try:  # what the sampler process is sent, checked before any model loads
                 pickle.dumps((self.reward_fns, self.agent))
@@ -128,6 +130,25 @@ class PromptRLTrainer(Trainer):
 
     def watch(self, step: int, metrics: dict[str, float]) -> None:
         self.notes.trend(step, metrics)
+        self.notes.tripwire(step, metrics)
+
+    def audit(self, rollout: Rollout, result: ScoreResult) -> dict[str, float]:
+        """`audit_rewards` on `audit_samples` of this rank's completions (evenly spread):
+        `reward/audit_mean`, `reward/audit_train_mean` (the training reward on the same
+        samples) and `reward/audit_gap` (training minus audit); their errors are recorded."""
+        n = len(rollout.completions)
+        idx = sorted({i * n // min(n, self.cfg.audit_samples) for i in
+                      range(min(n, self.cfg.audit_samples))})
+        got = self.audit_scorer.score([rollout.completions[i] for i in idx],
+                                      [rollout.rows[i] for i in idx])
+        self.session.log_reward_errors([{**e, "audit": True} for e in got.errors])
+        pairs = [(result.scores[i], a) for i, a in zip(idx, got.scores, strict=True)
+                 if a == a and result.scores[i] == result.scores[i]]  # NaN: unscorable
+        if not pairs:
+            return {}
+        train, audit = (sum(p[k] for p in pairs) / len(pairs) for k in (0, 1))
+        return {"reward/audit_mean": audit, "reward/audit_train_mean": train,
+                "reward/audit_gap": train - audit}
 
     @functools.cached_property
     def accuracy_from(self) -> str | None:
@@ -167,6 +188,9 @@ class PromptRLTrainer(Trainer):
         self.notes.rewards(self._step, result.errors, len(result.scores))
         self.notes.truncation(self._step, float(rollout.truncated.float().mean()),
                               cfg.max_new_tokens)
+        if cfg.audit_rewards and first == 0 and self._step % cfg.audit_every == 0 and \
+                rollout.completions:  # the tripwire's sample
+            result.metrics.update(self.audit(rollout, result))
         if first == 0 and cfg.log_completions:  # True: one group
             n = G if cfg.log_completions is True else int(cfg.log_completions)
             self.notes.completions(cfg.out_dir, self._step, completion_samples(rollout, result, n))

@@ -49,12 +49,13 @@ def test_builtins_resolve() -> None:
     assert resolve_reward("math") is math_reward
     assert resolve_reward("format") is format_reward
     assert set(BUILTIN_REWARDS) == {"math", "format", "code", "reward_model",
-                                    "process_reward_model", "environment"}
+                                    "process_reward_model", "environment", "remote", "judge"}
 
 
 def test_unknown_builtin_lists_valid_names() -> None:
     with pytest.raises(ValueError,
-                       match=r"unknown reward 'maths'.*'code', 'environment', 'format', 'math'"):
+                       match=r"unknown reward 'maths'.*'code', 'environment', 'format', "
+                             r"'judge', 'math'"):
         resolve_reward("maths")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue
 import signal
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -134,7 +135,8 @@ def test_the_sampler_process_takes_the_runs_sandbox_mode(monkeypatch) -> None:
             return type("P", (), {"start": lambda self: None, "is_alive": lambda self: False})()
 
     monkeypatch.setattr(async_rollout.mp, "get_context", lambda kind: Ctx())
-    async_rollout.AsyncSampler(None, None, torch.nn.Linear(1, 1), None, None, 1)
+    cfg = SimpleNamespace(out_dir=".")  # where the sampler's traceback would go
+    async_rollout.AsyncSampler(cfg, None, torch.nn.Linear(1, 1), None, None, 1)
     assert made[0][-1] == "limits"
     with pytest.raises(ValueError, match="expected strict or limits"):
         tools.python_mode("bwrap")

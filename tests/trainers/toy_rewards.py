@@ -37,3 +37,16 @@ def crash_on_a(completion: str) -> float:
 def always_one(completion: str) -> float:
     """A custom reward that says nothing about correctness: 1.0 for every sample."""
     return 1.0
+
+
+async def digits_async(completion: str) -> float:
+    """`digits` as an `async def` reward (TRL's async reward functions): awaited by the scorer."""
+    import asyncio
+
+    await asyncio.sleep(0.001)
+    return digits(completion)
+
+
+def not_digits(completion: str) -> float:
+    """1 - `digits`: a held-out check that disagrees with `digits` (the tripwire's audit)."""
+    return 1.0 - digits(completion)
