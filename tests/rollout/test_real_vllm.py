@@ -36,8 +36,8 @@ def world(tmp_path_factory) -> dict:
     """A tied-head tiny Llama (head_dim 32, which vLLM's CPU attention takes) and prompts."""
     root = tmp_path_factory.mktemp("real_vllm")
     tok = build_char_tokenizer()
-    model = build_tiny_llama(tok, hidden_size=64, num_layers=2, num_heads=2,
-                             intermediate_size=128, max_position_embeddings=256, seed=0)
+    model = build_tiny_llama(tok, hidden_size=64, num_layers=2, num_heads=2,  # 1024: a judge's
+                             intermediate_size=128, max_position_embeddings=1024, seed=0)
     assert model.config.tie_word_embeddings
     save_checkpoint(model, tok, root / "model")
     data = root / "prompts.jsonl"
@@ -203,7 +203,7 @@ def server(world, tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
     env_words, cmd = documented_cpu_server(world["dir"], port)
     env = {**os.environ, **env_words, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable if w == "python" else w for w in cmd] + ["--max-model-len", "256"]
+    cmd = [sys.executable if w == "python" else w for w in cmd] + ["--max-model-len", "1024"]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -259,6 +259,20 @@ def test_the_cpu_dtype_check_reads_the_servers_own_fields(server):
                                      "dtype": str(dtype).replace("float32", "bfloat16")}}
     assert "AMX" in cpu_server_dtype_problem(bf16, amx=True)
     assert cpu_server_dtype_problem(bf16, amx=False) is None
+
+
+def test_the_judge_reward_against_the_real_server(world, server):
+    """The judge reward's request (docs/rewards.md) is one a real `vllm serve` answers; a judge
+    whose answer has no final `SCORE: N` line (this random tiny model) is each sample's reward
+    error, never a score of 0."""
+    from posttrain.rewards.judge import JudgeAnswerError, judge_reward
+
+    rows = [{"prompt": "2+3=", "answer": "5"}] * 2
+    out = judge_reward(["<answer>5</answer>", "<answer>4</answer>"], rows,
+                       url=f"http://127.0.0.1:{server}", model=world["dir"],
+                       rubric="10 if the answer equals the reference, else 0", max_tokens=12)
+    assert len(out) == 2 and all(isinstance(o, JudgeAnswerError) for o in out), out
+    assert all("does not end with one line 'SCORE: N'" in str(o) for o in out), out
 
 
 def test_a_server_side_push_error_reaches_the_trainer(world, server):
