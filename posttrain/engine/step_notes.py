@@ -104,11 +104,12 @@ class StepNotes:
 
 BLOWUP = {"response/truncated_frac": ("rise", 0.3), "kl/token_mean": ("ratio", 5.0)}
 """What counts as a jump: the truncated share up by 0.3 (absolute) over the lowest of the window
-before it, the KL 5x the window's median (and at least `KL_FLOOR`)."""
-KL_FLOOR = 0.05
+before it, the KL 5x the window's median (and at least `KL_FLOOR`). Chosen on the tool world's
+runs (docs/results.md): fires in the three that blew up, in none of the nine that did not."""
+KL_FLOOR = 0.1
 
 
-def blowup(trend: list[dict[str, float]], window: int = 5) -> str | None:
+def blowup(trend: list[dict[str, float]], window: int = 10) -> str | None:
     """The metrics of `BLOWUP` whose last value jumped against the `window` steps before it, as
     "key a -> b (steps i-j)", or None (fewer steps, or no jump). Pure function of the rows."""
     if len(trend) <= window:
