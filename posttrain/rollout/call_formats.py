@@ -78,13 +78,14 @@ def _llama3_json(text: str) -> list[Any] | str:
 
 
 def _harmony(text: str) -> list[Any] | str:
-    """gpt-oss: each message whose header holds `to=functions.NAME` (before or after its
-    channel) is a call; its body, `<|message|>` to `<|call|>`, the JSON arguments."""
+    """gpt-oss: each assistant message whose header holds `to=functions.NAME` (before or after
+    its channel) is a call; its body, `<|message|>` to `<|call|>`, the JSON arguments. The
+    turn's first message is the assistant's (its `<|start|>assistant` was the prompt's)."""
     calls = []
-    for msg in text.split("<|start|>"):
+    for k, msg in enumerate(text.split("<|start|>")):
         header, sep, body = msg.partition("<|message|>")
-        if "to=" not in header:
-            continue
+        if "to=" not in header or (k and not header.startswith("assistant")):
+            continue  # not a call, or a tool's answer (`functions.NAME to=assistant`)
         name = (header.split("to=", 1)[1].replace("<|", " ").split() or [""])[0]
         if not sep:
             return f"the tool call to {name!r} has no <|message|>"

@@ -45,8 +45,9 @@ NATIVE = {
 OTHER_FORMS = {  # the same call in the family's other documented form
     "llama3_1": '<|python_tag|>{"name": "add", "parameters": {"a": 2, "b": 3}}<|eom_id|>',
     "gptoss": '<|channel|>analysis<|message|>Add them.<|end|><|start|>assistant<|channel|>'
-              'commentary to=functions.add <|constrain|>json<|message|>{"a": 2, "b": 3}<|call|>',
-}
+              'commentary to=functions.add <|constrain|>json<|message|>{"a": 2, "b": 3}<|call|>'
+              '<|start|>functions.add to=assistant<|channel|>commentary<|message|>"5"<|end|>',
+}  # (gpt-oss: a tool's answer after the call, `functions.add to=assistant`, is no call)
 # the text each template writes after the assistant's call for the answer "5" and the next
 # generation prompt (by hand, from the templates; checked against their rendering below)
 ANSWER = {
