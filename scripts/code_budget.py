@@ -18,10 +18,10 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-BUDGETS = {"core": 190, "config+cli": 1050, "data": 650, "models": 830, "ops": 1050,
-           "engine": 2340, "rollout": 1830, "sandbox": 2140, "rewards": 800, "search": 500,
+BUDGETS = {"core": 190, "config+cli": 1060, "data": 650, "models": 830, "ops": 1050,
+           "engine": 2340, "rollout": 2000, "sandbox": 2140, "rewards": 800, "search": 500,
            "trainers": 1700}
-LIBRARY = 13080
+LIBRARY = 13260
 PROSE = (0.10, 0.36)
 PEERS = {  # what a family's budget was sized against: feature -> (peer, its lines, ours)
     "trainers: KTO": ("TRL 1.16 kto_trainer.py", 1945, 208),
@@ -45,6 +45,11 @@ PEERS = {  # what a family's budget was sized against: feature -> (peer, its lin
     "through shared memory, a schedule fixed by the learner, groups in flight checkpointed, "
     "faults stop the run)": ("verl's recipe/async_rl/ray_trainer.py alone (12,994 "
                              "characters; its rollout manager and loss apart), about", 330, 270),
+    "rollout + config: tool calls in each family's own format (issue 55: hermes, llama3_json, "
+    "harmony, deepseek_v3, response_template, read off the template or refused in one line; "
+    "answers cut from the template's own rendering; chat_template_kwargs)":
+        ("vLLM's hermes, llama, openai and deepseekv3 tool parsers (53,724 characters, "
+         "streaming included), about", 1340, 170),
 }
 NOT_LIBRARY = ("tasks", "demo.py")  # the offline demo world: uses the library, never imported
 FAMILY_OF = {"__init__.py": "core", "__main__.py": "config+cli", "cli.py": "config+cli",

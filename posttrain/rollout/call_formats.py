@@ -1,11 +1,9 @@
 """Tool-call formats of the model families: how a turn's calls are read and how their answers
 are rendered, as each family's chat template writes them (docs/agents.md, "Model families").
 
-- Formats (vLLM's parser names): `hermes` `<tool_call>{json}</tool_call>` (Qwen2.5/3, the
-  fallback), `llama3_json` `{"name": ..., "parameters": {...}}` (after `<|python_tag|>` or
-  alone), `openai` (gpt-oss harmony: `to=functions.NAME ... <|message|>{...}<|call|>`),
-  `deepseek_v3` (`<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME` + a json block), and
-  `response_template` (the tokenizer's own `parse_response`).
+- Formats (vLLM's parser names): `hermes` `<tool_call>{json}</tool_call>` (Qwen3, the
+  fallback), `llama3_json` `{"name": ..., "parameters": {...}}`, `openai` (gpt-oss harmony),
+  `deepseek_v3` (`<｜tool▁call▁begin｜>`...), `response_template` (`parse_response`).
 - `tool_call_parser: auto` reads the format off the tokenizer: its response template, else the
   markers its chat template writes; a template that renders tools in no format read here is
   refused in one line naming what it saw. The turn is parsed from its text decoded WITH its

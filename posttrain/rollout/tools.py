@@ -5,8 +5,7 @@ how a call is read from its text, and how it runs.
   `get_json_schema`); `async def` tools are awaited on the run's one event loop.
 - `environment_factory=Cls | {name: Cls}`: one instance per rollout, `reset(**row)` first, its
   public methods are tools; checked before any model loads.
-- Calls: in the family's own format (`posttrain.rollout.call_formats`: the tokenizer's
-  `parse_response`, Hermes `<tool_call>`, Llama 3 JSON, harmony, DeepSeek V3).
+- Calls: in the family's own format (`posttrain.rollout.call_formats`).
 - Failure is data: anything the model wrote that fails (parse, unknown tool, arguments,
   exception, timeout, over the turn's limit) is the answer text, never an exception.
 - A call reported timed out never starts later; its environment is closed (`Toolbox.closed`).

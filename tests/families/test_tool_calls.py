@@ -209,3 +209,26 @@ def test_a_response_template_is_preferred_and_read():
     assert detect_format(Tok()) == "response_template"
     calls = parse_tool_calls(Tok(), "anything", "response_template")
     assert [(c.name, c.arguments) for c in calls] == [("add", {"a": 2, "b": 3})]
+
+
+def test_a_run_whose_template_writes_an_unread_format_is_refused_before_the_model_loads(
+        family_builder, tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from posttrain.config import ConfigError
+    from posttrain.engine import session
+    from posttrain.trainers.grpo import GRPOTrainer
+
+    path = family_builder("qwen3")
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.chat_template = tok.chat_template.replace("<tool_call>", "[TOOL_CALLS]")
+
+    def no_model(*a: Any, **k: Any) -> Any:
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr(session, "load_model_and_tokenizer", no_model)
+    with pytest.raises(ConfigError, match="Mistral's \\[TOOL_CALLS\\]") as err:
+        GRPOTrainer(model=str(path), tokenizer=tok, tools=[add], rewards=["math"],
+                    train_data=[{"prompt": "2+3?", "answer": "5"}], out_dir=str(tmp_path),
+                    report_to=[])
+    assert "\n" not in str(err.value) and "tool_call_parser" in str(err.value)
