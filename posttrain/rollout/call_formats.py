@@ -181,25 +181,34 @@ def _assistant(fmt: str, name: str, structured: bool) -> dict[str, Any]:
             "tool_calls": [{"type": "function", "function": {"name": name, "arguments": args}}]}
 
 
+_FORMS: dict[tuple[str, str], tuple[bool, bool]] = {}
+"""(template, format) -> the form that rendered last time (a call or plain content; a tool
+role or a user message): tried first."""
+
+
 def _render(tokenizer: Any, fmt: str, name: str, contents: list[tuple[str, str]]
             ) -> tuple[str, str]:
     """(the conversation ending in the assistant's turn, the same + the answers + the
     generation prompt): the first form the template renders with the assistant's turn in it."""
-    tools = [{"role": "tool", "name": n, "content": c} for n, c in contents]
-    user = [{"role": "user", "content": "\n".join(c for _, c in contents)}]
+    key = (str(tokenizer.chat_template), fmt)
+    forms = [(True, False), (True, True), (False, False), (False, True)]
     why = "it drops the assistant's message"
-    for structured in (True, False):
-        for answers in (tools, user):
-            head = [{"role": "user", "content": "q"}, _assistant(fmt, name, structured)]
-            try:
-                r1 = tokenizer.apply_chat_template(head, tokenize=False)
-                r2 = tokenizer.apply_chat_template(head + answers, tokenize=False,
-                                                   add_generation_prompt=True)
-            except Exception as err:  # the template's own raise_exception
-                why = f"{type(err).__name__}: {err}"
+    for structured, as_user in sorted(forms, key=lambda f: f != _FORMS.get(key)):
+        head = [{"role": "user", "content": "q"}, _assistant(fmt, name, structured)]
+        answers = ([{"role": "user", "content": "\n".join(c for _, c in contents)}] if as_user
+                   else [{"role": "tool", "name": n, "content": c} for n, c in contents])
+        try:
+            r1 = tokenizer.apply_chat_template(head, tokenize=False)
+            if _MARK not in r1:
                 continue
-            if _MARK in r1 and _MARK in r2:
-                return r1, r2
+            r2 = tokenizer.apply_chat_template(head + answers, tokenize=False,
+                                               add_generation_prompt=True)
+        except Exception as err:  # the template's own raise_exception
+            why = f"{type(err).__name__}: {err}"
+            continue
+        if _MARK in r2:
+            _FORMS[key] = (structured, as_user)
+            return r1, r2
     raise ValueError(f"the chat template cannot render a tool answer after an assistant turn "
                      f"({why}); tool answers cannot be appended as tokens")
 
