@@ -97,10 +97,10 @@ def render_completion(tokenizer: Any, prompt: Prompt, completion: Prompt,
 
 def tokenize_completions(tokenizer: Any, rows: list[dict[str, Any]], field: str,
                          template: str = "auto") -> tuple[list[list[int]], list[list[int]]]:
-    """Token ids of each row's rendered ``prompt`` and of its ``row[field]`` completion + EOS
-    (both without special tokens added). A conversational completion already ending in EOS
-    (a template that closes the assistant turn with it) gets no second one. A row that cannot
-    be rendered raises TemplateError with its `row` and `field`."""
+    """Token ids of each row's rendered ``prompt`` and of its ``row[field]`` completion closed
+    by `close_turn` (both without special tokens added): the trained ids end exactly at the
+    turn's end token. A row that cannot be rendered raises TemplateError with its `row` and
+    `field`."""
     texts = []
     for i, r in enumerate(rows):
         try:
@@ -109,12 +109,61 @@ def tokenize_completions(tokenizer: Any, rows: list[dict[str, Any]], field: str,
             raise TemplateError(str(err), row=i, field=field) from err
     p_ids = tokenizer([p for p, _ in texts], add_special_tokens=False)["input_ids"]
     c_ids = tokenizer([c for _, c in texts], add_special_tokens=False)["input_ids"]
-    eos = tokenizer.eos_token_id
-    out = []
-    for row, ids in zip(rows, c_ids, strict=True):
-        closed = isinstance(row[field], list) and ids and ids[-1] == eos
-        out.append(list(ids) if closed or eos is None else [*ids, eos])
+    end = turn_end_id(tokenizer, template)
+    out = [close_turn(list(ids), end, isinstance(row[field], list))
+           for row, ids in zip(rows, c_ids, strict=True)]
     return [list(p) for p in p_ids], out
+
+
+def close_turn(ids: list[int], end: int | None, rendered: bool) -> list[int]:
+    """`ids` of a completion ending exactly at one `end` token. A `rendered` (chat-template)
+    completion is cut after its last `end`, dropping what the template writes after the turn's
+    end (Qwen's and Gemma's newline: never sampled, since sampling stops at `end`); one without
+    `end`, or a plain string, gets `end` appended unless it already ends with it."""
+    if end is None:
+        return ids
+    if rendered and end in ids:
+        return ids[:len(ids) - ids[::-1].index(end)]
+    return ids if ids[-1:] == [end] else [*ids, end]
+
+
+def cut_after_turn_end(tokenizer: Any, text: str, end: int | None) -> str:
+    """A rendered completion's text cut after its last `end` token (`close_turn` on text)."""
+    mark = tokenizer.convert_ids_to_tokens(end) if end is not None else None
+    return text[:text.rindex(mark) + len(mark)] if mark and mark in text else text
+
+
+_ends: dict[tuple[int, str], int | None] = {}
+
+
+def turn_end_id(tokenizer: Any, template: str = "auto") -> int | None:
+    """The id that ends an assistant turn: the added token the chat template closes an
+    assistant message with (Qwen's ``<|im_end|>``, Gemma's ``<end_of_turn>``, gpt-oss's
+    ``<|return|>``), else the tokenizer's EOS (no template, or one that closes with text)."""
+    key = (id(tokenizer), template)
+    if key not in _ends:
+        _ends[key] = _closing_token(tokenizer, template)
+    found = _ends[key]
+    return found if found is not None else tokenizer.eos_token_id
+
+
+def _closing_token(tokenizer: Any, template: str) -> int | None:
+    """The added token that starts what the template writes after an assistant message's
+    content, or None (no template, a template that fails on the probe, or a text close)."""
+    if not uses_template(tokenizer, template):
+        return None
+    probe = [{"role": "user", "content": "1"}, {"role": "assistant", "content": _PROBE}]
+    try:
+        text = _apply(tokenizer, probe, template, False)
+    except Exception:  # noqa: BLE001 - a template that cannot render the probe: EOS as before
+        return None
+    if _PROBE not in text:
+        return None
+    tail = tokenizer(text.rsplit(_PROBE, 1)[1], add_special_tokens=False)["input_ids"]
+    if not tail:
+        return None
+    added = set(tokenizer.get_added_vocab().values())
+    return int(tail[0]) if tail[0] in added else None
 
 
 _PROBE = "\x00posttrain-probe\x00"

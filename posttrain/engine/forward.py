@@ -15,6 +15,7 @@ padded), V vocabulary, H hidden size.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -30,10 +31,12 @@ from posttrain.ops import entropy_from_logits, head_logprobs, token_logprobs
 from posttrain.ops.fused_head import DEFAULT_BLOCK_ELEMENTS
 from posttrain.ops.masked import trim_padding
 
-# model types whose causal-LM forward is exactly ``lm_head(last_hidden_state)`` (no softcapping,
-# logit scaling or other transform after the head), checked against transformers' modeling code
+# model types whose causal-LM forward is exactly ``lm_head(last_hidden_state)`` (no logit
+# scaling or other transform after the head), checked against transformers' modeling code; the
+# Gemmas apply ``final_logit_softcapping`` after it when set (Gemma 2's 30.0; Gemma 3's is None)
 FUSED_HEAD_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
-                                 "phi3", "olmo2"})
+                                 "phi3", "olmo2", "gemma", "gemma2", "gemma3_text", "gpt_oss",
+                                 "deepseek_v3"})
 # the fused head recomputes the logits in its backward pass (3 head matmuls instead of 2): by
 # default it is used only where the full fp32 logits would exceed 64 MB (2 blocks)
 FUSE_MIN_ELEMENTS = 2 * DEFAULT_BLOCK_ELEMENTS
@@ -41,14 +44,47 @@ FUSE_MIN_ELEMENTS = 2 * DEFAULT_BLOCK_ELEMENTS
 
 
 def fused_head_supported(model: torch.nn.Module) -> bool:
-    """Whether `completion_logprobs` may fuse the LM head: a listed family whose output
-    embedding is a plain ``nn.Linear`` (not e.g. a LoRA-wrapped head) with a plain weight. Under
-    FSDP2 the head's weight is a sharded DTensor outside the model's forward, so the head runs
-    inside the forward as usual (full logits of a micro-batch; docs/distributed.md)."""
+    """Whether `completion_logprobs` may fuse the LM head (`unfused_reason` is None)."""
+    return unfused_reason(model) is None
+
+
+def unfused_reason(model: torch.nn.Module) -> str | None:
+    """Why the LM head cannot be fused, or None: it must be a plain ``nn.Linear`` (not e.g. a
+    LoRA-wrapped head) with a plain weight, of a listed family, with no softcapping after it.
+    Under FSDP2 the head's weight is a sharded DTensor outside the model's forward, so the head
+    runs inside the forward as usual (full logits of a micro-batch; docs/distributed.md)."""
     head = embeddings(model)[1]
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    return (type(head) is torch.nn.Linear and model_type in FUSED_HEAD_FAMILIES
-            and not isinstance(head.weight, DTensor))
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if type(head) is not torch.nn.Linear:
+        return f"its LM head is a {type(head).__name__}, not a plain nn.Linear"
+    if model_type not in FUSED_HEAD_FAMILIES:
+        return f"model type {model_type!r} is not on the fused-head list"
+    if getattr(config, "final_logit_softcapping", None) is not None:
+        return (f"{model_type} applies final_logit_softcapping="
+                f"{config.final_logit_softcapping} after the head")
+    if isinstance(head.weight, DTensor):
+        return "FSDP2 shards the head's weight"
+    return None
+
+
+_said_full: set[str] = set()
+
+
+def say_full_logits(model: torch.nn.Module, n: int, T: int) -> None:
+    """One stderr line (per reason, rank 0) the first time a model's [n, T, V] logits are built
+    in full where the fused head would have been used: their size and why."""
+    reason = unfused_reason(model)
+    V = int(getattr(model.config, "vocab_size", 0) or 0)
+    rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    if reason is None or reason in _said_full or not rank0:
+        return
+    _said_full.add(reason)
+    size = n * T * V * 4
+    text = f"{size / 1e9:.1f} GB" if size >= 1e8 else f"{size / 1e6:.0f} MB"
+    print(f"posttrain: full logits: {n} x {T} x {V} fp32 = {text} per "
+          f"micro-batch ({reason}, so the fused chunked head is off; a smaller "
+          "micro_batch_size or shorter completions bound them)", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -237,12 +273,14 @@ def completion_logprobs(
     """
     supported = fused_head_supported(model)
     if fused and not supported:
-        raise ValueError(f"fused=True needs a plain nn.Linear LM head and a model type in "
-                         f"{sorted(FUSED_HEAD_FAMILIES)}")
+        raise ValueError(f"fused=True: {unfused_reason(model)}; the fused head needs a plain "
+                         f"nn.Linear LM head and a model type in {sorted(FUSED_HEAD_FAMILIES)}")
     n_logits = completion_ids.numel() * int(getattr(model.config, "vocab_size", 0) or 0)
-    fn = (_fused_logprobs if supported and (fused or (fused is None and
-                                                 n_logits > FUSE_MIN_ELEMENTS))
+    large = n_logits > FUSE_MIN_ELEMENTS
+    fn = (_fused_logprobs if supported and (fused or (fused is None and large))
           else _unfused_logprobs)
+    if fused is None and large and not supported:
+        say_full_logits(model, *completion_ids.shape)
     with learner_attention(model, autocast, prompt_ids.device), tied_lookup_grad_in_place(model):
         logprobs, entropy = fn(model, prompt_ids, prompt_mask, completion_ids, response_mask,
                                temperature, autocast, with_entropy or entropy_grad, share_prefix,

@@ -3,7 +3,7 @@
 Used by the learned rewards, process supervision and test-time search, so the same PRM gives the
 same score in each. Inputs are formatted as the trainers formatted them; no gradients; batched
 (``batch_size`` sequences per forward pass) on the model's device.
-* :class:`ORMScorer`: ``render(prompt) + completion + EOS``, scored at the last real token;
+* :class:`ORMScorer`: ``render(prompt) + completion + turn end``, scored at the last real token;
   ``transform="raw"`` (the logit, as TRL / OpenRLHF) or ``"sigmoid"`` (in (0, 1)).
 * :class:`ProcessScorer`: steps cut by the PRM's OWN saved rule (``posttrain_prm.split``, wins
   over a recipe's separator), written with its saved separator; each step scores P(good) at its
@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from posttrain.core.device import resolve_device
-from posttrain.data.prompts import render_prompt
+from posttrain.data.prompts import close_turn, render_prompt, turn_end_id
 from posttrain.data.steps import split_steps, step_spans
 from posttrain.models.reward import (
     encode_steps,
@@ -79,16 +79,18 @@ class ORMScorer(_Scorer):
     @torch.no_grad()
     def score(self, prompts: Sequence[Any], completions: Sequence[str],
               transform: str = "raw") -> list[float]:
-        """One score per completion, read at the last real token of ``prompt + completion +
-        EOS`` (a logit; its sigmoid with ``transform="sigmoid"``)."""
+        """One score per completion, read at the last real token of ``prompt + completion``
+        closed by the turn's end token, as the ORM trained (`close_turn`; a logit, its sigmoid
+        with ``transform="sigmoid"``)."""
         if transform not in TRANSFORMS:
             raise ValueError(f"transform={transform!r}; valid: {list(TRANSFORMS)}")
         tok = self.tokenizer
-        eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+        end = turn_end_id(tok)
         texts = [self.render(p) + c for p, c in zip(prompts, completions, strict=True)]
         if not texts:
             return []
-        seqs = [ids + eos for ids in tok(texts, add_special_tokens=False)["input_ids"]]
+        seqs = [close_turn(ids, end, False)
+                for ids in tok(texts, add_special_tokens=False)["input_ids"]]
         self.model.eval()
         scores = torch.cat([sequence_scores(self.model, ids, mask).cpu()
                             for ids, mask in self._batches(seqs)])  # [n]

@@ -1,8 +1,8 @@
 """Outcome reward model (ORM): a causal LM turned into a scalar scorer.
 
-``AutoModelForSequenceClassification`` with one label on the policy's decoder
-(``posttrain.models.reward``); the score is read at the last real token of
-``render(prompt) + completion + EOS``. Two objectives (``docs/reward_models.md``):
+``AutoModelForSequenceClassification`` (one label) on the policy's decoder; the score is read at
+the last real token of ``render(prompt) + completion + turn end`` (one end token, `close_turn`).
+Two objectives (``docs/reward_models.md``):
 * ``bradley_terry`` on ``{"prompt", "chosen", "rejected"}``: ``-log sigmoid(r_w - r_l - m)``,
   ``m`` = ``margin`` plus a row's own ``margin`` field (Llama-2's variant).
 * ``binary`` on ``{"prompt", "completion", "label": 1 | 0}``: BCE of ``sigmoid(r)``; with
@@ -25,7 +25,13 @@ from torch import Tensor
 
 from posttrain.config import RMConfig
 from posttrain.data import DataError, load_rows, render_prompt, validate_rows
-from posttrain.data.prompts import TemplateError, render_completion
+from posttrain.data.prompts import (
+    TemplateError,
+    close_turn,
+    cut_after_turn_end,
+    render_completion,
+    turn_end_id,
+)
 from posttrain.engine.trainer import Trainer
 from posttrain.engine.update import shard_plan
 from posttrain.models.loading import load_tokenizer
@@ -44,18 +50,21 @@ KIND = {"bradley_terry": "preferences", "binary": "outcomes"}
 
 def encode(tokenizer: Any, rows: list[dict[str, Any]], field: str, max_len: int,
            source: str, template: str = "auto") -> list[list[int]]:
-    """Token ids of ``render(prompt) + row[field] + EOS`` (a conversational side rendered by
-    the chat template); rows over max_len raise DataError."""
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    """Token ids of ``render(prompt) + row[field]`` ending at one turn-end token
+    (`posttrain.data.prompts.close_turn`; a conversational side rendered by the chat template);
+    rows over max_len raise DataError."""
+    end = turn_end_id(tokenizer, template)
     texts = []
     for i, r in enumerate(rows):
         try:
-            texts.append("".join(render_completion(tokenizer, r["prompt"], r[field], template)))
+            prompt, completion = render_completion(tokenizer, r["prompt"], r[field], template)
         except TemplateError as err:
             raise DataError(source, i + 1, field, str(err)) from err
-    seqs = [ids if isinstance(r[field], list) and ids[-1:] == eos else ids + eos
-            for r, ids in zip(rows, tokenizer(texts, add_special_tokens=False)["input_ids"],
-                              strict=True)]
+        if isinstance(r[field], list):
+            completion = cut_after_turn_end(tokenizer, completion, end)
+        texts.append(prompt + completion)
+    seqs = [close_turn(ids, end, False)
+            for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     for i, ids in enumerate(seqs):
         if len(ids) > max_len:
             raise DataError(source, i + 1, field, f"prompt + {field} is {len(ids)} tokens, over "
