@@ -232,3 +232,25 @@ def test_a_run_whose_template_writes_an_unread_format_is_refused_before_the_mode
                     train_data=[{"prompt": "2+3?", "answer": "5"}], out_dir=str(tmp_path),
                     report_to=[])
     assert "\n" not in str(err.value) and "tool_call_parser" in str(err.value)
+
+
+def test_a_real_response_template_is_read_by_transformers_in_an_episode(family_builder):
+    """transformers 5's own `parse_response` with a response template on the Qwen3 tokenizer
+    (none of the five ships one): `auto` prefers it, the call runs, the answer is the
+    template's."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(family_builder("qwen3"))
+    tok.response_template = {"start_anchor": "<|im_start|>assistant\n", "fields": {
+        "content": {"close": "<|im_end|>"},
+        "tool_calls": {"open": "<tool_call>", "close": "</tool_call>", "content": "json",
+                       "repeats": True}}}
+    assert detect_format(tok) == "response_template"
+    call = ids(tok, NATIVE["qwen3"])
+    inner = Scripted(tok, [call, ids(tok, "5<|im_end|>")], call[-1:])
+    r = AgentEngine(inner, AgentSpec({"add": add}, None, 2, 5.0)).generate(
+        rows=[{"prompt": "2+3?"}], params=SamplingParams(256, greedy=True))
+    assert (r.episodes[0]["calls"], r.episodes[0]["errors"]) == (1, {})
+    assert inner.seen[1][0][-len(ids(tok, ANSWER["qwen3"])):] == ids(tok, ANSWER["qwen3"])
+    bad = parse_tool_calls(tok, BAD["hermes"], "response_template")
+    assert isinstance(bad, str) and "could not be parsed" in bad
