@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from posttrain.rewards import format_reward, math_reward
@@ -64,3 +65,21 @@ def test_rewards_read_the_answer_not_the_thinking():
     assert math_reward("<think>\n2+3=5\n</think>\n\n<answer>5</answer>", "5") == 1.0
     assert format_reward("<think>\n2+3=5\n</think>\n\n<answer>5</answer>") == 0.1
     assert math_reward("<think>a+b=c</think><answer>5</answer>", "5") == 1.0  # the demo's
+
+
+def test_the_keys_from_yaml_and_the_command_line(tmp_path):
+    from posttrain.config import ConfigError, GRPOConfig
+    from posttrain.config.base import build_config
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model: m\ntrain_data: x.jsonl\nchat_template_kwargs:\n"
+                      "  enable_thinking: false\n  reasoning_effort: low\n")
+    cfg = build_config(GRPOConfig, recipe, ["tool_call_parser=openai"])
+    assert cfg.chat_template_kwargs == {"enable_thinking": False, "reasoning_effort": "low"}
+    assert cfg.tool_call_parser == "openai"
+    cfg = build_config(GRPOConfig, None, ["model=m", "train_data=x.jsonl",
+                                          "chat_template_kwargs={enable_thinking: false}"])
+    assert cfg.chat_template_kwargs == {"enable_thinking": False}
+    with pytest.raises(ConfigError, match="tool_call_parser='mistral': expected one of"):
+        build_config(GRPOConfig, None, ["model=m", "train_data=x.jsonl",
+                                        "tool_call_parser=mistral"])
