@@ -15,6 +15,10 @@ A tool trace, in the fallback call format of `posttrain.rollout.tools` (the char
 tokenizer's template defines no tool format):
 ``<tool_call>{"name": "calculator", "arguments": {"expression": "123*456"}}</tool_call></s>``
 ``<tool_response>56088</tool_response>\\n<answer>56088</answer></s>``.
+
+``--family qwen3`` builds the same world with a real family's tokenizer and chat template and a
+tiny random model of its class (`FAMILY_WORLD`, `family_sft_rows`; the calls and the tool's
+answers as that template renders them; then ``recipes/grpo_tools_qwen3.yaml``).
 """
 
 from __future__ import annotations
