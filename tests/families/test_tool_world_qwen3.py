@@ -77,3 +77,15 @@ def test_qwen3_world_builds_and_its_sft_model_writes_a_hermes_call(family_builde
     assert isinstance(parsed, list) and len(parsed) == 1, text
     assert parsed[0]["name"] == "calculator" and "expression" in parsed[0]["arguments"], text
     assert text.startswith("<think>\n\n</think>\n\n<tool_call>\n"), text
+
+
+def test_the_qwen3_recipe_loads_with_its_tool_and_parser() -> None:
+    from posttrain.config import GRPOConfig, build_config
+    from posttrain.rollout.tools import AgentSpec
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "grpo_tools_qwen3.yaml"
+    cfg = build_config(GRPOConfig, recipe)
+    assert cfg.agentic() and cfg.tool_call_parser == "hermes" and cfg.tool_schemas == "none"
+    assert AgentSpec.build(cfg).tools == {"calculator": calculator}
+    assert cfg.model == "runs/tools_qwen3/sft/final"  # where --family qwen3 --out runs/tools_qwen3
+    assert not build_config(GRPOConfig, recipe, overrides={"tools": []}).agentic()  # control
