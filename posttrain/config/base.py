@@ -198,6 +198,9 @@ class BaseConfig:
     they are, and a conversational row is then an error. none: never apply a template (strings
     as they are; a conversational row is an error). Any other value: a Jinja chat template used
     instead of the tokenizer's, and saved with the trained model's tokenizer."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra variables of the chat template wherever a prompt or row is rendered (TRL's key):
+    `{enable_thinking: false}` for Qwen3 (docs/agents.md, "Thinking models")."""
     progress: bool = True
     """Show a progress bar on a terminal; when stderr is not one (a pipe, nohup, Slurm,
     Jupyter), print a line of key metrics every `log_every` steps instead. false: neither."""

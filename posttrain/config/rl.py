@@ -89,6 +89,14 @@ class PromptRLConfig(BaseConfig):
     tool_turn_timeout_s: float = 30.0
     """Wall-clock limit of one turn's tool calls of an episode; calls not done by then answer
     with a timeout message."""
+    tool_call_parser: Literal["auto", "hermes", "llama3_json", "openai", "deepseek_v3",
+                              "response_template"] = "auto"
+    """How a turn's tool calls are read (vLLM's parser names): `auto` reads the format off the
+    tokenizer (its response template, else the markers its chat template writes; a template
+    that renders tools in another format is refused before the model loads); hermes
+    `<tool_call>{json}</tool_call>` (Qwen3; the fallback where the template renders no tools),
+    llama3_json (Llama 3.x), openai (gpt-oss harmony), deepseek_v3, response_template (the
+    tokenizer's `parse_response`). docs/agents.md, "Model families"."""
     tool_schemas: Literal["template", "none"] = "template"
     """How the model learns its tools: `template`, their JSON schemas rendered by the
     tokenizer's chat template (`tools=`); a template that renders none is refused before the

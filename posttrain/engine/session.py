@@ -9,6 +9,7 @@ prompt lengths against `max_prompt_len` and the context (`check_rows`); then the
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from posttrain.models import apply_lora, load_model_and_tokenizer, load_tokenize
 from posttrain.models.lora import check_lora_targets
 from posttrain.rewards.registry import RewardScorer, RewardSpec, validate_specs
 from posttrain.rollout import SamplingParams
+from posttrain.rollout.call_formats import check_call_format
 from posttrain.rollout.engine import Sampler, build_engine
 from posttrain.rollout.episodes import check_tool_template
 from posttrain.rollout.tools import check_environment_rows
@@ -307,11 +309,14 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
 
 
 def _check_tools(session: Session, agent: Any) -> None:
-    """Tools need a chat template that renders their schemas (`tool_schemas`)."""
+    """Tools need a chat template that renders their schemas (`tool_schemas`) and a call
+    format posttrain reads, whose answers the template renders (`tool_call_parser`)."""
     if agent is not None:
         try:
             check_tool_template(session.tokenizer, session.cfg.chat_template,
                                 getattr(session.cfg, "tool_schemas", "template"))
+            check_call_format(session.tokenizer, getattr(session.cfg, "tool_call_parser",
+                                                         "auto"))
         except ValueError as err:
             raise ConfigError(str(err)) from err
 
@@ -331,9 +336,14 @@ def _check_lora(cfg: BaseConfig, model: Any) -> None:
 
 def _with_template(tokenizer: Any, cfg: BaseConfig) -> Any:
     """The tokenizer with `chat_template` installed when it is a template string (so the
-    trained model is saved with the template it was trained on)."""
+    trained model is saved with the template it was trained on), rendering every prompt with
+    `chat_template_kwargs` (TRL's key: Qwen3's `enable_thinking`)."""
     if cfg.chat_template not in ("auto", "none"):
         tokenizer.chat_template = cfg.chat_template
+    kwargs = getattr(cfg, "chat_template_kwargs", {})
+    if kwargs:  # a partial of the class's method pickles with the tokenizer (async sampler)
+        tokenizer.apply_chat_template = functools.partial(type(tokenizer).apply_chat_template,
+                                                          tokenizer, **kwargs)
     return tokenizer
 
 

@@ -1,8 +1,9 @@
 """Math correctness reward: extract the final answer, compare by math equivalence (formulas §10).
 
 ``math_reward(completion, answer)`` returns 1.0 when the completion's final answer equals the
-gold answer, else 0.0. Extraction: the last ``<answer>...</answer>`` block (its last
-``\\boxed{}`` if it holds one), else the last ``\\boxed{...}`` (balanced braces); none -> 0.0.
+gold answer, else 0.0. Extraction, after the last ``</think>`` (the answer, not the thinking):
+the last ``<answer>...</answer>`` block (its last ``\\boxed{}`` if it holds one), else the last
+``\\boxed{...}`` (balanced braces); none -> 0.0.
 Comparison:
 1. plain decimal numbers (after removing spaces, commas, ``$``) compare exactly as
    :class:`decimal.Decimal` (``"0.5" == "0.50"``); no rounding, no math-verify;
@@ -56,6 +57,7 @@ def last_boxed(text: str) -> str | None:
 
 def extract_answer(completion: str) -> str | None:
     """The final answer of a completion (see the module docstring), stripped; None if absent."""
+    completion = completion.rsplit("</think>", 1)[-1]  # a thinking model's answer follows it
     tagged = _ANSWER_RE.findall(completion)
     if tagged:
         content = tagged[-1]

@@ -251,4 +251,5 @@ def build_engine(cfg: Any, tokenizer: Any, *, role: Role = "eval", dist: Any = N
     if agent is None:
         return engine
     return AgentEngine(engine, agent, cfg.chat_template, getattr(cfg, "system_prompt", ""),
-                       getattr(cfg, "tool_schemas", "template"))
+                       getattr(cfg, "tool_schemas", "template"),
+                       getattr(cfg, "tool_call_parser", "auto"))

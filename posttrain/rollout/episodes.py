@@ -24,6 +24,7 @@ import torch
 from posttrain.core.errors import UserFunctionError
 from posttrain.core.runtime import sequence_seed
 from posttrain.data.prompts import as_messages, render_prompt, uses_template
+from posttrain.rollout.call_formats import answer_text, detect_format
 from posttrain.rollout.hf import SamplingParams
 from posttrain.rollout.record import Rollout, pad_id
 from posttrain.rollout.tools import (
@@ -44,7 +45,6 @@ AGENT_COUNTS = frozenset({"agent/episodes", "agent/tool_calls", "agent/tool_erro
                           "agent/cut_by_turns", "agent/cut_by_length",
                           "agent/cut_by_tool_answer"})
 """The per-rank counts among `episode_metrics` (summed over ranks: `count_metrics`)."""
-_MARK = "\u2063ASSISTANT\u2063"
 Turn = tuple[list[int], list[float], bool]
 """One episode's sampled turn: its ids (through the stop id, within its budget), their
 sampler log-probs, and whether it was cut (no stop id within the episode's budget)."""
@@ -77,6 +77,8 @@ class Episode:
     """The last turn's calls to answer, or the message of a call that did not parse."""
     stop_text: str = ""
     """The text of the stop id that ended the last turn."""
+    call_name: str = ""
+    """The name of the last turn's first call (the templates that name the call's answer)."""
     by_tool: dict[str, list] = dataclasses.field(default_factory=dict)
     """tool name -> [calls, failures (raised or timed out), first failure message]."""
 
@@ -92,28 +94,14 @@ class Episode:
                 "tool_overflow": self.tool_overflow}
 
 
-def tool_turn_text(tokenizer: Any, results: list[ToolResult], stop_text: str) -> str:
-    """The text that follows a model turn ending in `stop_text` and answers it with `results`:
-    the chat template's rendering of the `tool` messages and of the next generation prompt
-    (what a conversation ending in them adds after an assistant message), without the
-    end-of-turn the model already sampled. A template that does not know tools gets each answer
-    wrapped as `<tool_response>...</tool_response>`; no template: those lines alone."""
-    template = tokenizer.chat_template or ""
-    wrap = "tool" not in template
-    msgs = [{"role": "tool", "name": r.name,
-             "content": f"<tool_response>{r.content}</tool_response>" if wrap else r.content}
-            for r in results]
-    if not template:
-        return "".join(m["content"] + "\n" for m in msgs)
-    dummy = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _MARK}]
-    base = tokenizer.apply_chat_template(dummy, tokenize=False)
-    full = tokenizer.apply_chat_template(dummy + msgs, tokenize=False, add_generation_prompt=True)
-    cut = base.index(_MARK) + len(_MARK)
-    if full[:cut] != base[:cut]:
-        raise ValueError("the chat template renders an assistant message differently when tool "
-                         "messages follow it: tool answers cannot be appended as tokens")
-    tail = full[cut:]
-    return tail[len(stop_text):] if stop_text and tail.startswith(stop_text) else tail
+def tool_turn_text(tokenizer: Any, results: list[ToolResult], stop_text: str,
+                   fmt: str = "hermes", name: str | None = None) -> str:
+    """The text that follows a model turn ending in `stop_text` (a call to `name`, in format
+    `fmt`) and answers it with `results`: what the chat template writes after the assistant's
+    turn for the `tool` messages and the next generation prompt, without the end-of-turn the
+    model already sampled (`posttrain.rollout.call_formats.answer_text`)."""
+    return answer_text(tokenizer, fmt, results[0].name if name is None else name,
+                       [(r.name, r.content) for r in results], stop_text)
 
 
 def render_episode(tokenizer: Any, messages: list[dict[str, Any]],
@@ -159,7 +147,8 @@ class AgentEngine:
     renders_rows = True
 
     def __init__(self, inner: Any, spec: AgentSpec, chat_template: str = "auto",
-                 system_prompt: str = "", tool_schemas: str = "template") -> None:
+                 system_prompt: str = "", tool_schemas: str = "template",
+                 tool_call_parser: str = "auto") -> None:
         if not hasattr(inner, "sample_ids"):
             raise ValueError(f"config key 'rollout_engine': multi-turn tool rollouts run on the "
                              f"hf and vLLM engines, not {getattr(inner, 'name', inner)!r}")
@@ -168,6 +157,7 @@ class AgentEngine:
         self.show_schemas = tool_schemas == "template"
         self.name, self.runs_policy = inner.name, inner.runs_policy
         self.tokenizer = inner.tokenizer
+        self.call_format = detect_format(self.tokenizer, tool_call_parser)
 
     def update_weights(self, model: torch.nn.Module, version: int) -> None:
         self.inner.update_weights(model, version)
@@ -241,13 +231,15 @@ class AgentEngine:
             if cut:
                 e.cut, e.done = "length", True
                 continue
-            calls = parse_tool_calls(self.tokenizer, text)
+            calls = parse_tool_calls(self.tokenizer, self.tokenizer.decode(  # markers kept
+                ids, skip_special_tokens=False), fmt=self.call_format)
             if calls == []:
                 e.done = True
             elif turn >= self.spec.max_turns:
                 e.cut, e.done = "turns", True
             else:
                 e.pending = calls
+                e.call_name = calls[0].name if isinstance(calls, list) else ""
                 e.stop_text = self.tokenizer.decode(ids[-1:])
 
     def _answer_calls(self, eps: list[Episode], max_new_tokens: int) -> None:
@@ -271,7 +263,8 @@ class AgentEngine:
                     t[0], t[1] = t[0] + 1, t[1] + failed
                     t[2] = t[2] or (r.content if failed else "")
             e.pending = None
-            text = tool_turn_text(self.tokenizer, results, e.stop_text)
+            text = tool_turn_text(self.tokenizer, results, e.stop_text, self.call_format,
+                                  e.call_name)
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             if len(e.ids) + len(ids) >= max_new_tokens:
                 e.cut, e.done, e.tool_overflow = "length", True, len(ids)  # the answer's fault

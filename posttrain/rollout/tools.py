@@ -5,7 +5,7 @@ how a call is read from its text, and how it runs.
   `get_json_schema`); `async def` tools are awaited on the run's one event loop.
 - `environment_factory=Cls | {name: Cls}`: one instance per rollout, `reset(**row)` first, its
   public methods are tools; checked before any model loads.
-- Calls: the tokenizer's `parse_response`, else the fallback `<tool_call>{...}</tool_call>`.
+- Calls: in the family's own format (`posttrain.rollout.call_formats`).
 - Failure is data: anything the model wrote that fails (parse, unknown tool, arguments,
   exception, timeout, over the turn's limit) is the answer text, never an exception.
 - A call reported timed out never starts later; its environment is closed (`Toolbox.closed`).
@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any
+
+from posttrain.rollout.call_formats import raw_calls
 
 __all__ = ["ERROR_KINDS", "TOOL_CALL", "AgentSpec", "ToolCall", "ToolResult", "Toolbox",
            "call_tools", "check_environment", "check_environment_rows", "env_tools",
@@ -308,37 +310,29 @@ class AgentSpec:
                        self.max_calls, self.turn_timeout_s)
 
 
-def parse_tool_calls(tokenizer: Any, text: str) -> list[ToolCall] | str:
-    """The tool calls of one model turn's text, or an error message when one does not parse.
+def parse_tool_calls(tokenizer: Any, text: str, fmt: str | None = None
+                     ) -> list[ToolCall] | str:
+    """The tool calls of one model turn's text (decoded with its special tokens), or an error
+    message when one does not parse.
 
-    With a response schema on the tokenizer (`parse_response`), its `tool_calls`; else every
-    `<tool_call>{"name": str, "arguments": dict}</tool_call>` block. [] when there is none.
+    `fmt`: a format of `posttrain.rollout.call_formats` (`detect_format`); None: the
+    tokenizer's `parse_response` where it has a response template, else `hermes` (every
+    `<tool_call>{"name": str, "arguments": dict}</tool_call>` block). [] when there is none.
     Whatever the text holds this returns: every failure to parse (bad JSON, nesting too deep,
     a number too long, the tokenizer's parser raising) is the message."""
     try:
-        return _parse(tokenizer, text)
+        return _parse(tokenizer, text, fmt)
     except Exception as err:  # RecursionError, ValueError, ...: what the model wrote is data
         return f"the tool call could not be parsed: {type(err).__name__}: {str(err)[:300]}"
 
 
-def _parse(tokenizer: Any, text: str) -> list[ToolCall] | str:
-    if getattr(tokenizer, "response_template", None) or getattr(tokenizer, "response_schema",
-                                                                 None):
-        raw = tokenizer.parse_response(text).get("tool_calls") or []
-        calls = [c.get("function", c) if isinstance(c, dict) else c for c in raw]
-    else:
-        calls, at = [], 0
-        while (i := text.find(TOOL_CALL[0], at)) >= 0:  # linear: no regex backtracking
-            j = text.find(TOOL_CALL[1], i)
-            if j < 0:
-                break
-            try:
-                calls.append(json.loads(text[i + len(TOOL_CALL[0]):j]))
-            except (ValueError, RecursionError) as err:  # a number > 4300 digits, deep nesting
-                return f"the tool call is not valid JSON: {err}"
-            at = j + len(TOOL_CALL[1])
-        if not calls and TOOL_CALL[0] in text:
-            return "the tool call has no closing </tool_call>"
+def _parse(tokenizer: Any, text: str, fmt: str | None) -> list[ToolCall] | str:
+    if fmt is None:
+        fmt = ("response_template" if getattr(tokenizer, "response_template", None)
+               or getattr(tokenizer, "response_schema", None) else "hermes")
+    calls = raw_calls(tokenizer, fmt, text)
+    if isinstance(calls, str):
+        return calls
     out = []
     for c in calls:
         args = c.get("arguments", {}) if isinstance(c, dict) else None

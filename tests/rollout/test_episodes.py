@@ -157,8 +157,8 @@ def test_episodes_on_the_carried_cache_equal_reprefilling_each_turn(monkeypatch)
     positions: list[int] = []
     model.register_forward_pre_hook(
         lambda m, a, kw: positions.append(int(kw["position_ids"].max())), with_kwargs=True)
-    monkeypatch.setattr(episodes, "parse_tool_calls", lambda tok, text: [] if len(text) % 5 == 0
-                        else [ToolCall("add", {"a": len(text), "b": 1})])
+    monkeypatch.setattr(episodes, "parse_tool_calls", lambda tok, text, **kw: []
+                        if len(text) % 5 == 0 else [ToolCall("add", {"a": len(text), "b": 1})])
     inner = HFEngine(TOK)
     inner.update_weights(model, 0)
     eng = AgentEngine(inner, AgentSpec({"add": add}, None, 3, 5.0))
