@@ -137,11 +137,14 @@ def sft_rows(n: int, seed: int, tool_rate: float) -> list[dict[str, Any]]:
 def _split(tokenizer: Any, head: str, whole: str) -> dict[str, str]:
     """A pre-rendered SFT row: `head` (the text the model continues) and the rest of `whole`
     up to the template's end of turn (what the template writes after it is never sampled)."""
-    from posttrain.data.prompts import cut_after_turn_end, turn_end_id
+    from posttrain.data.prompts import turn_end_id
 
     assert whole.startswith(head), "the template does not render the prompt as a prefix"
-    return {"prompt": head,
-            "completion": cut_after_turn_end(tokenizer, whole[len(head):], turn_end_id(tokenizer))}
+    tail, end = whole[len(head):], turn_end_id(tokenizer)
+    mark = tokenizer.convert_ids_to_tokens(end) if end is not None else None
+    if mark and mark in tail:  # cut after the last end of turn
+        tail = tail[:tail.rindex(mark) + len(mark)]
+    return {"prompt": head, "completion": tail}
 
 
 def family_sft_rows(tokenizer: Any, n: int, seed: int, tool_rate: float) -> list[dict[str, str]]:
