@@ -37,7 +37,10 @@ def test_eval_every_without_eval_data_is_refused():
 
 
 # ---- item 7: a prompt already rendered with the chat template --------------------------------
-def test_an_already_rendered_prompt_is_not_wrapped_again(capsys):
+def test_an_already_rendered_prompt_is_not_wrapped_again(capsys, monkeypatch):
+    from posttrain.data import prompts
+
+    monkeypatch.setattr(prompts, "_reported", [False])  # said once a process: earlier tests too
     tok = build_char_tokenizer()
     once = render_prompt(tok, "12+3")
     assert once.startswith(tok.bos_token)
