@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import posttrain.cli as cli
 from posttrain.core.errors import UserFunctionError
 from posttrain.rewards.errors import RewardFunctionError
@@ -53,23 +55,17 @@ def test_the_real_tool_failure_stops_with_one_line(monkeypatch, capsys):
     assert code == 1 and len(lines) == 1 and "tool 'calc' failed on 3 of its 4" in lines[0]
 
 
-def test_claims_table_before_any_job_is_one_line(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "claims.py"), "--table",
+@pytest.mark.parametrize("script, needle", [
+    ("claims.py", "no finished jobs"),
+    ("async_grpo.py", "not finished"),  # issue 57 item 7
+])
+def test_a_benchmark_table_before_any_run_is_one_line(tmp_path, script, needle):
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--table",
                           "--out", str(tmp_path / "none")], capture_output=True, text=True,
                          timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": ""}, cwd=tmp_path)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "no finished jobs" in lines[0] and "--table" in lines[0]
-
-
-def test_async_benchmark_table_before_any_run_is_one_line(tmp_path):
-    """Issue 57 item 7: `benchmarks/async_grpo.py --table` before any run."""
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "async_grpo.py"), "--table",
-                          "--out", str(tmp_path / "none")], capture_output=True, text=True,
-                         timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": ""}, cwd=tmp_path)
-    assert out.returncode != 0 and "Traceback" not in out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "not finished" in lines[0] and "--table" in lines[0]
+    assert len(lines) == 1 and needle in lines[0] and "--table" in lines[0]
 
 
 def test_a_dead_sampler_process_stops_with_one_line(monkeypatch, capsys):
