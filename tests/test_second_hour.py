@@ -48,6 +48,21 @@ def test_an_already_rendered_prompt_is_not_wrapped_again(capsys, monkeypatch):
     assert "used as they are, not wrapped again" in capsys.readouterr().err
 
 
+def test_a_template_opening_is_kept_per_tokenizer_object_and_dropped_with_it():
+    """Keyed by the object, not id(): a tokenizer made after another was freed can reuse its id."""
+    import gc
+
+    from posttrain.data import prompts
+
+    tok = build_char_tokenizer()
+    render_prompt(tok, "1+1")
+    before = len(prompts._openings)
+    assert tok in prompts._openings
+    del tok
+    gc.collect()
+    assert len(prompts._openings) == before - 1
+
+
 # ---- item 8: names shared with TRL and verl ---------------------------------------------------
 @pytest.mark.parametrize(("key", "ours"), [
     ("max_response_length", "max_new_tokens"),

@@ -16,6 +16,7 @@ wrapped a second time; the first such prompt is reported once on stderr.
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any
 
 Prompt = str | list[dict[str, Any]]
@@ -177,18 +178,19 @@ def _closing_token(tokenizer: Any, template: str) -> int | None:
 
 
 _PROBE = "\x00posttrain-probe\x00"
-_openings: dict[tuple[int, str], str] = {}
+# per tokenizer object, dropped with it (an id() key could be reused by a later tokenizer)
+_openings: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
 _reported: list[bool] = [False]
 
 
 def already_rendered(tokenizer: Any, text: str, template: str = "auto") -> bool:
     """Whether `text` already starts with what the chat template puts before a user message
     (its BOS, system block and user header), or with the BOS token; said once on stderr."""
-    key = (id(tokenizer), template)
-    if key not in _openings:
+    known = _openings.setdefault(tokenizer, {})
+    if template not in known:
         probe = _apply(tokenizer, as_messages(_PROBE), template, True)
-        _openings[key] = probe.split(_PROBE)[0] if _PROBE in probe else ""
-    opening = _openings[key]
+        known[template] = probe.split(_PROBE)[0] if _PROBE in probe else ""
+    opening = known[template]
     bos = getattr(tokenizer, "bos_token", None) or ""
     found = next((o for o in (opening, bos) if o.strip() and text.startswith(o)), None)
     if found is not None and not _reported[0]:
