@@ -25,9 +25,10 @@ import sys
 import time
 
 # <parent-only> (removed from the sandbox's source, which starts with wire's and judge's)
+from posttrain.sandbox.guard import guard_program
 from posttrain.sandbox.judge import Link, judge_test, program_names
 from posttrain.sandbox.procs import _apply_limits, _clear_keyrings, _deny_sysinfo, _prctl, _sweep
-from posttrain.sandbox.program import serve_program
+from posttrain.sandbox.program import private_world
 from posttrain.sandbox.wire import (
     WireError,
     dumps_frame,
@@ -313,12 +314,18 @@ def _setup_forked(close, cpu_s):
 
 def _program_process(code, link, close, run, describe):
     """Forked child: the program, then :func:`serve_program` on ``link``. Never returns.
-    Exit status: 0 served to the end, 1 an exception, 3 ``MemoryError``, 71 set-up failed."""
-    execute, serve, exit_now, flush = exec, serve_program, os._exit, sys.stdout.flush
+    Exit status: 0 served to the end, 1 an exception, 3 ``MemoryError``, 71 set-up failed.
+    Before the program runs: the private copy of the supervisor that serves (its globals
+    unreachable from the program) and the audit hook that refuses frames, the collector's
+    object graph and tracing while serving (:func:`guard_program`; docs/sandbox.md)."""
+    execute, exit_now, flush = exec, os._exit, sys.stdout.flush
+    settrace, setprofile = sys.settrace, sys.setprofile
     base_exception, memory_error = BaseException, MemoryError
-    cap = 4 * run["max_value_bytes"] + 1024
+    cap, serving = 4 * run["max_value_bytes"] + 1024, [False]
     try:
         _setup_forked(close, run["cpu_s"])
+        serve = private_world(globals())["serve_program"]
+        guard_program(serving)
     except base_exception:
         exit_now(71)
     namespace = _main_namespace()
@@ -326,6 +333,9 @@ def _program_process(code, link, close, run, describe):
         execute(code, namespace)
         with contextlib.suppress(base_exception):
             flush()
+        settrace(None)  # a hook of the top level (doctest's) never sees the supervisor's frames
+        setprofile(None)
+        serving[0] = True
         serve(namespace, link, cap, describe)
     except memory_error:
         exit_now(3)

@@ -11,9 +11,10 @@ the parent, so it never imports posttrain and uses no ``from __future__`` import
 More: docs/sandbox.md, "Module notes", posttrain.sandbox.wire.
 """
 
-import json
+import _json
 import os
 import struct
+import sys
 
 WIRE_MAX_DEPTH = 100
 _SAFE_INT = 1 << 53
@@ -170,14 +171,40 @@ def _pairs(pairs):
     return made
 
 
+def _not_json(obj):
+    raise TypeError(f"not JSON: {type(obj).__name__}")
+
+
+def json_codec():
+    """``(encode, scan)``: the C encoder and scanner of ``_json``, made once with their options
+    (compact separators, ASCII, no NaN; no floats, no NaN, no duplicate keys), so writing and
+    reading a frame looks nothing up in ``json``'s module globals at run time (the program
+    process makes its own with :mod:`.program`'s private copies)."""
+    encode = _json.make_encoder(None, _not_json, _json.encode_basestring_ascii, None, ":", ",",
+                                False, False, False)
+    context = _Options(strict=True, object_hook=None, object_pairs_hook=_pairs,
+                       parse_float=_refuse, parse_int=int, parse_constant=_refuse, memo={})
+    return encode, _json.make_scanner(context)
+
+
+_Options = type(sys.implementation)  # types.SimpleNamespace, without importing types
+_ENCODE, _SCAN = json_codec()
+_BLANK = " \t\n\r"
+
+
 def loads_strict(data, top_object=True):
     """One JSON object (``top_object=False``: any JSON value) from bytes: no floats, no
     NaN/Infinity, no duplicate keys."""
     try:
-        obj = json.loads(data, parse_float=_refuse, parse_constant=_refuse,
-                         object_pairs_hook=_pairs)
+        text = data.decode("utf-8") if type(data) is bytes else data
+        start = len(text) - len(text.lstrip(_BLANK))
+        obj, end = _SCAN(text, start)
+        if text[end:].strip(_BLANK):
+            raise ValueError("extra data after the JSON value")
     except WireError:
         raise
+    except StopIteration:
+        raise WireError("not JSON") from None
     except (ValueError, RecursionError, MemoryError) as exc:
         raise WireError(f"not JSON: {exc!r}") from None
     if top_object and type(obj) is not dict:
@@ -187,7 +214,7 @@ def loads_strict(data, top_object=True):
 
 def dumps_frame(obj):
     """Bytes of one frame holding ``obj``."""
-    data = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+    data = "".join(_ENCODE(obj, 0)).encode()
     return _HEADER.pack(len(data)) + data
 
 
