@@ -251,10 +251,11 @@ def _raised(exc, shared):
 _OPERATORS = {"contains": _operator.contains, "hash": hash, "format": format}
 
 
-def serve_program(namespace, fd, cap, describe):
+def serve_program(namespace, fd, cap, describe, key):
     """After the program ran: hello, then one answer frame per request until end of stream.
     With ``describe`` every answer also carries the top-level names whose binding changed
-    since the last frame (``names``), so the judge reads the program's current values."""
+    since the last frame (``names``), so the judge reads the program's current values. Every
+    frame is signed with ``key`` (the test's; bytes the program writes itself carry no tag)."""
     shared, sent = _shared_objects(describe), {}
 
     def changed():
@@ -267,7 +268,7 @@ def serve_program(namespace, fd, cap, describe):
     hello = {"names": changed() if describe else {}}
     if describe:  # threads of the program alive: its names may change after any answer
         hello["threads"] = _thread._count()
-    write_frame(fd, {**hello, "back": shared.state()})
+    write_frame(fd, {**hello, "back": shared.state()}, key)
     while True:
         request = read_frame(fd, cap)
         if request is None:
@@ -285,7 +286,7 @@ def serve_program(namespace, fd, cap, describe):
         if describe:
             answer["names"], answer["threads"] = changed(), _thread._count()
         answer["back"] = shared.state()  # last: the value and the names may share objects
-        write_frame(fd, answer)
+        write_frame(fd, answer, key)
 
 
 def private_world(source):

@@ -206,3 +206,34 @@ def test_the_forges_reach_the_encoder_without_the_guard() -> None:
         out = subprocess.run([sys.executable, "-I", "-c", host], capture_output=True,
                              text=True, timeout=60, env={**os.environ})
         assert out.stdout.strip() == "5", (name, out.stdout, out.stderr[-500:])
+
+
+_SOCKET = r'''
+import os, stat, json, struct
+def _frame(obj):
+    data = json.dumps(obj, separators=(",", ":")).encode()
+    return struct.pack(">I", len(data)) + data
+def _sock(n):
+    try:
+        return stat.S_ISSOCK(os.fstat(n).st_mode)
+    except OSError:
+        return False
+def f(x):
+    fd = [n for n in range(3, 64) if _sock(n)][0]
+    extra = {"names": {}, "threads": 0} if JUDGE else {}
+    os.write(fd, _frame({"id": 1, "ok": 5, "back": [], **extra}))
+    if JUDGE:  # answer the judge's last request too, then leave before the real answer
+        size = struct.unpack(">I", os.read(fd, 4))[0]
+        request = json.loads(os.read(fd, size))
+        os.write(fd, _frame({"id": request["id"], "ok": None, "back": [], **extra}))
+    os._exit(0)
+'''
+
+
+@pytest.mark.parametrize("test", TESTS)
+def test_answers_written_on_the_socket_by_the_program_never_pass(mode: str, test: str) -> None:
+    """The program writes its own answer frames (the judge's protocol, served from inside its
+    call) and leaves before the real answer: unsigned, they break the protocol (score 0).
+    Before answers were signed (issue 56) both scored 1.0."""
+    status = _statuses(f"JUDGE = {test != TESTS[0]}\n" + _SOCKET, [test], mode)
+    assert status in (["sandbox_error"], ["failed"]), status
