@@ -450,9 +450,12 @@ def test_value_verdicts_cannot_be_forged(attack: str, mode: str) -> None:
 
 def test_attack_machinery_can_pass() -> None:
     """The lookup-table attack does pass when the answers are where it looks (so the zero
-    scores above are the sandbox's doing): here the answers sit in the program's own text."""
-    program = "NOTE = 'f(1) == 5, f(2) == 7, f(3) == 9'\n" + _TABLE
-    assert run_case(program, VALUE_TESTS, "limits", partial=True)[0] == 1.0
+    scores above are the sandbox's doing): here the answers sit in the program's own text,
+    and it runs as a script (a stdio test: frames and gc are its own there; a program process
+    that answers a value or assert test refuses them since issue 56)."""
+    program = "NOTE = 'f(1) == 5, f(2) == 7, f(3) == 9'\n" + _TABLE + "print(f(1), f(3))\n"
+    assert run_case(program, [{"input": "", "output": "5 9\n"}], "limits", partial=True)[0] \
+        == 1.0
 
 
 def test_judged_asserts_resist_the_token_attack(mode: str) -> None:
