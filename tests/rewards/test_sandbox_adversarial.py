@@ -511,10 +511,11 @@ def test_supervisor_and_trainer_are_unreachable(mode: str) -> None:
     if not AS_ROOT:
         pytest.skip("non-root: limits mode shares the trainer's uid (not claimed); bwrap "
                     "non-root not run here")
-    program = _REACH + "def f(x):\n    return 2 * x + 3\n"
-    _, result = code_reward_detailed(program, ["assert reached == []"] + VALUE_TESTS,
+    # as a script (a stdio test): ctypes is refused in a program process that answers a value
+    # or assert test (issue 56), not in a script, which is forked from the supervisor alike
+    _, result = code_reward_detailed(_REACH + "print(reached)\n", [{"input": "", "output": "[]"}],
                                      LIMITS.timeout_s, partial=True, mode=mode, limits=LIMITS)
-    assert result.test_status == ["passed"] * 4, result
+    assert result.test_status == ["passed"], result
 
 
 _WALK = (  # answers from any readable data file: walk the file system, read json/py/txt files
