@@ -118,7 +118,7 @@ def guard_judge(check):
 # what reaches the supervisor's code and state from inside the program process (a frame: its
 # globals and locals; the collector's object graph; tracing hooks; native code; the process's
 # own memory): refused there from before the program runs, so the program cannot rewrite what
-# turns its answers into wire values (issue 56; docs/sandbox.md, "The program process")
+# turns its answers into wire values (issue 56; docs/sandbox.md, "Wire form")
 _PROGRAM_EVENTS = frozenset((
     "sys._getframe", "sys._current_frames", "sys._current_exceptions", "sys.addaudithook",
     "gc.get_objects", "gc.get_referrers", "gc.get_referents", "cpython.PyInterpreterState_Clear"))

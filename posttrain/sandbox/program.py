@@ -296,7 +296,7 @@ def private_world(source):
     builtins as they are now, the JSON codec made again from the copies. The program can
     still reach ``source`` (a method's ``__globals__`` of any supervisor class) and patch any
     module or builtin; none of those is what the copies look up, and nothing the program can
-    reach refers to the copies (docs/sandbox.md, "The program process")."""
+    reach refers to the copies (docs/sandbox.md, "Wire form")."""
     world, made = {"__builtins__": dict(vars(builtins))}, {}
 
     def copy(value):
