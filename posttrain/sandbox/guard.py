@@ -113,3 +113,81 @@ def guard_judge(check):
 
     sys.addaudithook(hook)
     return (lambda: armed.__setitem__(0, False)), refused
+
+
+# what reaches the supervisor's code and state from inside the program process (a frame: its
+# globals and locals; the collector's object graph; tracing hooks; native code; the process's
+# own memory): refused there from before the program runs, so the program cannot rewrite what
+# turns its answers into wire values (issue 56; docs/sandbox.md, "Wire form")
+_PROGRAM_EVENTS = frozenset((
+    "sys._getframe", "sys._current_frames", "sys._current_exceptions", "sys.addaudithook",
+    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "cpython.PyInterpreterState_Clear"))
+_FRAME_ATTRIBUTES = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame"))
+_TRACE_EVENTS = frozenset(("sys.settrace", "sys.setprofile"))
+
+
+class RefusedInProgram(ValueError):
+    """The program asked for something that reaches the supervisor (a frame, the collector's
+    object graph, a tracing hook in the serving phase, native code, its own memory). A
+    ``ValueError``, as the standard library expects of ``sys._getframe`` where it is optional
+    (``namedtuple``, ``typing``, ``enum``, ``logging`` carry on without a caller's frame)."""
+
+
+def guard_program(serving):
+    """Install the program process's audit hook (it cannot be removed). ``serving``: a list
+    whose first item is true once the supervisor answers requests; from then on tracing hooks
+    are refused too (during the top level, ``doctest``'s own ``sys.settrace`` still works; the
+    supervisor clears both hooks before it serves). Every name the hook uses is bound here,
+    before the program runs: it looks nothing up in globals or builtins."""
+    refusal, events, frames, tracing = RefusedInProgram, _PROGRAM_EVENTS, _FRAME_ATTRIBUTES, \
+        _TRACE_EVENTS
+    is_proc_memory = _proc_memory_check()
+
+    def hook(event, args):
+        if event in events or event[:7] == "ctypes.":
+            raise refusal(event)
+        if event == "object.__getattr__":
+            if args[1] in frames:
+                raise refusal(f"{event} {args[1]}")
+        elif event == "object.__setattr__":
+            if args[1] == "__code__":
+                raise refusal(f"{event} __code__")
+        elif event in tracing:
+            if serving[0]:
+                raise refusal(event)
+        elif (event == "open" or event == "os.symlink") and is_proc_memory(args[0]):
+            raise refusal(f"{event} of a process's memory")
+
+    sys.addaudithook(hook)
+
+
+def _proc_memory_check():
+    """``check(path) -> bool``: does opening ``path`` (or linking to it) reach a process's
+    memory (``/proc/<pid>/mem``, ``/proc/self/task/<tid>/mem``)? A path named ``mem``, or one
+    that resolves (from the working directory) to a mode-0600 file of the ``/proc`` file
+    system; a path that is neither a ``str``, ``bytes`` nor a descriptor is refused too (its
+    ``__fspath__`` could answer differently the second time)."""
+    kinds, kind_of, stat, regular, errors = (int, str, bytes), type, os.stat, 0o100600, \
+        (OSError, ValueError)
+    try:
+        proc = os.stat("/proc/self/mem").st_dev
+    except OSError:
+        proc = None
+
+    def check(path):
+        kind = kind_of(path)
+        if kind is kinds[0]:
+            return False
+        if kind is not kinds[1] and kind is not kinds[2]:
+            return True
+        text = path.decode("latin-1") if kind is kinds[2] else path
+        parts = [part for part in text.split("/") if part not in ("", ".")]
+        if parts and parts[-1] == "mem":
+            return True
+        try:
+            info = stat(path)
+        except errors:
+            return False
+        return info.st_dev == proc and info.st_mode == regular
+
+    return check

@@ -25,9 +25,10 @@ import sys
 import time
 
 # <parent-only> (removed from the sandbox's source, which starts with wire's and judge's)
+from posttrain.sandbox.guard import guard_program
 from posttrain.sandbox.judge import Link, judge_test, program_names
 from posttrain.sandbox.procs import _apply_limits, _clear_keyrings, _deny_sysinfo, _prctl, _sweep
-from posttrain.sandbox.program import serve_program
+from posttrain.sandbox.program import private_world
 from posttrain.sandbox.wire import (
     WireError,
     dumps_frame,
@@ -311,14 +312,20 @@ def _setup_forked(close, cpu_s):
         signal.signal(number, signal.SIG_DFL)
 
 
-def _program_process(code, link, close, run, describe):
+def _program_process(code, link, close, run, describe, key):
     """Forked child: the program, then :func:`serve_program` on ``link``. Never returns.
-    Exit status: 0 served to the end, 1 an exception, 3 ``MemoryError``, 71 set-up failed."""
-    execute, serve, exit_now, flush = exec, serve_program, os._exit, sys.stdout.flush
+    Exit status: 0 served to the end, 1 an exception, 3 ``MemoryError``, 71 set-up failed.
+    Before the program runs: the private copy of the supervisor that serves (its globals
+    unreachable from the program) and the audit hook that refuses frames, the collector's
+    object graph and tracing while serving (:func:`guard_program`; docs/sandbox.md)."""
+    execute, exit_now, flush = exec, os._exit, sys.stdout.flush
+    settrace, setprofile = sys.settrace, sys.setprofile
     base_exception, memory_error = BaseException, MemoryError
-    cap = 4 * run["max_value_bytes"] + 1024
+    cap, serving = 4 * run["max_value_bytes"] + 1024, [False]
     try:
         _setup_forked(close, run["cpu_s"])
+        serve = private_world(globals())["serve_program"]
+        guard_program(serving)
     except base_exception:
         exit_now(71)
     namespace = _main_namespace()
@@ -326,7 +333,10 @@ def _program_process(code, link, close, run, describe):
         execute(code, namespace)
         with contextlib.suppress(base_exception):
             flush()
-        serve(namespace, link, cap, describe)
+        settrace(None)  # a hook of the top level (doctest's) never sees the supervisor's frames
+        setprofile(None)
+        serving[0] = True
+        serve(namespace, link, cap, describe, key)
     except memory_error:
         exit_now(3)
     except base_exception:
@@ -334,7 +344,7 @@ def _program_process(code, link, close, run, describe):
     exit_now(0)
 
 
-def _fork_program(code, run, describe):
+def _fork_program(code, run, describe, key):
     """(pid, our end of its socket) of a fresh program process, or None when fork fails."""
     ours, theirs = _socket.socketpair()
     try:
@@ -345,7 +355,7 @@ def _fork_program(code, run, describe):
         return None
     if pid == 0:
         try:
-            _program_process(code, theirs.fileno(), [ours.fileno()], run, describe)
+            _program_process(code, theirs.fileno(), [ours.fileno()], run, describe, key)
         finally:
             os._exit(72)
     theirs.close()
@@ -366,7 +376,8 @@ def _program_status(status, cpu_used, run, timed_out):
 
 def _run_value(code, test, run):
     """A value test: the program process answers one call; the value goes to the parent."""
-    forked = _fork_program(code, run, describe=False)
+    key = os.urandom(16)  # the answers' signing key (wire._signed), made for this test
+    forked = _fork_program(code, run, describe=False, key=key)
     if forked is None:
         return _response("sandbox_error", False)
     pid, ours = forked
@@ -382,13 +393,14 @@ def _run_value(code, test, run):
     data, truncated, status, cpu_used, timed_out = _wait_child(pid, {fd: 2 * cap + 64},
                                                                run["timeout_s"])
     _sweep(run["kill_all"], pid)
-    return _value_response(data[fd], fd in truncated, status, cpu_used, run, timed_out, cap)
+    return _value_response(data[fd], fd in truncated, status, cpu_used, run, timed_out, cap,
+                           key)
 
 
-def _value_response(data, truncated, status, cpu_used, run, timed_out, cap):
+def _value_response(data, truncated, status, cpu_used, run, timed_out, cap, key):
     exited = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     try:
-        frames = split_frames(data, cap)
+        frames = split_frames(data, cap, key)
     except WireError:
         frames = None
     top = bool(frames) and frames[0] == {"names": {}, "back": []}
@@ -412,7 +424,7 @@ def _value_response(data, truncated, status, cpu_used, run, timed_out, cap):
     return response
 
 
-def _judge_process(code, run, link, verdict_w, close, index):
+def _judge_process(code, run, link, verdict_w, close, index, key):
     """Forked child (trusted): read test ``index`` from the tests pipe, judge it, report one
     verdict frame and exit 0. A test the proxies cannot carry runs in-process here, in a child
     of this process: its source never goes back to the supervisor, whose later forks are the
@@ -432,7 +444,7 @@ def _judge_process(code, run, link, verdict_w, close, index):
         write_frame(verdict_w, {"verdict": "sandbox_error", "top": False})
         os._exit(0)
     verdict, top = judge_test(check, Link(link, 4 * run["max_value_bytes"] + 1024,
-                                          program_names(code)),
+                                          program_names(code), key),
                               lambda: write_frame(verdict_w, {"top": True}))
     report = {"verdict": verdict, "top": top}
     if verdict == "unsupported":  # judged in-process after all (counted, docs/sandbox.md)
@@ -467,7 +479,8 @@ def _judge_report(data, status):
 
 def _run_judged(code, test, run):
     """An assert test: program process + judge process; the judge's verdict decides."""
-    forked = _fork_program(code, run, describe=True)
+    key = os.urandom(16)  # the answers' signing key (wire._signed), made for this test
+    forked = _fork_program(code, run, describe=True, key=key)
     if forked is None:
         return _response("sandbox_error", False)
     pid, ours = forked
@@ -478,7 +491,8 @@ def _run_judged(code, test, run):
         judge = None
     if judge == 0:
         try:
-            _judge_process(code, run, ours.fileno(), verdict_w, [verdict_r], test["index"])
+            _judge_process(code, run, ours.fileno(), verdict_w, [verdict_r], test["index"],
+                           key)
         finally:
             os._exit(72)
     ours.close()

@@ -400,6 +400,8 @@ def _launch(mode: str, limits: SandboxLimits, uid: int | None, workdir: str | No
                "TMPDIR": str(workdir), "LANG": "C.UTF-8"}
         if uid is not None:  # a fresh IPC namespace, then drop root (_ipc_wrapper)
             command, user = _ipc_wrapper(uid) + command, {}
+        else:  # not root: namespaces of a user namespace of our own, where the kernel allows
+            command = _own_namespaces() + command
     return subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         pass_fds=(result_w, tests_r), start_new_session=True, env=env, cwd=workdir, **user,
@@ -420,6 +422,34 @@ def _ipc_wrapper(uid: int) -> list[str]:
             "util-linux or bubblewrap, or run the trainer as a non-root user")
     return [unshare, "--ipc", "--net", "--", setpriv, f"--reuid={uid}", f"--regid={uid}",
             "--clear-groups", "--"]
+
+
+_NAMESPACES: list[list[str]] = []  # the probed prefix of _own_namespaces (once a process)
+
+
+def _own_namespaces() -> list[str]:
+    """Limits mode as a non-root user: ``unshare --user --map-current-user --ipc --net`` when
+    the kernel lets an unprivileged user make a user namespace (probed once): a network
+    namespace with no interface up (the program reaches no server, not even the host's
+    localhost: a local vLLM server's ``/collective_rpc``) and an IPC namespace of its own; the
+    uid stays the caller's and holds no capability there. Otherwise ``[]`` and one warning
+    that the run has the host's network."""
+    if not _NAMESPACES:
+        unshare = shutil.which("unshare")
+        argv = [unshare, "--user", "--map-current-user", "--ipc", "--net", "--"] if unshare \
+            else []
+        try:
+            ok = bool(argv) and subprocess.run(argv + ["true"], capture_output=True,
+                                               timeout=30).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+        if not ok:
+            logger.warning("sandbox limits mode as a non-root user: no user namespace here "
+                           "(unshare --user --net failed), so programs and the python tool "
+                           "have the host's network; install bubblewrap or run as root")
+            argv = []
+        _NAMESPACES.append(argv)
+    return _NAMESPACES[0]
 
 
 def _nproc_limit(limits: SandboxLimits, mode: str, uid: int | None) -> int:

@@ -80,8 +80,9 @@ class Link:
     the program's copies (:class:`_Shared`): all of them go out with every request and come
     back with every answer."""
 
-    def __init__(self, fd, cap, definable=frozenset()):
+    def __init__(self, fd, cap, definable=frozenset(), key=None):
         self.fd, self.cap, self.last_id, self.handles = fd, cap, 0, {}
+        self.key = key  # the answers' signing key (wire._signed)
         self.shared, self.numbers, self.next_shared = {}, {}, 0
         self.classes, self.class_numbers = {}, {}  # stand-ins of the program's classes
         self.definable, self.namespace, self.bound = definable, {}, {}
@@ -101,7 +102,7 @@ class Link:
 
     def _read(self):
         try:
-            frame = read_frame(self.fd, self.cap)
+            frame = read_frame(self.fd, self.cap, self.key)
         except FrameTooLarge:
             raise AnswerTooLarge() from None
         except (WireError, OSError) as exc:

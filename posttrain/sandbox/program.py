@@ -3,7 +3,7 @@
 After the program ran, :func:`serve_program` answers the judge (:mod:`.judge`): a hello frame
 naming its top-level names, then one answer frame per request (call, attribute, item,
 iteration, truth, length, text, ``in``, hashing), with plain data (:mod:`.wire`), an opaque
-handle, the shared lists, dicts and sets (:class:`_Shared`: kept in step both ways) and the
+handle, the shared lists, dicts and sets (:func:`_shared_objects`: kept in step both ways) and the
 top-level names whose binding changed (so the test reads the program's current values).
 Everything here runs where the program can reach it: an answer is the program's choice.
 More: docs/sandbox.md, "The judge process".
@@ -12,6 +12,7 @@ More: docs/sandbox.md, "The judge process".
 import _operator
 import _thread
 import builtins
+import sys
 
 # <parent-only> (removed from the sandbox's source, which starts with wire's)
 from posttrain.sandbox.wire import (
@@ -31,6 +32,10 @@ HELLO_VALUE_BYTES = 1024  # a top-level plain value larger than this is sent as 
 HELLO_BUDGET = 65536  # and so is every plain value once the hello's values reach this size
 MAX_NAMES = 4096
 _EMPTY = {"l": list, "d": dict, "s": set}
+_Namespace = type(sys.implementation)  # types.SimpleNamespace: a C type, its methods fixed
+_FunctionType = type(lambda: None)
+_ModuleType = type(sys)
+_CONTAINERS = (tuple, list, set, frozenset)
 
 
 _BUILTIN_EXCEPTIONS = {id(kind): name for name, kind in vars(builtins).items()
@@ -38,11 +43,11 @@ _BUILTIN_EXCEPTIONS = {id(kind): name for name, kind in vars(builtins).items()
 
 
 def describe_names(namespace, shared, sent=None):
-    """Top-level names -> how the judge binds them: a plain copy, a handle (numbered by the
-    :class:`_Shared` ``shared``) or an exception class's lineage. Every name is the program's,
-    whatever object it holds (a module, ``exec``, ``type``): the judge never binds a program
-    name to an object of its own. A name ``sent`` as a handle stays one while it holds the
-    same object (it is not encoded again)."""
+    """Top-level names -> how the judge binds them: a plain copy, a handle (numbered by
+    ``shared``, :func:`_shared_objects`) or an exception class's lineage. Every name is the
+    program's, whatever object it holds (a module, ``exec``, ``type``): the judge never binds
+    a program name to an object of its own. A name ``sent`` as a handle stays one while it
+    holds the same object (it is not encoded again)."""
     names, budget, sent = {}, HELLO_BUDGET, sent or {}
     for name, value in list(namespace.items())[:MAX_NAMES]:
         if type(name) is not str or name.startswith("__"):
@@ -90,77 +95,78 @@ def _content(obj, encode):
     return ["s", *[encode(item) for item in set.__iter__(obj)]]
 
 
-class _Shared:
+def _shared_objects(share=False):
     """The lists, dicts and sets both sides hold (``["h", -1 - n]`` on the wire): the judge's
     that reached the program, and (assert tests, ``share``) every list, dict or set of the
     program that reached the judge, an instance of a subclass of one too. Each is one object
     on each side, kept in step before and after each request, so a mutation on either side
     (in place, by keyword, of a nested list, of a list kept from an earlier call) is seen by
     the other, and ``same(a) is a``, as in one interpreter. ``objects``: number -> the
-    program's object; numbers of the program's own start at the request's ``next``."""
+    program's object; numbers of the program's own start at the request's ``next``.
+    A namespace of closures over its state, not a class: a program can rewrite any class's
+    methods (``object.__subclasses__()``), never these."""
+    s = _Namespace(handles=[], handle_numbers={}, objects={}, numbers={}, next=0, kinds={})
 
-    def __init__(self, share=False):
-        self.handles, self.handle_numbers, self.objects, self.numbers = [], {}, {}, {}
-        self.share, self.next, self.kinds = share, 0, {}
-
-    def register(self, value):
+    def register(value):
         """The handle number of a program object (the same object keeps its number)."""
-        number = self.handle_numbers.get(id(value))
+        number = s.handle_numbers.get(id(value))
         if number is None:
-            number = self.handle_numbers[id(value)] = len(self.handles)
-            self.handles.append(value)
+            number = s.handle_numbers[id(value)] = len(s.handles)
+            s.handles.append(value)
         return number
 
-    def resolve(self, number, *view):
-        if number < 0:
-            return self.objects[-1 - number]
-        return self.handles[number]
+    def resolve(number, *view):
+        return s.objects[-1 - number] if number < 0 else s.handles[number]
 
-    def ref(self, obj):
-        number = self.numbers.get(id(obj))
-        if number is None and self.share and isinstance(obj, _MUTABLE):
-            number, self.next = self.next, self.next + 1  # shared from now on
-            self.objects[number], self.numbers[id(obj)] = obj, number
+    def ref(obj):
+        number = s.numbers.get(id(obj))
+        if number is None and share and isinstance(obj, _MUTABLE):
+            number, s.next = s.next, s.next + 1  # shared from now on
+            s.objects[number], s.numbers[id(obj)] = obj, number
         return None if number is None else -1 - number
 
-    def encode(self, value):
-        return wire_encode(value, self.register, ref=self.ref)
+    def encode(value):
+        return wire_encode(value, register, ref=ref)
 
-    def sync(self, shared, next_number=0):
+    def sync(shared, next_number=0):
         """Take the judge's state of every shared object (the request's ``shared`` list); an
         object it no longer holds is dropped. A state equal to the object's is left alone."""
         live = {}
         for number, content in shared:
-            obj = self.objects.get(number)
+            obj = s.objects.get(number)
             if obj is None or not isinstance(obj, _EMPTY[content[0]]):
                 obj = _EMPTY[content[0]]()
             live[number] = obj
-        self.objects, self.numbers = live, {id(obj): n for n, obj in live.items()}
-        self.next = max(self.next, next_number)
+        s.objects, s.numbers = live, {id(obj): n for n, obj in live.items()}
+        s.next = max(s.next, next_number)
         for number, content in shared:
-            if _content(live[number], self.encode) != content:
-                _fill(live[number], wire_decode(content, self.resolve))
+            if _content(live[number], encode) != content:
+                _fill(live[number], wire_decode(content, resolve))
 
-    def state(self):
+    def state():
         """``[number, content]`` of every shared object (``[number, content, handle,
         overrides]`` for an instance of a subclass), the ones encoding them shares too."""
         out, done = [], set()
-        while len(done) < len(self.objects):
-            for number in [n for n in self.objects if n not in done]:
+        while len(done) < len(s.objects):
+            for number in [n for n in s.objects if n not in done]:
                 done.add(number)
-                obj = self.objects[number]
-                entry = [number, _content(obj, self.encode)]
+                obj = s.objects[number]
+                entry = [number, _content(obj, encode)]
                 if type(obj) not in _MUTABLE:  # a subclass: its handle and its overrides
-                    entry += [self.register(obj), self.overrides(obj)]
+                    entry += [register(obj), redefined(obj)]
                 out.append(entry)
         return out
 
-    def overrides(self, obj):
+    def redefined(obj):
         kind = type(obj)
-        if kind not in self.kinds:
+        if kind not in s.kinds:
             base = next(b for b in _MUTABLE if isinstance(obj, b))
-            self.kinds[kind] = overrides(kind, base, obj, dict(_BASES)[base](obj))
-        return self.kinds[kind]
+            s.kinds[kind] = overrides(kind, base, obj, dict(_BASES)[base](obj))
+        return s.kinds[kind]
+
+    s.register, s.resolve, s.ref, s.encode, s.sync, s.state = \
+        register, resolve, ref, encode, sync, state
+    return s
 
 
 def _fill(obj, new):
@@ -245,11 +251,12 @@ def _raised(exc, shared):
 _OPERATORS = {"contains": _operator.contains, "hash": hash, "format": format}
 
 
-def serve_program(namespace, fd, cap, describe):
+def serve_program(namespace, fd, cap, describe, key):
     """After the program ran: hello, then one answer frame per request until end of stream.
     With ``describe`` every answer also carries the top-level names whose binding changed
-    since the last frame (``names``), so the judge reads the program's current values."""
-    shared, sent = _Shared(describe), {}
+    since the last frame (``names``), so the judge reads the program's current values. Every
+    frame is signed with ``key`` (the test's; bytes the program writes itself carry no tag)."""
+    shared, sent = _shared_objects(describe), {}
 
     def changed():
         names = describe_names(namespace, shared, sent)
@@ -261,7 +268,7 @@ def serve_program(namespace, fd, cap, describe):
     hello = {"names": changed() if describe else {}}
     if describe:  # threads of the program alive: its names may change after any answer
         hello["threads"] = _thread._count()
-    write_frame(fd, {**hello, "back": shared.state()})
+    write_frame(fd, {**hello, "back": shared.state()}, key)
     while True:
         request = read_frame(fd, cap)
         if request is None:
@@ -279,4 +286,40 @@ def serve_program(namespace, fd, cap, describe):
         if describe:
             answer["names"], answer["threads"] = changed(), _thread._count()
         answer["back"] = shared.state()  # last: the value and the names may share objects
-        write_frame(fd, answer)
+        write_frame(fd, answer, key)
+
+
+def private_world(source):
+    """The globals of a private copy of the supervisor (``source``: its globals), made in the
+    program process before the program runs: every function of ``source`` copied with these
+    globals, its tables copied, each module it names as a snapshot of its attributes, the
+    builtins as they are now, the JSON codec made again from the copies. The program can
+    still reach ``source`` (a method's ``__globals__`` of any supervisor class) and patch any
+    module or builtin; none of those is what the copies look up, and nothing the program can
+    reach refers to the copies (docs/sandbox.md, "Wire form")."""
+    world, made = {"__builtins__": dict(vars(builtins))}, {}
+
+    def copy(value):
+        if id(value) in made:
+            return made[id(value)]
+        kind = type(value)
+        if kind is _FunctionType and value.__globals__ is source:
+            new = _FunctionType(value.__code__, world, value.__name__,
+                                copy(value.__defaults__), value.__closure__)
+            new.__kwdefaults__ = copy(value.__kwdefaults__)
+        elif kind in _CONTAINERS:
+            new = kind(copy(item) for item in value)
+        elif kind is dict:
+            new = {copy(key): copy(item) for key, item in value.items()}
+        elif kind is _ModuleType:
+            new = _Namespace(**vars(value))
+        else:
+            return value
+        made[id(value)] = new
+        return new
+
+    for name, value in list(source.items()):
+        if name != "__builtins__":
+            world[name] = copy(value)
+    world["_ENCODE"], world["_SCAN"] = world["json_codec"]()
+    return world

@@ -3,7 +3,8 @@
 Used on both sides: inside the sandbox (its source is prepended to the supervisor's) and in
 the parent, so it never imports posttrain and uses no ``from __future__`` import.
 
-* A **frame**: a 4-byte big-endian length and one UTF-8 JSON object; :func:`read_frame`
+* A **frame**: a 4-byte big-endian length and one UTF-8 JSON object (signed: then a
+  keyed BLAKE2b tag, :func:`_signed`); :func:`read_frame`
   refuses an oversized or truncated frame, JSON floats, ``NaN``, duplicate keys, non-objects.
 * A **value**: plain data of exact types in a tagged JSON form (:func:`wire_encode`,
   :func:`wire_decode`): exact ints and floats (hex), containers, bytes, complex, ``["h", n]``
@@ -11,11 +12,15 @@ the parent, so it never imports posttrain and uses no ``from __future__`` import
 More: docs/sandbox.md, "Module notes", posttrain.sandbox.wire.
 """
 
-import json
+import _blake2
+import _json
+import _operator
 import os
 import struct
+import sys
 
 WIRE_MAX_DEPTH = 100
+TAG_BYTES = 16  # a signed frame's keyed BLAKE2b tag
 _SAFE_INT = 1 << 53
 _HEADER = struct.Struct(">I")
 _SEQUENCES = {"l": list, "t": tuple, "s": set, "z": frozenset}
@@ -170,14 +175,40 @@ def _pairs(pairs):
     return made
 
 
+def _not_json(obj):
+    raise TypeError(f"not JSON: {type(obj).__name__}")
+
+
+def json_codec():
+    """``(encode, scan)``: the C encoder and scanner of ``_json``, made once with their options
+    (compact separators, ASCII, no NaN; no floats, no NaN, no duplicate keys), so writing and
+    reading a frame looks nothing up in ``json``'s module globals at run time (the program
+    process makes its own with :mod:`.program`'s private copies)."""
+    encode = _json.make_encoder(None, _not_json, _json.encode_basestring_ascii, None, ":", ",",
+                                False, False, False)
+    context = _Options(strict=True, object_hook=None, object_pairs_hook=_pairs,
+                       parse_float=_refuse, parse_int=int, parse_constant=_refuse, memo={})
+    return encode, _json.make_scanner(context)
+
+
+_Options = type(sys.implementation)  # types.SimpleNamespace, without importing types
+_ENCODE, _SCAN = json_codec()
+_BLANK = " \t\n\r"
+
+
 def loads_strict(data, top_object=True):
     """One JSON object (``top_object=False``: any JSON value) from bytes: no floats, no
     NaN/Infinity, no duplicate keys."""
     try:
-        obj = json.loads(data, parse_float=_refuse, parse_constant=_refuse,
-                         object_pairs_hook=_pairs)
+        text = data.decode("utf-8") if type(data) is bytes else data
+        start = len(text) - len(text.lstrip(_BLANK))
+        obj, end = _SCAN(text, start)
+        if text[end:].strip(_BLANK):
+            raise ValueError("extra data after the JSON value")
     except WireError:
         raise
+    except StopIteration:
+        raise WireError("not JSON") from None
     except (ValueError, RecursionError, MemoryError) as exc:
         raise WireError(f"not JSON: {exc!r}") from None
     if top_object and type(obj) is not dict:
@@ -185,14 +216,33 @@ def loads_strict(data, top_object=True):
     return obj
 
 
-def dumps_frame(obj):
-    """Bytes of one frame holding ``obj``."""
-    data = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+def dumps_frame(obj, key=None):
+    """Bytes of one frame holding ``obj``; with ``key``, signed (:func:`_signed`)."""
+    data = "".join(_ENCODE(obj, 0)).encode()
+    if key is not None:
+        data += _tag(data, key)
     return _HEADER.pack(len(data)) + data
 
 
-def write_frame(fd, obj):
-    view = memoryview(dumps_frame(obj))
+def _tag(data, key):
+    return _blake2.blake2b(data, key=key, digest_size=TAG_BYTES).digest()
+
+
+def _signed(data, key):
+    """The JSON bytes of a signed frame's body (JSON then a keyed BLAKE2b tag of it). The
+    program process's answers are signed with a key made for each test that only the copy of
+    the supervisor serving them holds (issue 56): bytes the program writes on its socket
+    itself never pass as an answer."""
+    if key is None:
+        return data
+    body, tag = data[:-TAG_BYTES], data[-TAG_BYTES:]
+    if len(data) < TAG_BYTES or not _operator._compare_digest(_tag(body, key), tag):
+        raise WireError("a frame without the answer key's tag")
+    return body
+
+
+def write_frame(fd, obj, key=None):
+    view = memoryview(dumps_frame(obj, key))
     while view:
         view = view[os.write(fd, view):]
 
@@ -207,8 +257,9 @@ def _read_exact(fd, size):
     return data
 
 
-def read_frame(fd, cap):
-    """The next frame's object; None on a clean end of stream; WireError otherwise."""
+def read_frame(fd, cap, key=None):
+    """The next frame's object (a signed one with ``key``); None on a clean end of stream;
+    WireError otherwise."""
     header = _read_exact(fd, _HEADER.size)
     if not header:
         return None
@@ -220,11 +271,12 @@ def read_frame(fd, cap):
     data = _read_exact(fd, size)
     if len(data) < size:
         raise WireError("truncated frame")
-    return loads_strict(data)
+    return loads_strict(_signed(data, key))
 
 
-def split_frames(data, cap):
-    """Every frame in ``data`` (a whole stream already read); WireError on any leftover."""
+def split_frames(data, cap, key=None):
+    """Every frame in ``data`` (a whole stream already read; signed ones with ``key``);
+    WireError on any leftover."""
     frames, offset = [], 0
     while offset < len(data):
         if len(data) - offset < _HEADER.size:
@@ -233,6 +285,6 @@ def split_frames(data, cap):
         offset += _HEADER.size
         if size > cap or offset + size > len(data):
             raise WireError("oversized or truncated frame")
-        frames.append(loads_strict(data[offset:offset + size]))
+        frames.append(loads_strict(_signed(data[offset:offset + size], key)))
         offset += size
     return frames

@@ -78,6 +78,15 @@ def calculator(expression: str) -> str:
     Args:
         expression: the expression, e.g. "123*456".
     """
+    try:
+        return _evaluate(expression)
+    except (ValueError, TypeError, SyntaxError, ZeroDivisionError, RecursionError,
+            MemoryError) as err:  # a bad expression is the tool's answer, not its failure
+        return f"error: {type(err).__name__}: {err}"
+
+
+def _evaluate(expression: str) -> str:
+    """The value of an integer arithmetic expression as text; raises on anything else."""
     def ev(node: ast.AST) -> int:
         if isinstance(node, ast.Constant) and type(node.value) is int:
             return node.value

@@ -450,9 +450,12 @@ def test_value_verdicts_cannot_be_forged(attack: str, mode: str) -> None:
 
 def test_attack_machinery_can_pass() -> None:
     """The lookup-table attack does pass when the answers are where it looks (so the zero
-    scores above are the sandbox's doing): here the answers sit in the program's own text."""
-    program = "NOTE = 'f(1) == 5, f(2) == 7, f(3) == 9'\n" + _TABLE
-    assert run_case(program, VALUE_TESTS, "limits", partial=True)[0] == 1.0
+    scores above are the sandbox's doing): here the answers sit in the program's own text,
+    and it runs as a script (a stdio test: frames and gc are its own there; a program process
+    that answers a value or assert test refuses them since issue 56)."""
+    program = "NOTE = 'f(1) == 5, f(2) == 7, f(3) == 9'\n" + _TABLE + "print(f(1), f(3))\n"
+    assert run_case(program, [{"input": "", "output": "5 9\n"}], "limits", partial=True)[0] \
+        == 1.0
 
 
 def test_judged_asserts_resist_the_token_attack(mode: str) -> None:
@@ -508,10 +511,11 @@ def test_supervisor_and_trainer_are_unreachable(mode: str) -> None:
     if not AS_ROOT:
         pytest.skip("non-root: limits mode shares the trainer's uid (not claimed); bwrap "
                     "non-root not run here")
-    program = _REACH + "def f(x):\n    return 2 * x + 3\n"
-    _, result = code_reward_detailed(program, ["assert reached == []"] + VALUE_TESTS,
+    # as a script (a stdio test): ctypes is refused in a program process that answers a value
+    # or assert test (issue 56), not in a script, which is forked from the supervisor alike
+    _, result = code_reward_detailed(_REACH + "print(reached)\n", [{"input": "", "output": "[]"}],
                                      LIMITS.timeout_s, partial=True, mode=mode, limits=LIMITS)
-    assert result.test_status == ["passed"] * 4, result
+    assert result.test_status == ["passed"], result
 
 
 _WALK = (  # answers from any readable data file: walk the file system, read json/py/txt files

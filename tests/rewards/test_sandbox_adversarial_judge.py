@@ -269,13 +269,17 @@ def test_expected_values_are_not_in_memory(tests: list[str], mode: str) -> None:
 
 def test_memory_scan_finds_what_is_there(mode: str) -> None:
     """Control: the scan does find answers that sit in the program's own memory - in an
-    object, and in raw memory only (a ctypes buffer, no str or bytes object)."""
-    program = "NOTE = 'f(1) == 5, f(2) == 7, f(3) == 9'\n" + _MEMORY_SCAN
-    assert _score(program, _tests("eq_is_true"), mode)[0] == 1.0
+    object, and in raw memory only (a ctypes buffer, no str or bytes object). Run as a script
+    (a stdio test): a program process that answers a value or assert test refuses gc's
+    objects, ctypes and /proc/self/mem since issue 56, so there the scan finds nothing at all."""
+    stdio = [{"input": "", "output": "5 7 9"}]
+    program = ("NOTE = 'f(1) == 5, f(2) == 7, f(3) == 9'\n" + _MEMORY_SCAN
+               + "print(f(1), f(2), f(3))\n")
+    assert _score(program, stdio, mode)[0] == 1.0
     program = ("import ctypes\nbuf = ctypes.create_string_buffer(bytes(reversed("
                "b'9 == )3(f ,7 == )2(f ,5 == )1(f')))\n"
-               ) + _MEMORY_SCAN.replace("gc.get_objects()", "()")
-    assert _score(program, _tests("eq_is_true"), mode)[0] == 1.0
+               ) + _MEMORY_SCAN.replace("gc.get_objects()", "()") + "print(f(1), f(2), f(3))\n"
+    assert _score(program, stdio, mode)[0] == 1.0
 
 
 _REACH_JUDGE = (  # every way into any other process it can see (the judge is one of them)
@@ -303,7 +307,16 @@ _REACH_JUDGE = (  # every way into any other process it can see (the judge is on
     "                pass\n"
     "        if libc.ptrace(16, pid, 0, 0) == 0:\n"
     "            reached.append(f'{pid}/ptrace')\n"
-    "    return [seen, reached]\n")
+    "    return [seen, reached]\n"
+    "print(json.dumps(f()))\n")
+# the probe runs in a fresh interpreter the program starts (ctypes is refused in a program
+# process since issue 56; a process it starts is not, and measures the same uid's reach)
+_REACH_JUDGE = ("import json, subprocess, sys\n"
+                f"PROBE = {'import json' + chr(10) + _REACH_JUDGE!r}\n"
+                "def f():\n"
+                "    run = subprocess.run([sys.executable, '-I', '-S', '-c', PROBE],\n"
+                "                         capture_output=True, text=True, timeout=20)\n"
+                "    return json.loads(run.stdout)\n")
 
 
 def test_the_judge_is_out_of_reach(mode: str) -> None:

@@ -132,8 +132,9 @@ def test_the_supervisor_takes_one_frame_from_a_clean_exit() -> None:
 
 
 # ---- 5. an in-process fallback's source never reaches the supervisor ------------------------
-SCAN = ("import ctypes\nctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable: /proc/self/mem opens\n"
+SCAN = ("import ctypes, sys\n"
         "def found():\n"
+        "    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable: /proc/self/mem opens\n"
         "    head, tail = b'expected_', str(7390 + 1).encode()\n"
         "    with open('/proc/self/maps') as maps, open('/proc/self/mem', 'rb') as mem:\n"
         "        for line in maps:\n"
@@ -153,7 +154,10 @@ SCAN = ("import ctypes\nctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable: /pro
         "                        return True\n"
         "                    at = chunk.find(head, at + 1)\n"
         "    return False\n"
-        "def apply(g, x):\n    return g(x)\n")
+        "def apply(g, x):\n    return g(x)\n"
+        # a script (stdio test) scans: a program process answering a value or assert test
+        # refuses ctypes and /proc/self/mem since issue 56; a script is forked alike
+        "if sys.stdin.read() == 'scan':\n    print(found())\n")
 
 
 def test_a_fallback_source_is_not_in_later_program_processes(mode: str) -> None:
@@ -161,7 +165,7 @@ def test_a_fallback_source_is_not_in_later_program_processes(mode: str) -> None:
     # test 0 falls back (a lambda); test 1's program process scans its own memory for it
     scan = SCAN
     tests = [f"{secret}\nassert apply(lambda x: x, 1) == 1",
-             "assert found() == False"]
+             {"input": "scan", "output": "False"}]
     score, result = _score(scan, tests, mode)
     assert result.test_status == ["passed", "passed"], result.test_status
     assert result.in_process_verdicts == 1
@@ -182,8 +186,9 @@ def test_sysinfo_is_refused(mode: str) -> None:
     # the system call behind free/shared memory figures: host-wide, so refused (ENOSYS)
     program = ("import ctypes\nbuf = ctypes.create_string_buffer(256)\n"
                "libc = ctypes.CDLL(None, use_errno=True)\n"
-               "def f():\n    return libc.sysinfo(buf), ctypes.get_errno()\n")
-    score, result = _score(program, ["assert f() == (-1, 38)"], mode)
+               "def f():\n    return libc.sysinfo(buf), ctypes.get_errno()\n"
+               "print(f())\n")  # a script: ctypes is refused in value / assert program processes
+    score, result = _score(program, [{"input": "", "output": "(-1, 38)"}], mode)
     assert score == 1.0, result.test_status
 
 

@@ -259,3 +259,49 @@ def test_a_live_program_thread_fails_the_test(mode: str) -> None:
     joined = ("import threading\nX = []\nt = threading.Thread(target=lambda: X.append(1))\n"
               "t.start()\nt.join()\n")
     assert _statuses(joined, ["assert X == [1]"], mode) == ["passed"]
+
+
+_AS_NOBODY = """
+import json, sys
+import posttrain.sandbox.jail as jail
+if sys.argv[2] == "host":
+    jail._NAMESPACES[:] = [[]]  # the control: the host's network, as before issue 56
+program = ("import socket\\ndef reach():\\n    try:\\n        socket.create_connection(("
+           "'127.0.0.1', %s), timeout=1).close()\\n        return True\\n"
+           "    except OSError:\\n        return False\\nprint(reach())\\n" % sys.argv[1])
+tool = jail.run_sandboxed(program, mode="limits")  # how the python tool runs model code
+judged = jail.run_sandboxed(program, ["assert reach() == False"], mode="limits")
+print(json.dumps([tool.stdout.strip(), judged.test_status]))
+"""
+
+
+def test_limits_mode_as_a_non_root_user_has_no_network() -> None:
+    """Limits mode as a non-root user (run here as `nobody` through setpriv): a user namespace
+    of its own with a network namespace, so a local server (a vLLM server's stand-in) is out
+    of reach of the python tool and of a program under test; the control run without it
+    reaches the server, so the check can fail."""
+    import json
+    import os
+    import shutil
+    import socket
+    import subprocess
+    from pathlib import Path
+
+    python, setpriv = "/usr/bin/python3", shutil.which("setpriv")
+    if os.geteuid() != 0 or not setpriv or not os.access(python, os.X_OK):
+        pytest.skip("needs root (to become nobody), setpriv and /usr/bin/python3")
+    server = socket.create_server(("127.0.0.1", 0))
+    port, repo = server.getsockname()[1], str(Path(__file__).resolve().parents[2])
+    try:
+        out = {}
+        for network in ("own", "host"):
+            run = subprocess.run(
+                [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c",
+                 _AS_NOBODY, str(port), network], capture_output=True, text=True, timeout=120,
+                env={"PYTHONPATH": repo, "PATH": "/usr/bin:/bin", "HOME": "/tmp"}, cwd="/tmp")
+            assert run.returncode == 0, run.stderr[-2000:]
+            out[network] = json.loads(run.stdout.splitlines()[-1])
+    finally:
+        server.close()
+    assert out["own"] == ["False", ["passed"]], out
+    assert out["host"] == ["True", ["failed"]], out

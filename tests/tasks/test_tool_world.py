@@ -12,9 +12,21 @@ from posttrain.tasks.tool_world import calculator, problems, prompt_rows, sft_ro
 
 def test_calculator_is_exact_and_refuses_other_code() -> None:
     assert calculator("999*999") == "998001" and calculator("(2+3)*-4") == "-20"
-    with pytest.raises(ValueError):
-        calculator("__import__('os')")
+    assert calculator("__import__('os')").startswith("error: ValueError: not an integer")
     assert tool_schemas([calculator])[0]["function"]["parameters"]["required"] == ["expression"]
+
+
+@pytest.mark.parametrize("expression", ["__import__('os')", "1+", "1//0", "2.5*2", "-" * 100_000
+                                        + "1", "(" * 300 + "1" + ")" * 300, 12, None, "9" * 5000])
+def test_a_bad_expression_is_the_calculators_answer_never_a_tool_failure(expression) -> None:
+    """What the model wrote is data (issue 56): the call answers an error text, and the
+    rollout does not count it toward the failing-tools rule (error kind None)."""
+    from posttrain.rollout.tools import ToolCall, _run_one
+
+    assert calculator(expression).startswith("error: ")
+    result = _run_one({"calculator": calculator}, ToolCall("calculator",
+                                                           {"expression": expression}))
+    assert result.error is None and result.content.startswith("error: "), result
 
 
 def test_heldout_is_disjoint_and_products_have_six_digits() -> None:
