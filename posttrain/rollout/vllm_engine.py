@@ -455,9 +455,7 @@ class VLLMServerEngine(_Sampler):
     def _check_logprobs_mode(self) -> None:
         """Refuse a server whose log-probs are not the learner's (after temperature), or whose
         dtype its CPU build cannot serve on this machine (`cpu_server_dtype_problem`)."""
-        fix = (f"restart it with: VLLM_SERVER_DEV_MODE=1 vllm serve {self._served} "
-               "--logprobs-mode processed_logprobs --worker-extension-cls "
-               "posttrain.rollout.vllm_worker.WeightReceiver")
+        fix = f"restart it with: posttrain vllm-serve {self._served}"
         try:
             info = self._get("/server_info?config_format=json")
         except RuntimeError as err:

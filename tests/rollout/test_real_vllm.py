@@ -171,28 +171,10 @@ def test_the_stand_in_matches_the_real_surface() -> None:
     assert set(fake_vllm.LOGPROBS_MODES) == set(typing.get_args(LogprobsMode))
 
 
-def documented_cpu_server(model_dir: str, port: int) -> tuple[dict[str, str], list[str]]:
-    """docs/rollout.md's command for a server of the CPU build: (its environment variables, its
-    words) with DIR and the port filled in, so the lane starts the server the docs show."""
-    import re
-    import shlex
-
-    text = (ROOT / "docs" / "rollout.md").read_text()
-    block = next(b for b in re.findall(r"```bash\n(.*?)```", text, re.DOTALL)
-                 if "openai.api_server" in b)
-    words = shlex.split(block.replace("\\\n", " "))
-    env = dict(w.split("=", 1) for w in words if re.fullmatch(r"[A-Z_]+=\S*", w))
-    cmd = [w for w in words if w.split("=", 1)[0] not in env]
-    cmd = [model_dir if w == "DIR" else w for w in cmd]
-    cmd[cmd.index("--port") + 1] = str(port)
-    return env, cmd
-
-
-@pytest.fixture(scope="module")
-def server(world, tmp_path_factory):
-    """A real `vllm serve` (the CPU build) with posttrain's worker extension, as docs/rollout.md
-    starts it: float32, the dtype the CPU build serves on every CPU kind (bf16 kills its worker
-    at the first request on an Intel CPU with AMX: `cpu_server_dtype_problem`)."""
+def start_server(model_dir: str, log: Path) -> tuple[subprocess.Popen, int]:
+    """A real `vllm serve` (the CPU build) started by `posttrain vllm-serve` as docs/rollout.md
+    shows (float32: bf16 kills its worker at the first request on an Intel CPU with AMX), on a
+    free port, its output in `log`; returns once it answers."""
     import socket
     import time
     import urllib.request
@@ -200,24 +182,35 @@ def server(world, tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "posttrain", "vllm-serve", model_dir, "--port", str(port),
+           "--log", str(log), "--max-model-len", "1024"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)
+            return proc, port
+        except OSError:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(1)
+    proc.kill()
+    raise AssertionError(f"no server after 300 s: {log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def server_proc(world, tmp_path_factory):
+    """The lane's one server (module scope: a start costs 20-40 s)."""
     log = tmp_path_factory.mktemp("server") / "server.log"
-    env_words, cmd = documented_cpu_server(world["dir"], port)
-    env = {**os.environ, **env_words, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable if w == "python" else w for w in cmd] + ["--max-model-len", "1024"]
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    proc, port = start_server(world["dir"], log)
     try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)
-                break
-            except OSError:
-                assert proc.poll() is None, log.read_text()[-3000:]
-                time.sleep(1)
-        yield port
+        yield proc, port, log
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def server(server_proc) -> int:
+    return server_proc[1]
 
 
 def test_the_server_samples_and_a_push_lands(world, server):

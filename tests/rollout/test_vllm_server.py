@@ -74,9 +74,7 @@ def test_a_server_with_other_logprobs_is_refused_at_start(world, mode, dev, need
     msg = str(err.value)
     assert msg.startswith("config key 'rollout_engine'=vllm_server: ") and needle in msg
     assert "\n" not in msg
-    assert msg.endswith(f"restart it with: VLLM_SERVER_DEV_MODE=1 vllm serve {world['dir']} "
-                        "--logprobs-mode processed_logprobs --worker-extension-cls "
-                        "posttrain.rollout.vllm_worker.WeightReceiver")
+    assert msg.endswith(f"restart it with: posttrain vllm-serve {world['dir']}")
 
 
 @pytest.mark.parametrize("amx", [True, False])
