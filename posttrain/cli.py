@@ -62,6 +62,7 @@ def _config_command(command: str, argv: list[str]) -> int:
     from posttrain.engine.async_rollout import SamplerDied
     from posttrain.engine.distributed import close_process_group
     from posttrain.models.loading import ModelLoadError
+    from posttrain.rollout.vllm_server import ServerError
 
     finished = False
     try:
@@ -83,6 +84,9 @@ def _config_command(command: str, argv: list[str]) -> int:
         return 1
     except SamplerDied as err:  # async_rollouts: the sampler process died or raised
         print(f"posttrain {command}: sampler error: {err}", file=sys.stderr)
+        return 1
+    except ServerError as err:  # vllm_server: the server stopped, hung or failed a push
+        print(f"posttrain {command}: {' '.join(str(err).split())}", file=sys.stderr)
         return 1
     finally:
         close_process_group(finished)

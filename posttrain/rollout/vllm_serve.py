@@ -17,7 +17,7 @@ import os
 import sys
 
 from posttrain.config.engine import vllm_cpu_build
-from posttrain.rollout.vllm_engine import amx_tiles
+from posttrain.rollout.vllm_server import amx_tiles
 
 __all__ = ["LOG_ENV", "serve_command", "main"]
 

@@ -217,7 +217,7 @@ def test_the_server_samples_and_a_push_lands(world, server):
     """Fault 5: on a CPU the server's push goes through a safetensors file in shared memory
     (no NCCL) and lands, verified by the push check; sampling over HTTP matches the learner."""
     from posttrain.rollout import SamplingParams
-    from posttrain.rollout.vllm_engine import VLLMServerEngine
+    from posttrain.rollout.vllm_server import VLLMServerEngine
 
     cfg = GRPOConfig(model=world["dir"], rollout_engine="vllm_server", vllm_server_port=server)
     engine = VLLMServerEngine.from_config(cfg, world["tok"])
@@ -239,7 +239,7 @@ def test_the_cpu_dtype_check_reads_the_servers_own_fields(server):
     passes on any CPU, the same server described as bf16 is refused on a CPU with AMX tiles."""
     import urllib.request
 
-    from posttrain.rollout.vllm_engine import cpu_server_dtype_problem
+    from posttrain.rollout.vllm_server import cpu_server_dtype_problem
 
     url = f"http://127.0.0.1:{server}/server_info?config_format=json"
     with urllib.request.urlopen(url, timeout=30) as resp:
@@ -271,7 +271,7 @@ def test_the_judge_reward_against_the_real_server(world, server):
 def test_a_server_side_push_error_reaches_the_trainer(world, server):
     """Fault 5: the server's HTTP 500 of a push was lost in a background thread and training
     went on; now every push request's error is raised with the server's message."""
-    from posttrain.rollout.vllm_engine import VLLMServerEngine, _Request
+    from posttrain.rollout.vllm_server import VLLMServerEngine, _Request
 
     cfg = GRPOConfig(model=world["dir"], rollout_engine="vllm_server", vllm_server_port=server)
     engine = VLLMServerEngine.from_config(cfg, world["tok"])
