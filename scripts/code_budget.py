@@ -18,10 +18,10 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-BUDGETS = {"core": 190, "config+cli": 1160, "data": 690, "models": 830, "ops": 1050,
-           "engine": 2460, "rollout": 2100, "sandbox": 2360, "rewards": 1320, "search": 500,
+BUDGETS = {"core": 190, "config+cli": 1170, "data": 690, "models": 830, "ops": 1050,
+           "engine": 2460, "rollout": 2180, "sandbox": 2360, "rewards": 1320, "search": 500,
            "trainers": 1720}
-LIBRARY = 14320
+LIBRARY = 14400
 PROSE = (0.10, 0.36)
 PEERS = {  # what a family's budget was sized against: feature -> (peer, its lines, ours)
     "trainers: KTO": ("TRL 1.16 kto_trainer.py", 1945, 208),
@@ -95,6 +95,11 @@ PEERS = {  # what a family's budget was sized against: feature -> (peer, its lin
     "dtype this machine serves (issue 58, item 6; allowance: the worker's close, item 7)":
         ("TRL trl/scripts/vllm_serve.py, an early version (18,753 characters: its own FastAPI "
          "server, arguments dataclass, worker extension), about", 250, 70),
+    "rollout + cli: the server's lifecycle (issue 58, item 7: requests and pushes bounded in "
+    "time, one ServerError naming the server's log, the NCCL join beside its request, the "
+    "worker's group closed before a new one and at the trainer's close)":
+        ("TRL 1.16 vllm_client.py's init/close_communicator and its broadcast in the "
+         "background with a timeout, about", 70, 80),
 }
 NOT_LIBRARY = ("tasks", "demo.py")  # the offline demo world: uses the library, never imported
 FAMILY_OF = {"__init__.py": "core", "__main__.py": "config+cli", "cli.py": "config+cli",

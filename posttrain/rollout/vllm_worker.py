@@ -43,8 +43,10 @@ class WeightReceiver:
         store, which listens on the group's port until the last reference to it goes."""
         comm = getattr(self, "_posttrain_comm", None)
         self._posttrain_comm = None
-        if comm is not None and callable(getattr(comm, "destroy", None)):
-            comm.destroy()
+        if comm is not None:
+            if callable(getattr(comm, "destroy", None)):
+                comm.destroy()
+            comm.group = None  # the store, even if something still holds the communicator
         del comm
         gc.collect()  # the store's C++ object (and its listening socket) goes with the group
 

@@ -276,9 +276,8 @@ def test_a_server_side_push_error_reaches_the_trainer(world, server):
     cfg = GRPOConfig(model=world["dir"], rollout_engine="vllm_server", vllm_server_port=server)
     engine = VLLMServerEngine.from_config(cfg, world["tok"])
     rpc = {"method": "receive_file", "args": ["/nonexistent/w.st"]}
-    with pytest.raises(RuntimeError, match=r"POST /collective_rpc -> 500 .*No such file"), \
-            _Request(engine, rpc):
-        pass  # the block (NCCL broadcasts on a GPU) ends; the request's error is raised
+    with pytest.raises(RuntimeError, match=r"POST /collective_rpc -> 500 .*No such file"):
+        _Request(engine, rpc).run(lambda: None)  # the block: NCCL broadcasts on a GPU
 
 
 def test_vllms_own_refusals_come_before_the_policy_loads(world, tmp_path, monkeypatch):
@@ -292,3 +291,61 @@ def test_vllms_own_refusals_come_before_the_policy_loads(world, tmp_path, monkey
                                           r"refuses the engine's arguments: .*max_model_len"):
         GRPOTrainer(build_config(GRPOConfig, overrides=_grpo(world, tmp_path,
                                                               vllm_max_model_len=100_000)))
+
+
+def _server_grpo(world, out, port: int, **keys) -> dict:
+    return {"model": world["dir"], "train_data": world["data"], "out_dir": str(out),
+            "rewards": [{"name": "math", "weight": 1.0}], "rollout_engine": "vllm_server",
+            "vllm_server_port": port, "group_size": 2, "prompts_per_step": 2,
+            "max_new_tokens": 6, "max_steps": 2, "progress": False, "report_to": [],
+            "threads": 1, "eval_size": 0, "lr": 1e-2, **keys}
+
+
+def _gaps(out) -> list[float]:
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["rollout/push_check_gap"] for r in rows if "rollout/push_check_gap" in r]
+
+
+def test_two_runs_and_a_resume_against_one_server(world, server_proc, tmp_path):
+    """Item 7: one server, three trainers one after the other (a run, a second run, a resume
+    of the first): each trains with every push verified."""
+    from posttrain.trainers.grpo import GRPOTrainer
+
+    port = server_proc[1]
+    first, second = tmp_path / "first", tmp_path / "second"
+    for out, keys in ((first, {"save_every": 1}), (second, {}),
+                      (first, {"resume_from": "latest", "max_steps": 3})):
+        trainer = GRPOTrainer(build_config(GRPOConfig, overrides=_server_grpo(
+            world, out, port, **keys)))
+        trainer.train()
+    assert len(_gaps(second)) == 2 and all(0 <= g < 0.02 for g in _gaps(second))
+    gaps = _gaps(first)  # two steps, then the resumed third
+    assert len(gaps) == 3 and all(0 <= g < 0.02 for g in gaps), gaps
+
+
+def test_zz_a_server_killed_mid_run_is_one_error_naming_its_log(world, server_proc, tmp_path,
+                                                                monkeypatch):
+    """Item 7: the server dies before the second push (SIGKILL): the run ends at once with one
+    `ServerError` line naming the server's log, not a hang or a traceback from urllib. Kills
+    the module's server, so it runs last in this file (hence the name)."""
+    from posttrain.rollout.vllm_server import ServerError, VLLMServerEngine
+    from posttrain.trainers.grpo import GRPOTrainer
+
+    proc, port, log = server_proc
+    real, pushes = VLLMServerEngine._push_file, []
+
+    def push(self, model):
+        pushes.append(1)
+        if len(pushes) == 2:
+            proc.kill()
+            proc.wait(timeout=30)
+        real(self, model)
+
+    monkeypatch.setattr(VLLMServerEngine, "_push_file", push)
+    trainer = GRPOTrainer(build_config(GRPOConfig, overrides=_server_grpo(
+        world, tmp_path, port, max_steps=3)))
+    with pytest.raises(ServerError) as err:
+        trainer.train()
+    msg = str(err.value)
+    assert "\n" not in msg and "POST /collective_rpc failed" in msg, msg
+    assert msg.endswith(f"the server's log: {log}") and len(pushes) == 2, msg
