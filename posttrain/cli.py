@@ -61,6 +61,7 @@ def _config_command(command: str, argv: list[str]) -> int:
     from posttrain.core.errors import UserFunctionError
     from posttrain.engine.async_rollout import SamplerDied
     from posttrain.engine.distributed import close_process_group
+    from posttrain.engine.push_check import PushCheckError
     from posttrain.models.loading import ModelLoadError
     from posttrain.rollout.vllm_server import ServerError
 
@@ -85,7 +86,7 @@ def _config_command(command: str, argv: list[str]) -> int:
     except SamplerDied as err:  # async_rollouts: the sampler process died or raised
         print(f"posttrain {command}: sampler error: {err}", file=sys.stderr)
         return 1
-    except ServerError as err:  # vllm_server: the server stopped, hung or failed a push
+    except (ServerError, PushCheckError) as err:  # a vLLM server stopped or a push missed
         print(f"posttrain {command}: {' '.join(str(err).split())}", file=sys.stderr)
         return 1
     finally:

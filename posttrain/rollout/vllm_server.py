@@ -88,7 +88,8 @@ class VLLMServerEngine(_Sampler):
     @classmethod
     def from_config(cls, cfg: Any, tokenizer: Any, *, role: str = "eval", dist: Any = None,
                     model: Any = None) -> VLLMServerEngine:
-        _import_vllm(cls.name)  # the NCCL group needs vLLM's communicator on this side too
+        if torch.cuda.is_available():  # the NCCL group needs vLLM's communicator here too
+            _import_vllm(cls.name)
         path = _model_dir(cfg, cls.name)
         return cls(f"http://{cfg.vllm_server_host}:{cfg.vllm_server_port}", tokenizer,
                    _stops(tokenizer, path, None), group_host=cfg.vllm_server_host,

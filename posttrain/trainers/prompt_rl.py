@@ -213,6 +213,8 @@ class PromptRLTrainer(Trainer):
             print(f"[{self.name}] warning: step {step}: its groups were sampled with weights "
                   f"{got.version}, over max_staleness={cfg.max_staleness} behind", file=sys.stderr)
         stale = float(step - 1 - got.version)
+        if got.push_gap is not None:  # a vllm_server push, checked in the sampler process
+            self.push_metrics["rollout/push_check_gap"] = got.push_gap
         got.result.metrics.update({
             "async/staleness_mean": stale, "async/staleness_max": stale,
             "async/dropped_stale": float(dropped), "async/queue_groups": float(queued),
@@ -224,7 +226,8 @@ class PromptRLTrainer(Trainer):
         """The sampler process (spawned now: its start overlaps the learner's own)."""
         if self._async is None:
             self._async = AsyncSampler(self.cfg, self.tokenizer, self.model, self.agent,
-                                       self.reward_fns, self.cfg.sampler_threads)
+                                       self.reward_fns, self.cfg.sampler_threads,
+                                       self.session.render(self.session.train_rows[0]["prompt"]))
             self._jobs_started = False
         return self._async
 
@@ -241,8 +244,13 @@ class PromptRLTrainer(Trainer):
         return self._async
 
     def evaluate(self, when: str) -> dict[str, Any]:
-        if when == "before" and getattr(self.cfg, "async_rollouts", False):
-            self.start_sampler()  # sampling starts while the policy is evaluated
+        if when != "before" or not getattr(self.cfg, "async_rollouts", False):
+            return super().evaluate(when)
+        if self.cfg.rollout_engine == "vllm_server":  # one server: its evaluation comes first
+            out = super().evaluate(when)
+            self.start_sampler()
+            return out
+        self.start_sampler()  # sampling starts while the policy is evaluated
         return super().evaluate(when)
 
     def send_jobs(self, done: int) -> None:

@@ -323,6 +323,54 @@ def test_two_runs_and_a_resume_against_one_server(world, server_proc, tmp_path):
     assert len(gaps) == 3 and all(0 <= g < 0.02 for g in gaps), gaps
 
 
+def _train(world, out, port: int, **keys) -> list[dict]:
+    from posttrain.trainers.grpo import GRPOTrainer
+
+    GRPOTrainer(build_config(GRPOConfig, overrides=_server_grpo(world, out, port, **keys))).train()
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_async_on_the_server(world, server_proc, tmp_path):
+    """Item 3: `async_rollouts` with `vllm_server`: the sampler process pushes each version to
+    the server and verifies it before sampling with it. Staleness 0 is the synchronous server
+    run (the same samples, metrics and weights); at staleness 1 the groups lag one step and
+    every push is verified; a resumed run equals the uninterrupted one."""
+    from tests.conformance.conftest import comparable, weights
+
+    port, steps = server_proc[1], {"max_steps": 3, "log_completions": 4}
+    sync = _train(world, tmp_path / "sync", port, **steps)
+    zero = _train(world, tmp_path / "zero", port, async_rollouts=True, max_staleness=0, **steps)
+    assert [{k: v for k, v in r.items() if not k.startswith("async/")}
+            for r in comparable(zero)] == comparable(sync)
+    assert [r["async/staleness_max"] for r in zero] == [0, 0, 0]
+    done = [(tmp_path / n / "completions.jsonl").read_text() for n in ("sync", "zero")]
+    assert done[0] == done[1] and done[0].count("\n") == 3 * 4
+    a, b = weights(tmp_path / "sync" / "final"), weights(tmp_path / "zero" / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    one = _train(world, tmp_path / "one", port, async_rollouts=True, save_every=1, **steps)
+    assert [r["async/staleness_max"] for r in one] == [0, 1, 1]  # step 1: the start weights
+    gaps = [r.get("rollout/push_check_gap") for r in one]
+    assert gaps[0] is not None and all(g is None or 0 <= g < 0.02 for g in gaps), gaps
+    assert sum(g is not None for g in gaps) == 2  # versions 0 and 1 pushed before step 3
+    crashed = _server_grpo(world, tmp_path / "crashed", port, async_rollouts=True,
+                           save_every=1, **steps)
+    proc = subprocess.run([sys.executable, "-m", "tests.conformance.runner", "grpo",
+                           json.dumps(crashed), "--kill-step", "3"], cwd=ROOT, timeout=300,
+                          capture_output=True, text=True, env={**os.environ,
+                                                              "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == -9, proc.stderr[-3000:]  # kill -9 inside step 3
+    resumed = _train(world, tmp_path / "crashed", port, async_rollouts=True, save_every=1,
+                     resume_from="latest", **steps)  # step 3's groups: held by step 2's save
+    # the same samples, metrics and weights; step 3's groups came from the checkpoint, so
+    # the resumed run made no push of version 1 and logs no push check at step 3
+    unpushed = [[{k: v for k, v in r.items() if k != "rollout/push_check_gap"}
+                 for r in comparable(run)] for run in (resumed, one)]
+    assert unpushed[0] == unpushed[1]
+    a, b = weights(tmp_path / "one" / "final"), weights(tmp_path / "crashed" / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_zz_a_server_killed_mid_run_is_one_error_naming_its_log(world, server_proc, tmp_path,
                                                                 monkeypatch):
     """Item 7: the server dies before the second push (SIGKILL): the run ends at once with one
