@@ -161,7 +161,7 @@ def test_async_with_a_vllm_engine_refuses_what_it_does_not_cover(keys, needle, m
     monkeypatch.setattr(engine_checks, "vllm_available", lambda: True)
     monkeypatch.setattr(engine_checks, "vllm_cpu_build", lambda: True)
     with pytest.raises(ConfigError) as err:
-        _build(GRPOConfig, async_rollouts=True, top_k=0, **keys)
+        _build(GRPOConfig, async_rollouts=True, **keys)
     assert needle in str(err.value) and "\n" not in str(err.value)
-    cfg = _build(GRPOConfig, async_rollouts=True, top_k=0, rollout_engine="vllm_server")
+    cfg = _build(GRPOConfig, async_rollouts=True, rollout_engine="vllm_server")
     assert cfg.async_rollouts and cfg.rollout_engine == "vllm_server"
