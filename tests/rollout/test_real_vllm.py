@@ -293,17 +293,27 @@ def test_vllms_own_refusals_come_before_the_policy_loads(world, tmp_path, monkey
                                                               vllm_max_model_len=100_000)))
 
 
+def distinct_chars(completion: str, **row) -> float:
+    """A reward the random tiny model's samples spread over (the math reward gives 0 to all,
+    so nothing would train): its distinct characters, / 8."""
+    return len(set(completion)) / 8
+
+
 def _server_grpo(world, out, port: int, **keys) -> dict:
     return {"model": world["dir"], "train_data": world["data"], "out_dir": str(out),
-            "rewards": [{"name": "math", "weight": 1.0}], "rollout_engine": "vllm_server",
+            "rewards": [{"name": "tests.rollout.test_real_vllm:distinct_chars"}],
+            "rollout_engine": "vllm_server",
             "vllm_server_port": port, "group_size": 2, "prompts_per_step": 2,
             "max_new_tokens": 6, "max_steps": 2, "progress": False, "report_to": [],
             "threads": 1, "eval_size": 0, "lr": 1e-2, **keys}
 
 
+def _rows(out) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
 def _gaps(out) -> list[float]:
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r["rollout/push_check_gap"] for r in rows if "rollout/push_check_gap" in r]
+    return [r["rollout/push_check_gap"] for r in _rows(out) if "rollout/push_check_gap" in r]
 
 
 def test_two_runs_and_a_resume_against_one_server(world, server_proc, tmp_path):
@@ -319,6 +329,8 @@ def test_two_runs_and_a_resume_against_one_server(world, server_proc, tmp_path):
             world, out, port, **keys)))
         trainer.train()
     assert len(_gaps(second)) == 2 and all(0 <= g < 0.02 for g in _gaps(second))
+    for out in (first, second):  # each trained: a policy loss, weights moved from the start
+        assert any(r.get("loss/policy", 0) != 0 for r in _rows(out))
     gaps = _gaps(first)  # two steps, then the resumed third
     assert len(gaps) == 3 and all(0 <= g < 0.02 for g in gaps), gaps
 
@@ -327,7 +339,7 @@ def _train(world, out, port: int, **keys) -> list[dict]:
     from posttrain.trainers.grpo import GRPOTrainer
 
     GRPOTrainer(build_config(GRPOConfig, overrides=_server_grpo(world, out, port, **keys))).train()
-    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return _rows(out)
 
 
 def test_async_on_the_server(world, server_proc, tmp_path):
@@ -369,6 +381,17 @@ def test_async_on_the_server(world, server_proc, tmp_path):
     assert unpushed[0] == unpushed[1]
     a, b = weights(tmp_path / "one" / "final"), weights(tmp_path / "crashed" / "final")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_async_lora_on_the_server(world, server, tmp_path):
+    """Item 5: LoRA with async on the server: the sampler process's copy holds the adapters,
+    the push merges them (the base weights restored after), every push verified."""
+    rows = _train(world, tmp_path, server, async_rollouts=True, lora_r=4, lora_alpha=8,
+                  max_steps=3)
+    gaps = [r["rollout/push_check_gap"] for r in rows if "rollout/push_check_gap" in r]
+    assert [r["async/staleness_max"] for r in rows] == [0, 1, 1]
+    assert len(gaps) == 2 and all(0 <= g < 0.02 for g in gaps), gaps  # version 1: trained
+    assert any(r["loss/policy"] != 0 for r in rows[:2])  # version 1's adapters moved
 
 
 def test_zz_a_server_killed_mid_run_is_one_error_naming_its_log(world, server_proc, tmp_path,
