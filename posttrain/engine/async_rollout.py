@@ -109,26 +109,35 @@ class SamplerDied(RuntimeError):
 
 class AsyncSampler:
     """The learner's side: starts the sampler process, sends jobs, pushes weights, takes
-    results. `model` is the policy (a plain module on the CPU); `agent`, `reward_fns`: what the
-    trainer's own engine and scorer were built from; `probe`: the push check's text."""
+    results. Spawned before the learner loads its model (the process's imports overlap that
+    load); `attach` then sends it the tokenizer, the policy's shared copy and the push check's
+    text. `agent`, `reward_fns`: what the trainer's own engine and scorer were built from."""
 
-    def __init__(self, cfg: Any, tokenizer: Any, model: torch.nn.Module, agent: Any,
-                 reward_fns: dict[str, Any] | None, threads: int, probe: str = "") -> None:
+    def __init__(self, cfg: Any, agent: Any, reward_fns: dict[str, Any] | None,
+                 threads: int) -> None:
         ctx = mp.get_context("spawn")
         self.out_dir = cfg.out_dir  # where the sampler's traceback is written when it raised
-        skeleton = copy.deepcopy(model).share_memory()  # the push buffers, shared
-        self.buffers = skeleton.state_dict()
+        self.buffers: dict[str, torch.Tensor] | None = None  # the push buffers, once attached
         self.version, self.loaded = ctx.Value("q", -1), ctx.Value("q", 0)
         self.lock = ctx.Lock()
+        self.setup: Any = ctx.Queue()
         self.jobs: Any = ctx.Queue()
         self.results: Any = ctx.Queue()
         self.ready: dict[int, Sampled] = {}
         self.sent: set[int] = set()  # steps whose jobs went to the process
         self.proc = ctx.Process(target=_sampler_main, name=SAMPLER_NAME, args=(
-            cfg, tokenizer, skeleton, agent, reward_fns, threads, os.getpid(), self.jobs,
-            self.results, self.version, self.loaded, self.lock, python_mode(), probe))
+            cfg, agent, reward_fns, threads, os.getpid(), self.setup, self.jobs,
+            self.results, self.version, self.loaded, self.lock, python_mode()))
         self.proc.start()
-        self._finalizer = weakref.finalize(self, _stop, self.proc, self.jobs)
+        self._finalizer = weakref.finalize(self, _stop, self.proc, self.jobs, self.setup)
+
+    def attach(self, tokenizer: Any, model: torch.nn.Module, probe: str = "") -> None:
+        """Send the process what it samples with: `model`'s copy in shared memory (the push
+        buffers; `model` is the policy, a plain module on the CPU), once."""
+        if self.buffers is None:
+            skeleton = copy.deepcopy(model).share_memory()
+            self.buffers = skeleton.state_dict()
+            self.setup.put((tokenizer, skeleton, probe))
 
     def submit(self, job: Job) -> None:
         self.sent.add(job.step)
@@ -199,16 +208,20 @@ class AsyncSampler:
         self._finalizer()
 
 
-def _stop(proc: Any, jobs: Any) -> None:
-    """Ask the sampler to stop, then end it."""
+def _stop(proc: Any, jobs: Any, setup: Any = None) -> None:
+    """Ask the sampler to stop (waiting for its setup, or for a job), then end it."""
     if proc.is_alive():
         with contextlib.suppress(OSError, ValueError):  # a queue already closed
             jobs.put(None)
+            if setup is not None:
+                setup.put(None)
         proc.join(5)
         if proc.is_alive():
             proc.kill()
             proc.join(5)
     jobs.cancel_join_thread()
+    if setup is not None:
+        setup.cancel_join_thread()
 
 
 def _watch_parent(parent: int) -> None:
@@ -219,13 +232,13 @@ def _watch_parent(parent: int) -> None:
             os._exit(3)
 
 
-def _sampler_main(cfg: Any, tokenizer: Any, skeleton: torch.nn.Module, agent: Any,
-                  reward_fns: dict[str, Any] | None, threads: int, parent: int, jobs: Any,
-                  results: Any, version: Any, loaded: Any, lock: Any,
-                  sandbox_mode: str = "strict", probe: str = "") -> None:
-    """The sampler process: load the job's weights, sample, score, send; errors are sent.
-    `sandbox_mode`: the learner's `python` tool mode (a spawned process starts from the
-    module default, not the run's `sandbox_mode`); `probe`: the push check's text."""
+def _sampler_main(cfg: Any, agent: Any, reward_fns: dict[str, Any] | None, threads: int,
+                  parent: int, setup: Any, jobs: Any, results: Any, version: Any, loaded: Any,
+                  lock: Any, sandbox_mode: str = "strict") -> None:
+    """The sampler process: wait for `setup` (tokenizer, the policy's shared copy, the push
+    check's text; None: stop), then per job load its weights, sample, score, send; errors are
+    sent. `sandbox_mode`: the learner's `python` tool mode (a spawned process starts from the
+    module default, not the run's `sandbox_mode`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the learner stops us after its save
     python_mode(sandbox_mode)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
@@ -233,6 +246,9 @@ def _sampler_main(cfg: Any, tokenizer: Any, skeleton: torch.nn.Module, agent: An
     try:
         from posttrain.engine.session import build_scorer
 
+        if (got := setup.get()) is None:  # the run ended before it sampled
+            return
+        tokenizer, skeleton, probe = got
         buffers, model = skeleton.state_dict(), copy.deepcopy(skeleton)
         engine = build_engine(cfg, tokenizer, role="train", agent=agent)
         scorer, _ = build_scorer(cfg, reward_fns)

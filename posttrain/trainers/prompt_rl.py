@@ -77,6 +77,7 @@ class PromptRLTrainer(Trainer):
                 raise ConfigError(f"config key 'async_rollouts': the reward functions and "
                                   f"tools go to the sampler process by pickling, which failed "
                                   f"({err}); define them at module level") from err
+            self.spawn_sampler()  # its start (imports) overlaps the model's load
 
     def _validate_agent(self) -> None:
         """Refuse what multi-turn episodes do not cover, one line naming the key; build the
@@ -223,11 +224,10 @@ class PromptRLTrainer(Trainer):
         return rollout, got.result, {"gen": got.seconds["gen"], "score": got.seconds["score"]}
 
     def spawn_sampler(self) -> AsyncSampler:
-        """The sampler process (spawned now: its start overlaps the learner's own)."""
+        """The sampler process (spawned at validation: its start overlaps the learner's own)."""
         if self._async is None:
-            self._async = AsyncSampler(self.cfg, self.tokenizer, self.model, self.agent,
-                                       self.reward_fns, self.cfg.sampler_threads,
-                                       self.session.render(self.session.train_rows[0]["prompt"]))
+            self._async = AsyncSampler(self.cfg, self.agent, self.reward_fns,
+                                       self.cfg.sampler_threads)
             self._jobs_started = False
         return self._async
 
@@ -235,7 +235,8 @@ class PromptRLTrainer(Trainer):
         """The sampler process with its first jobs, at the first call (the first evaluation's,
         so the two overlap)."""
         if not getattr(self, "_jobs_started", False):
-            self.spawn_sampler()
+            self.spawn_sampler().attach(self.tokenizer, self.model, self.session.render(
+                self.session.train_rows[0]["prompt"]))
             self._jobs_started = True
             self._async.ready.update({s.step: s for s in self._held})
             self._async.push(self.model, self.start_step, -1)
