@@ -75,6 +75,28 @@ def test_a_silent_server_is_one_error_within_the_timeout(world):
     _one_line(err, "POST /collective_rpc: no answer within vllm_server_timeout=1 s")
 
 
+def test_a_server_dying_during_the_push_is_one_error(world):
+    """The server takes the push request and dies before it answers (the connection closed
+    mid-request): one line, at once."""
+    with socket.socket() as dying, fake_vllm.FakeServer(world["dir"]) as server:
+        dying.bind(("127.0.0.1", 0))
+        dying.listen()
+
+        def die() -> None:
+            conn, _ = dying.accept()
+            conn.recv(65536)  # the request has started to arrive
+            conn.close()
+
+        threading.Thread(target=die, daemon=True).start()
+        engine = _engine(server, world["tok"], timeout=30)
+        engine.base_url = f"http://127.0.0.1:{dying.getsockname()[1]}"
+        start = time.monotonic()
+        with pytest.raises(ServerError) as err:
+            engine.update_weights(world["model"], 1)
+        assert time.monotonic() - start < 5  # not the 30 s timeout
+    _one_line(err, "POST /collective_rpc failed (", "the server stopped or does not answer")
+
+
 def _nccl(monkeypatch, create) -> list:
     """vLLM's NCCL pieces as the trainer imports them; `create` stands for the group's join."""
     made: list = []
