@@ -2,6 +2,7 @@
 
     python benchmarks/async_grpo.py --out /tmp/async_grpo                  # demo + long
     python benchmarks/async_grpo.py --out /tmp/async_grpo --settings tools --tools runs/tools
+    .venv-vllm/bin/python benchmarks/async_grpo.py --engine vllm_server --settings demo
 
 Per setting and seed, one run of each mode in this order, same seeds and samples: (a) `sync2`:
 synchronous on 2 threads; (b) `sync1`: synchronous on 1 thread, whose sampling + scoring seconds
@@ -16,14 +17,24 @@ with the truncated weights' own forward pass (the fast path of `GRPOTrainer` off
 Settings: `demo` (the demo's GRPO stage from its SFT start, 60 steps), `long` (the demo's
 untrained start, which rarely stops: 160 new tokens, 8 steps), `tools` (the tool world of
 `python -m posttrain.tasks.tool_world --out DIR`, its recipe, 12 steps). Nothing else should run.
+`--engine vllm_server` samples every mode on one `posttrain vllm-serve` of the setting's model
+(vLLM's CPU build, float32; its log in OUT/SETTING_vllm_server/server.log), a third process
+on the same cores; `--steps N` shortens a setting.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import socket
 import statistics
+import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +82,35 @@ def setting_keys(name: str, out: Path, tools: str) -> dict[str, Any]:
         return {**keys, "model": str(out / "demo_world" / "sft" / "final"), "eval_size": 500}
     return {**keys, "model": str(out / "demo_world" / "init"), "max_steps": 8,
             "max_new_tokens": 160, "eval_max_new_tokens": 160, "eval_size": 20}
+
+
+@contextlib.contextmanager
+def server(model: str, log: Path) -> Iterator[dict[str, Any]]:
+    """A `posttrain vllm-serve` of `model` on a free port while the block runs: the GRPO keys
+    that sample on it."""
+    from posttrain.rollout.vllm_serve import serve_command
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env, argv = serve_command(model, port=port, log=str(log))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    sys.exit(f"[async_grpo] the server exited; its log: {log}")
+                time.sleep(1)
+        yield {"rollout_engine": "vllm_server", "vllm_server_port": port}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
 
 
 def run(keys: dict[str, Any], mode: str, seed: int, out: Path) -> dict[str, float]:
@@ -141,22 +181,29 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=DEFAULT_MODES, choices=list(MODES),
                     help="sync1 and sync2 are needed for the bound and the ratios")
     ap.add_argument("--table", action="store_true", help="only the table of the runs in OUT")
+    ap.add_argument("--engine", default="hf", choices=["hf", "vllm_server"])
+    ap.add_argument("--steps", type=int, default=0, help="max_steps of every setting (0: its own)")
     args = ap.parse_args()
     out, table = Path(args.out), []
-    missing = [out / n / f"{m}_{s}" for n in args.settings for s in args.seeds
-               for m in args.modes if not (out / n / f"{m}_{s}" / "summary.json").is_file()]
+    dirs = {n: n if args.engine == "hf" else f"{n}_{args.engine}" for n in args.settings}
+    missing = [out / dirs[n] / f"{m}_{s}" for n in args.settings for s in args.seeds
+               for m in args.modes if not (out / dirs[n] / f"{m}_{s}" / "summary.json").is_file()]
     if args.table and missing:
         sys.exit(f"[async_grpo] --table: {len(missing)} run(s) not finished in {out} (first: "
                  f"{missing[0]}); run `python benchmarks/async_grpo.py --out {out}` first")
     for name in args.settings:
         res: dict[int, dict[str, dict[str, float]]] = {}
         keys = {} if args.table else setting_keys(name, out, args.tools)
-        for seed in args.seeds:
-            res[seed] = {m: measure(out / name / f"{m}_{seed}") if args.table
-                         else run(keys, m, seed, out / name / f"{m}_{seed}")
-                         for m in args.modes}
-            print(json.dumps({name: {seed: res[seed]}}), flush=True)
-        table += report(name, res)
+        keys |= {"max_steps": args.steps} if args.steps else {}
+        where = out / dirs[name]
+        with server(keys["model"], where / "server.log") if args.engine != "hf" and \
+                not args.table else contextlib.nullcontext({}) as engine:
+            for seed in args.seeds:
+                res[seed] = {m: measure(where / f"{m}_{seed}") if args.table
+                             else run({**keys, **engine}, m, seed, where / f"{m}_{seed}")
+                             for m in args.modes}
+                print(json.dumps({dirs[name]: {seed: res[seed]}}), flush=True)
+        table += report(dirs[name], res)
     print("| setting | mode | step seconds | samples/s | bound | efficiency | vs sync2 | "
           "efficiency from step 2 | vs sync2 from step 2 | accuracy % |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -20,9 +20,7 @@ from posttrain.trainers import TRAINERS, config_class, train
 # TRL's trainers that are a setting of one of ours: `posttrain cpo` -> what to run instead
 TRL_COMMANDS = {"cpo": "posttrain dpo loss_type=simpo (CPO's NLL term: rpo_alpha)",
                 "simpo": "posttrain dpo loss_type=simpo", "rloo": "posttrain grpo advantage=rloo",
-                "async_grpo": "posttrain grpo async_rollouts=true (docs/async.md)",
-                "vllm-serve": "`vllm serve MODEL` with posttrain's worker extension, then "
-                              "posttrain grpo rollout_engine=vllm_server (docs/rollout.md)"}
+                "async_grpo": "posttrain grpo async_rollouts=true (docs/async.md)"}
 COMMANDS: dict[str, str] = {
     **{name: text for name, (_, text) in TRAINERS.items()},
     "eval": "greedy held-out evaluation of a model with reward functions",
@@ -63,7 +61,9 @@ def _config_command(command: str, argv: list[str]) -> int:
     from posttrain.core.errors import UserFunctionError
     from posttrain.engine.async_rollout import SamplerDied
     from posttrain.engine.distributed import close_process_group
+    from posttrain.engine.push_check import PushCheckError
     from posttrain.models.loading import ModelLoadError
+    from posttrain.rollout.vllm_server import ServerError
 
     finished = False
     try:
@@ -85,6 +85,9 @@ def _config_command(command: str, argv: list[str]) -> int:
         return 1
     except SamplerDied as err:  # async_rollouts: the sampler process died or raised
         print(f"posttrain {command}: sampler error: {err}", file=sys.stderr)
+        return 1
+    except (ServerError, PushCheckError) as err:  # a vLLM server stopped or a push missed
+        print(f"posttrain {command}: {' '.join(str(err).split())}", file=sys.stderr)
         return 1
     finally:
         close_process_group(finished)
@@ -183,10 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _import_from_cwd()
     _quiet_libraries()
-    usage = "usage: posttrain {demo," + ",".join(COMMANDS) + "} [--config recipe.yaml] [k=v ...]"
+    usage = ("usage: posttrain {demo,vllm-serve," + ",".join(COMMANDS)
+             + "} [--config recipe.yaml] [k=v ...]")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         print("  demo: offline end-to-end GRPO run on the built-in arithmetic task")
+        print("  vllm-serve: start `vllm serve MODEL` for rollout_engine=vllm_server")
         for name, text in COMMANDS.items():
             print(f"  {name}: {text}")
         return 0 if argv else 2
@@ -195,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
         print(warning, file=sys.stderr)
     if command == "demo":
         return _demo(rest)
+    if command == "vllm-serve":  # flags, like demo; the process becomes the server
+        from posttrain.rollout.vllm_serve import main as serve
+
+        return serve(rest)
     if command == "audit":  # not a config command: flags, like demo
         from posttrain.rewards.audit import audit_command
 

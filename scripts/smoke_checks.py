@@ -305,16 +305,14 @@ def run_checked(out: Path, cmd: list[str], *, kl: bool, gap: bool, metrics: bool
 
 
 def vllm_server(out: Path, model: str, port: int, gpus: str, run: Any, cmd: list[str]) -> None:
-    """Start `vllm serve model` on 127.0.0.1:`port` (CUDA_VISIBLE_DEVICES=`gpus`, dev mode,
-    processed log-probs, posttrain's worker extension), wait for /health, run the checked
-    `cmd` against it, stop it; the server must have answered completions."""
+    """Start `posttrain vllm-serve model` on 127.0.0.1:`port` (CUDA_VISIBLE_DEVICES=`gpus`:
+    dev mode, processed log-probs, posttrain's worker extension, bf16), wait for /health, run
+    the checked `cmd` against it, stop it; the server must have answered completions."""
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "vllm_server.log"
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "VLLM_SERVER_DEV_MODE": "1"}
-    serve = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--host",
-             "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--logprobs-mode",
-             "processed_logprobs", "--worker-extension-cls",
-             "posttrain.rollout.vllm_worker.WeightReceiver", "--gpu-memory-utilization", "0.5"]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
+    serve = [sys.executable, "-m", "posttrain", "vllm-serve", model, "--port", str(port),
+             "--log", str(log_path), "--gpu-memory-utilization", "0.5"]
     with log_path.open("w") as log:
         server = subprocess.Popen(serve, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:

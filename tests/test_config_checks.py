@@ -146,3 +146,22 @@ def test_a_whole_config_yaml_with_its_defaults_is_accepted(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(dataclasses.asdict(cfg)))
     assert build_config(GRPOConfig, path) == cfg
+
+
+# ---- issue 58 item 3: async_rollouts with a vLLM engine ---------------------------------------
+@pytest.mark.parametrize(("keys", "needle"), [
+    ({"rollout_engine": "vllm_colocate"}, "'rollout_engine'='vllm_colocate': not implemented with "
+     "async_rollouts (the sampler process runs hf or talks to a vllm_server)"),
+    ({"rollout_engine": "vllm_server", "eval_every": 5}, "'eval_every'=5: not implemented with "
+     "async_rollouts (a mid-run evaluation would push the learner's weights to the server"),
+])
+def test_async_with_a_vllm_engine_refuses_what_it_does_not_cover(keys, needle, monkeypatch):
+    from posttrain.config import engine as engine_checks
+
+    monkeypatch.setattr(engine_checks, "vllm_available", lambda: True)
+    monkeypatch.setattr(engine_checks, "vllm_cpu_build", lambda: True)
+    with pytest.raises(ConfigError) as err:
+        _build(GRPOConfig, async_rollouts=True, **keys)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    cfg = _build(GRPOConfig, async_rollouts=True, rollout_engine="vllm_server")
+    assert cfg.async_rollouts and cfg.rollout_engine == "vllm_server"

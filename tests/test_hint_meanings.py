@@ -179,8 +179,7 @@ def test_trl_null_for_max_tool_calling_iterations_says_what_trl_meant():
 
 @pytest.mark.parametrize(("command", "ours"), [("cpo", "posttrain dpo loss_type=simpo"),
                                                ("simpo", "posttrain dpo loss_type=simpo"),
-                                               ("async_grpo", "posttrain grpo async_rollouts="),
-                                               ("vllm-serve", "rollout_engine=vllm_server")])
+                                               ("async_grpo", "posttrain grpo async_rollouts=")])
 def test_trl_trainer_names_as_commands_name_ours(command, ours, capsys):
     assert main([command, "--config", "x.yaml"]) == 2
     err = capsys.readouterr().err

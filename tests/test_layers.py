@@ -208,7 +208,10 @@ ROLLOUT_CALLABLES = {
     ("tools.py", "call_tools", "jobs"): "the user's tool functions",
     ("tools.py", "__init__", "fns"): "the user's tool functions (an episode's `Toolbox`)",
     ("tools.py", "_spawn", "fn"): "tools.py's own call runner, on a thread",
-    ("vllm_engine.py", "__init__", "barrier"): "torch.distributed's barrier (a collective)",
+    ("vllm_server.py", "__init__", "barrier"): "torch.distributed's barrier (a collective)",
+    ("vllm_server.py", "__init__", "fn"): "vllm_server.py's own request or NCCL join/send",
+    ("vllm_server.py", "_run", "fn"): "vllm_server.py's own request or NCCL join/send",
+    ("vllm_server.py", "run", "block"): "vllm_server.py's own NCCL join/send, bounded in time",
 }
 
 

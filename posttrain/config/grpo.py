@@ -68,7 +68,8 @@ class GRPOConfig(PromptRLConfig):
     # --- asynchronous rollouts (docs/async.md) ---
     async_rollouts: bool = False
     """Sample and score the coming steps' groups in a sampler process while the learner trains
-    (the `hf` engine on the CPU, one process; multi-turn episodes too)."""
+    (the `hf` engine, or a `vllm_server` it pushes each version to; a CPU learner, one process;
+    multi-turn episodes too)."""
     max_staleness: int = 1
     """async_rollouts: learner steps a sample may lag the weights it trains (one step: one
     push, num_iterations x mini_batches optimizer steps); 0 is the synchronous run. Above 0,
@@ -109,6 +110,10 @@ class GRPOConfig(PromptRLConfig):
         if self.async_rollouts:  # what the sampler process does not cover yet
             check_table(self, {k: (not bad, f"not implemented with async_rollouts ({why}); "
                                    "docs/async.md") for k, (bad, why) in {
-                "rollout_engine": (self.rollout_engine != "hf", "the sampler process runs hf"),
+                "rollout_engine": (self.rollout_engine == "vllm_colocate", "the sampler "
+                                   "process runs hf or talks to a vllm_server"),
+                "eval_every": (self.rollout_engine == "vllm_server" and self.eval_every > 0,
+                               "a mid-run evaluation would push the learner's weights to the "
+                               "server the sampler process samples from"),
                 "dynamic_sampling": (self.dynamic_sampling, "refills need a round trip"),
                 "fsdp": (self.fsdp, "one process")}.items()})

@@ -5,8 +5,9 @@ The learner decides everything that makes a run reproducible: the rows of step s
 order from the run's data order), their seeds, and the weights they are sampled with: version
 `needed_version(s)` = max(start, s - 1 - max_staleness), the learner's weights after that step.
 The spawned sampler process keeps a private copy of the policy, loads the version a job needs
-from shared memory before the job, samples with the `hf` engine (multi-turn episodes too), runs
-the rewards and sends the scored rollout back. The learner pushes its weights after each step,
+from shared memory before the job, samples with the `hf` engine or a `vllm_server` (pushed that
+version and verified against the copy first; multi-turn episodes too), runs the rewards and
+sends the scored rollout back. The learner pushes its weights after each step,
 once the job that needs the previous version has loaded it, so a job never sees other weights.
 The sampler stops itself when the learner's process is gone; the learner stops with the
 sampler's last traceback line when the sampler dies (the whole one in sampler_traceback.txt).
@@ -34,10 +35,12 @@ import torch.multiprocessing as mp
 from posttrain.config import ConfigError
 from posttrain.core.errors import UserFunctionError
 from posttrain.data import DataError
+from posttrain.engine.push_check import PushCheckError, check_push, probe_ids
 from posttrain.rewards.registry import ScoreResult
 from posttrain.rollout import Rollout, SamplingParams
 from posttrain.rollout.engine import build_engine
 from posttrain.rollout.tools import python_mode
+from posttrain.rollout.vllm_server import ServerError
 
 POLL_S = 0.2
 """How often a waiting side looks whether the other one is still alive."""
@@ -86,6 +89,8 @@ class Sampled:
     rollout: Rollout
     result: ScoreResult
     seconds: dict[str, float] = field(default_factory=dict)
+    push_gap: float | None = None
+    """The push check's gap when this job pushed its weights to a vLLM server, else None."""
 
 
 def fresh(items: list[Sampled], learner_version: int, max_staleness: int
@@ -104,26 +109,35 @@ class SamplerDied(RuntimeError):
 
 class AsyncSampler:
     """The learner's side: starts the sampler process, sends jobs, pushes weights, takes
-    results. `model` is the policy (a plain module on the CPU); `agent`, `reward_fns`: what the
-    trainer's own engine and scorer were built from."""
+    results. Spawned before the learner loads its model (the process's imports overlap that
+    load); `attach` then sends it the tokenizer, the policy's shared copy and the push check's
+    text. `agent`, `reward_fns`: what the trainer's own engine and scorer were built from."""
 
-    def __init__(self, cfg: Any, tokenizer: Any, model: torch.nn.Module, agent: Any,
-                 reward_fns: dict[str, Any] | None, threads: int) -> None:
+    def __init__(self, cfg: Any, agent: Any, reward_fns: dict[str, Any] | None,
+                 threads: int) -> None:
         ctx = mp.get_context("spawn")
         self.out_dir = cfg.out_dir  # where the sampler's traceback is written when it raised
-        skeleton = copy.deepcopy(model).share_memory()  # the push buffers, shared
-        self.buffers = skeleton.state_dict()
+        self.buffers: dict[str, torch.Tensor] | None = None  # the push buffers, once attached
         self.version, self.loaded = ctx.Value("q", -1), ctx.Value("q", 0)
         self.lock = ctx.Lock()
+        self.setup: Any = ctx.Queue()
         self.jobs: Any = ctx.Queue()
         self.results: Any = ctx.Queue()
         self.ready: dict[int, Sampled] = {}
         self.sent: set[int] = set()  # steps whose jobs went to the process
         self.proc = ctx.Process(target=_sampler_main, name=SAMPLER_NAME, args=(
-            cfg, tokenizer, skeleton, agent, reward_fns, threads, os.getpid(), self.jobs,
+            cfg, agent, reward_fns, threads, os.getpid(), self.setup, self.jobs,
             self.results, self.version, self.loaded, self.lock, python_mode()))
         self.proc.start()
-        self._finalizer = weakref.finalize(self, _stop, self.proc, self.jobs)
+        self._finalizer = weakref.finalize(self, _stop, self.proc, self.jobs, self.setup)
+
+    def attach(self, tokenizer: Any, model: torch.nn.Module, probe: str = "") -> None:
+        """Send the process what it samples with: `model`'s copy in shared memory (the push
+        buffers; `model` is the policy, a plain module on the CPU), once."""
+        if self.buffers is None:
+            skeleton = copy.deepcopy(model).share_memory()
+            self.buffers = skeleton.state_dict()
+            self.setup.put((tokenizer, skeleton, probe))
 
     def submit(self, job: Job) -> None:
         self.sent.add(job.step)
@@ -181,7 +195,8 @@ class AsyncSampler:
             path = Path(self.out_dir) / "sampler_traceback.txt"
             with contextlib.suppress(OSError):
                 path.write_text(text)
-            if isinstance(err, (UserFunctionError, ConfigError, DataError)):
+            if isinstance(err, (UserFunctionError, ConfigError, DataError, ServerError,
+                                PushCheckError)):
                 raise err  # said in one line, as in a synchronous run
             raise SamplerDied(f"the sampler process failed: {text.strip().splitlines()[-1]} "
                               f"(its traceback: {path})") from err
@@ -193,16 +208,20 @@ class AsyncSampler:
         self._finalizer()
 
 
-def _stop(proc: Any, jobs: Any) -> None:
-    """Ask the sampler to stop, then end it."""
+def _stop(proc: Any, jobs: Any, setup: Any = None) -> None:
+    """Ask the sampler to stop (waiting for its setup, or for a job), then end it."""
     if proc.is_alive():
         with contextlib.suppress(OSError, ValueError):  # a queue already closed
             jobs.put(None)
+            if setup is not None:
+                setup.put(None)
         proc.join(5)
         if proc.is_alive():
             proc.kill()
             proc.join(5)
     jobs.cancel_join_thread()
+    if setup is not None:
+        setup.cancel_join_thread()
 
 
 def _watch_parent(parent: int) -> None:
@@ -213,12 +232,12 @@ def _watch_parent(parent: int) -> None:
             os._exit(3)
 
 
-def _sampler_main(cfg: Any, tokenizer: Any, skeleton: torch.nn.Module, agent: Any,
-                  reward_fns: dict[str, Any] | None, threads: int, parent: int, jobs: Any,
-                  results: Any, version: Any, loaded: Any, lock: Any,
-                  sandbox_mode: str = "strict") -> None:
-    """The sampler process: load the job's weights, sample, score, send; errors are sent.
-    `sandbox_mode`: the learner's `python` tool mode (a spawned process starts from the
+def _sampler_main(cfg: Any, agent: Any, reward_fns: dict[str, Any] | None, threads: int,
+                  parent: int, setup: Any, jobs: Any, results: Any, version: Any, loaded: Any,
+                  lock: Any, sandbox_mode: str = "strict") -> None:
+    """The sampler process: wait for `setup` (tokenizer, the policy's shared copy, the push
+    check's text; None: stop), then per job load its weights, sample, score, send; errors are
+    sent. `sandbox_mode`: the learner's `python` tool mode (a spawned process starts from the
     module default, not the run's `sandbox_mode`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the learner stops us after its save
     python_mode(sandbox_mode)
@@ -227,11 +246,16 @@ def _sampler_main(cfg: Any, tokenizer: Any, skeleton: torch.nn.Module, agent: An
     try:
         from posttrain.engine.session import build_scorer
 
+        if (got := setup.get()) is None:  # the run ended before it sampled
+            return
+        tokenizer, skeleton, probe = got
         buffers, model = skeleton.state_dict(), copy.deepcopy(skeleton)
         engine = build_engine(cfg, tokenizer, role="train", agent=agent)
         scorer, _ = build_scorer(cfg, reward_fns)
+        pusher = _Pusher(engine, tokenizer, probe, cfg.vllm_push_check)
         while (job := jobs.get()) is not None:
-            results.put(_run_job(job, model, buffers, engine, scorer, cfg, version, loaded, lock))
+            results.put(_run_job(job, model, buffers, pusher, scorer, cfg, version, loaded,
+                                 lock))
     except BaseException as err:  # noqa: BLE001 - every failure goes to the learner
         text = traceback.format_exc()
         try:
@@ -241,8 +265,30 @@ def _sampler_main(cfg: Any, tokenizer: Any, skeleton: torch.nn.Module, agent: An
         results.put(payload)
 
 
-def _run_job(job: Job, model: torch.nn.Module, buffers: dict[str, torch.Tensor], engine: Any,
-             scorer: Any, cfg: Any, version: Any, loaded: Any, lock: Any) -> bytes:
+class _Pusher:
+    """The sampler process's engine and its weight pushes: a push to a vLLM server is checked
+    against the sampler's copy of the same version (`posttrain.engine.push_check`; the probe
+    is the learner's text and the server's greedy continuation, fixed at the first push)."""
+
+    def __init__(self, engine: Any, tokenizer: Any, text: str, bound: float) -> None:
+        self.engine, self.tokenizer, self.text, self.bound = engine, tokenizer, text, bound
+        self.target = getattr(engine, "inner", engine)  # episodes: the engine inside
+        self.ids: list[int] | None = None
+
+    def push(self, model: torch.nn.Module, version: int) -> float | None:
+        """Push `version` (nothing when the engine has it); the check's gap, or None."""
+        pushes = getattr(self.target, "version", None) != version
+        self.engine.update_weights(model, version)
+        if not (pushes and hasattr(self.target, "probe_logprobs") and self.bound > 0):
+            return None
+        if self.ids is None:
+            self.ids = probe_ids(self.target, self.tokenizer, self.text)
+        return check_push(self.target, model, self.ids, self.bound, "cpu")
+
+
+def _run_job(job: Job, model: torch.nn.Module, buffers: dict[str, torch.Tensor],
+             pusher: _Pusher, scorer: Any, cfg: Any, version: Any, loaded: Any,
+             lock: Any) -> bytes:
     """One job, pickled for the learner."""
     t0 = time.time()
     while version.value != job.version:
@@ -252,14 +298,14 @@ def _run_job(job: Job, model: torch.nn.Module, buffers: dict[str, torch.Tensor],
         time.sleep(0.001)
     with torch.no_grad(), lock:
         model.load_state_dict(buffers)
-    engine.update_weights(model, job.version)
-    loaded.value = job.step
+    loaded.value = job.step  # the learner may overwrite the buffers: the copy is private
+    gap = pusher.push(model, job.version)
     t1 = time.time()
-    rollout = engine.generate(job.prompts, group_size=cfg.group_size, rows=job.rows,
+    rollout = pusher.engine.generate(job.prompts, group_size=cfg.group_size, rows=job.rows,
                               params=job.params, seeds=job.seeds,
                               batch_size=cfg.generation_batch_size)
     t2 = time.time()
     result = scorer.score(rollout.completions, rollout.rows)
     rollout.rows = [{k: v for k, v in r.items() if k != "environments"} for r in rollout.rows]
     seconds = {"gen": t2 - t1, "score": time.time() - t2, "wait": t1 - t0}
-    return pickle.dumps(("ok", Sampled(job.step, job.version, rollout, result, seconds)))
+    return pickle.dumps(("ok", Sampled(job.step, job.version, rollout, result, seconds, gap)))

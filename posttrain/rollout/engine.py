@@ -220,7 +220,7 @@ def _vllm_colocate(cfg: Any, tokenizer: Any, **kw: Any) -> Sampler:
 
 
 def _vllm_server(cfg: Any, tokenizer: Any, **kw: Any) -> Sampler:
-    from posttrain.rollout.vllm_engine import VLLMServerEngine
+    from posttrain.rollout.vllm_server import VLLMServerEngine
 
     return VLLMServerEngine.from_config(cfg, tokenizer, **kw)
 

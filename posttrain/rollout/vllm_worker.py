@@ -6,12 +6,15 @@ into each GPU worker, and the trainer calls its methods by name through ``/colle
 The weights travel over an NCCL group of the workers (ranks 0..w-1; rank 0 hosts the store)
 and the trainer's rank 0 (rank w, the broadcast source).
 
-Not run on this project's machines (no vLLM, no GPU): written against vLLM's public pieces
-(`StatelessProcessGroup`, `PyNcclCommunicator`, the model's `load_weights`).
+A new group closes the old one first (a second run or a resume against the same server);
+`close_weight_group` is the trainer's close. The NCCL side has not run on a GPU yet: written
+against vLLM's public pieces (`StatelessProcessGroup`, `PyNcclCommunicator`, `load_weights`).
 """
 
 from __future__ import annotations
 
+import gc
+import os
 from typing import Any
 
 import torch
@@ -31,14 +34,33 @@ class WeightReceiver:
 
         return int(get_world_group().rank)
 
-    def init_weight_group(self, host: str, port: int, world_size: int) -> None:
-        """Join the NCCL group with the trainer (the last rank, the source)."""
+    def server_log(self) -> str | None:
+        """The server's log file (`posttrain vllm-serve --log`), for the trainer's errors."""
+        return os.environ.get("POSTTRAIN_VLLM_LOG")
+
+    def close_weight_group(self) -> None:
+        """Close the group of an earlier run, if any: its communicator, and its rendezvous
+        store, which listens on the group's port until the last reference to it goes."""
+        comm = getattr(self, "_posttrain_comm", None)
+        self._posttrain_comm = None
+        if comm is not None:
+            if callable(getattr(comm, "destroy", None)):
+                comm.destroy()
+            comm.group = None  # the store, even if something still holds the communicator
+        del comm
+        gc.collect()  # the store's C++ object (and its listening socket) goes with the group
+
+    def init_weight_group(self, host: str, port: int, world_size: int,
+                          timeout: float = 300.0) -> None:
+        """Join the NCCL group with the trainer (the last rank, the source), after closing an
+        earlier run's group; `timeout`: seconds to wait for the trainer at the store."""
         from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
         from vllm.distributed.utils import StatelessProcessGroup
 
+        self.close_weight_group()
         group = StatelessProcessGroup.create(host=host, port=port,
                                              rank=self.weight_group_rank(),
-                                             world_size=world_size)
+                                             world_size=world_size, store_timeout=int(timeout))
         self._posttrain_comm = PyNcclCommunicator(group, device=self.device)
         if getattr(self._posttrain_comm, "disabled", False):
             raise RuntimeError(f"vLLM's NCCL communicator disabled itself on the server's worker "

@@ -77,6 +77,7 @@ class PromptRLTrainer(Trainer):
                 raise ConfigError(f"config key 'async_rollouts': the reward functions and "
                                   f"tools go to the sampler process by pickling, which failed "
                                   f"({err}); define them at module level") from err
+            self.spawn_sampler()  # its start (imports) overlaps the model's load
 
     def _validate_agent(self) -> None:
         """Refuse what multi-turn episodes do not cover, one line naming the key; build the
@@ -213,6 +214,8 @@ class PromptRLTrainer(Trainer):
             print(f"[{self.name}] warning: step {step}: its groups were sampled with weights "
                   f"{got.version}, over max_staleness={cfg.max_staleness} behind", file=sys.stderr)
         stale = float(step - 1 - got.version)
+        if got.push_gap is not None:  # a vllm_server push, checked in the sampler process
+            self.push_metrics["rollout/push_check_gap"] = got.push_gap
         got.result.metrics.update({
             "async/staleness_mean": stale, "async/staleness_max": stale,
             "async/dropped_stale": float(dropped), "async/queue_groups": float(queued),
@@ -221,10 +224,10 @@ class PromptRLTrainer(Trainer):
         return rollout, got.result, {"gen": got.seconds["gen"], "score": got.seconds["score"]}
 
     def spawn_sampler(self) -> AsyncSampler:
-        """The sampler process (spawned now: its start overlaps the learner's own)."""
+        """The sampler process (spawned at validation: its start overlaps the learner's own)."""
         if self._async is None:
-            self._async = AsyncSampler(self.cfg, self.tokenizer, self.model, self.agent,
-                                       self.reward_fns, self.cfg.sampler_threads)
+            self._async = AsyncSampler(self.cfg, self.agent, self.reward_fns,
+                                       self.cfg.sampler_threads)
             self._jobs_started = False
         return self._async
 
@@ -232,7 +235,8 @@ class PromptRLTrainer(Trainer):
         """The sampler process with its first jobs, at the first call (the first evaluation's,
         so the two overlap)."""
         if not getattr(self, "_jobs_started", False):
-            self.spawn_sampler()
+            self.spawn_sampler().attach(self.tokenizer, self.model, self.session.render(
+                self.session.train_rows[0]["prompt"]))
             self._jobs_started = True
             self._async.ready.update({s.step: s for s in self._held})
             self._async.push(self.model, self.start_step, -1)
@@ -241,8 +245,13 @@ class PromptRLTrainer(Trainer):
         return self._async
 
     def evaluate(self, when: str) -> dict[str, Any]:
-        if when == "before" and getattr(self.cfg, "async_rollouts", False):
-            self.start_sampler()  # sampling starts while the policy is evaluated
+        if when != "before" or not getattr(self.cfg, "async_rollouts", False):
+            return super().evaluate(when)
+        if self.cfg.rollout_engine == "vllm_server":  # one server: its evaluation comes first
+            out = super().evaluate(when)
+            self.start_sampler()
+            return out
+        self.start_sampler()  # sampling starts while the policy is evaluated
         return super().evaluate(when)
 
     def send_jobs(self, done: int) -> None:

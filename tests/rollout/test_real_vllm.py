@@ -171,28 +171,10 @@ def test_the_stand_in_matches_the_real_surface() -> None:
     assert set(fake_vllm.LOGPROBS_MODES) == set(typing.get_args(LogprobsMode))
 
 
-def documented_cpu_server(model_dir: str, port: int) -> tuple[dict[str, str], list[str]]:
-    """docs/rollout.md's command for a server of the CPU build: (its environment variables, its
-    words) with DIR and the port filled in, so the lane starts the server the docs show."""
-    import re
-    import shlex
-
-    text = (ROOT / "docs" / "rollout.md").read_text()
-    block = next(b for b in re.findall(r"```bash\n(.*?)```", text, re.DOTALL)
-                 if "openai.api_server" in b)
-    words = shlex.split(block.replace("\\\n", " "))
-    env = dict(w.split("=", 1) for w in words if re.fullmatch(r"[A-Z_]+=\S*", w))
-    cmd = [w for w in words if w.split("=", 1)[0] not in env]
-    cmd = [model_dir if w == "DIR" else w for w in cmd]
-    cmd[cmd.index("--port") + 1] = str(port)
-    return env, cmd
-
-
-@pytest.fixture(scope="module")
-def server(world, tmp_path_factory):
-    """A real `vllm serve` (the CPU build) with posttrain's worker extension, as docs/rollout.md
-    starts it: float32, the dtype the CPU build serves on every CPU kind (bf16 kills its worker
-    at the first request on an Intel CPU with AMX: `cpu_server_dtype_problem`)."""
+def start_server(model_dir: str, log: Path) -> tuple[subprocess.Popen, int]:
+    """A real `vllm serve` (the CPU build) started by `posttrain vllm-serve` as docs/rollout.md
+    shows (float32: bf16 kills its worker at the first request on an Intel CPU with AMX), on a
+    free port, its output in `log`; returns once it answers."""
     import socket
     import time
     import urllib.request
@@ -200,31 +182,42 @@ def server(world, tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "posttrain", "vllm-serve", model_dir, "--port", str(port),
+           "--log", str(log), "--max-model-len", "1024"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)
+            return proc, port
+        except OSError:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(1)
+    proc.kill()
+    raise AssertionError(f"no server after 300 s: {log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def server_proc(world, tmp_path_factory):
+    """The lane's one server (module scope: a start costs 20-40 s)."""
     log = tmp_path_factory.mktemp("server") / "server.log"
-    env_words, cmd = documented_cpu_server(world["dir"], port)
-    env = {**os.environ, **env_words, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable if w == "python" else w for w in cmd] + ["--max-model-len", "1024"]
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    proc, port = start_server(world["dir"], log)
     try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)
-                break
-            except OSError:
-                assert proc.poll() is None, log.read_text()[-3000:]
-                time.sleep(1)
-        yield port
+        yield proc, port, log
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def server(server_proc) -> int:
+    return server_proc[1]
 
 
 def test_the_server_samples_and_a_push_lands(world, server):
     """Fault 5: on a CPU the server's push goes through a safetensors file in shared memory
     (no NCCL) and lands, verified by the push check; sampling over HTTP matches the learner."""
     from posttrain.rollout import SamplingParams
-    from posttrain.rollout.vllm_engine import VLLMServerEngine
+    from posttrain.rollout.vllm_server import VLLMServerEngine
 
     cfg = GRPOConfig(model=world["dir"], rollout_engine="vllm_server", vllm_server_port=server)
     engine = VLLMServerEngine.from_config(cfg, world["tok"])
@@ -246,7 +239,7 @@ def test_the_cpu_dtype_check_reads_the_servers_own_fields(server):
     passes on any CPU, the same server described as bf16 is refused on a CPU with AMX tiles."""
     import urllib.request
 
-    from posttrain.rollout.vllm_engine import cpu_server_dtype_problem
+    from posttrain.rollout.vllm_server import cpu_server_dtype_problem
 
     url = f"http://127.0.0.1:{server}/server_info?config_format=json"
     with urllib.request.urlopen(url, timeout=30) as resp:
@@ -278,14 +271,13 @@ def test_the_judge_reward_against_the_real_server(world, server):
 def test_a_server_side_push_error_reaches_the_trainer(world, server):
     """Fault 5: the server's HTTP 500 of a push was lost in a background thread and training
     went on; now every push request's error is raised with the server's message."""
-    from posttrain.rollout.vllm_engine import VLLMServerEngine, _Request
+    from posttrain.rollout.vllm_server import VLLMServerEngine, _Request
 
     cfg = GRPOConfig(model=world["dir"], rollout_engine="vllm_server", vllm_server_port=server)
     engine = VLLMServerEngine.from_config(cfg, world["tok"])
     rpc = {"method": "receive_file", "args": ["/nonexistent/w.st"]}
-    with pytest.raises(RuntimeError, match=r"POST /collective_rpc -> 500 .*No such file"), \
-            _Request(engine, rpc):
-        pass  # the block (NCCL broadcasts on a GPU) ends; the request's error is raised
+    with pytest.raises(RuntimeError, match=r"POST /collective_rpc -> 500 .*No such file"):
+        _Request(engine, rpc).run(lambda: None)  # the block: NCCL broadcasts on a GPU
 
 
 def test_vllms_own_refusals_come_before_the_policy_loads(world, tmp_path, monkeypatch):
@@ -299,3 +291,132 @@ def test_vllms_own_refusals_come_before_the_policy_loads(world, tmp_path, monkey
                                           r"refuses the engine's arguments: .*max_model_len"):
         GRPOTrainer(build_config(GRPOConfig, overrides=_grpo(world, tmp_path,
                                                               vllm_max_model_len=100_000)))
+
+
+def distinct_chars(completion: str, **row) -> float:
+    """A reward the random tiny model's samples spread over (the math reward gives 0 to all,
+    so nothing would train): its distinct characters, / 8."""
+    return len(set(completion)) / 8
+
+
+def _server_grpo(world, out, port: int, **keys) -> dict:
+    return {"model": world["dir"], "train_data": world["data"], "out_dir": str(out),
+            "rewards": [{"name": "tests.rollout.test_real_vllm:distinct_chars"}],
+            "rollout_engine": "vllm_server",
+            "vllm_server_port": port, "group_size": 2, "prompts_per_step": 2,
+            "max_new_tokens": 6, "max_steps": 2, "progress": False, "report_to": [],
+            "threads": 1, "eval_size": 0, "lr": 1e-2, **keys}
+
+
+def _rows(out) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _gaps(out) -> list[float]:
+    return [r["rollout/push_check_gap"] for r in _rows(out) if "rollout/push_check_gap" in r]
+
+
+def test_two_runs_and_a_resume_against_one_server(world, server_proc, tmp_path):
+    """Item 7: one server, three trainers one after the other (a run, a second run, a resume
+    of the first): each trains with every push verified."""
+    from posttrain.trainers.grpo import GRPOTrainer
+
+    port = server_proc[1]
+    first, second = tmp_path / "first", tmp_path / "second"
+    for out, keys in ((first, {"save_every": 1}), (second, {}),
+                      (first, {"resume_from": "latest", "max_steps": 3})):
+        trainer = GRPOTrainer(build_config(GRPOConfig, overrides=_server_grpo(
+            world, out, port, **keys)))
+        trainer.train()
+    assert len(_gaps(second)) == 2 and all(0 <= g < 0.02 for g in _gaps(second))
+    for out in (first, second):  # each trained: a policy loss, weights moved from the start
+        assert any(r.get("loss/policy", 0) != 0 for r in _rows(out))
+    gaps = _gaps(first)  # two steps, then the resumed third
+    assert len(gaps) == 3 and all(0 <= g < 0.02 for g in gaps), gaps
+
+
+def _train(world, out, port: int, **keys) -> list[dict]:
+    from posttrain.trainers.grpo import GRPOTrainer
+
+    GRPOTrainer(build_config(GRPOConfig, overrides=_server_grpo(world, out, port, **keys))).train()
+    return _rows(out)
+
+
+def test_async_on_the_server(world, server_proc, tmp_path):
+    """Item 3: `async_rollouts` with `vllm_server`: the sampler process pushes each version to
+    the server and verifies it before sampling with it. Staleness 0 is the synchronous server
+    run (the same samples, metrics and weights); at staleness 1 the groups lag one step and
+    every push is verified; a resumed run equals the uninterrupted one."""
+    from tests.conformance.conftest import comparable, weights
+
+    port, steps = server_proc[1], {"max_steps": 3, "log_completions": 4}
+    sync = _train(world, tmp_path / "sync", port, **steps)
+    zero = _train(world, tmp_path / "zero", port, async_rollouts=True, max_staleness=0, **steps)
+    assert [{k: v for k, v in r.items() if not k.startswith("async/")}
+            for r in comparable(zero)] == comparable(sync)
+    assert [r["async/staleness_max"] for r in zero] == [0, 0, 0]
+    done = [(tmp_path / n / "completions.jsonl").read_text() for n in ("sync", "zero")]
+    assert done[0] == done[1] and done[0].count("\n") == 3 * 4
+    a, b = weights(tmp_path / "sync" / "final"), weights(tmp_path / "zero" / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    one = _train(world, tmp_path / "one", port, async_rollouts=True, save_every=1, **steps)
+    assert [r["async/staleness_max"] for r in one] == [0, 1, 1]  # step 1: the start weights
+    gaps = [r.get("rollout/push_check_gap") for r in one]
+    assert gaps[0] is not None and all(g is None or 0 <= g < 0.02 for g in gaps), gaps
+    assert sum(g is not None for g in gaps) == 2  # versions 0 and 1 pushed before step 3
+    crashed = _server_grpo(world, tmp_path / "crashed", port, async_rollouts=True,
+                           save_every=1, **steps)
+    proc = subprocess.run([sys.executable, "-m", "tests.conformance.runner", "grpo",
+                           json.dumps(crashed), "--kill-step", "3"], cwd=ROOT, timeout=300,
+                          capture_output=True, text=True, env={**os.environ,
+                                                              "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == -9, proc.stderr[-3000:]  # kill -9 inside step 3
+    resumed = _train(world, tmp_path / "crashed", port, async_rollouts=True, save_every=1,
+                     resume_from="latest", **steps)  # step 3's groups: held by step 2's save
+    # the same samples, metrics and weights; step 3's groups came from the checkpoint, so
+    # the resumed run made no push of version 1 and logs no push check at step 3
+    unpushed = [[{k: v for k, v in r.items() if k != "rollout/push_check_gap"}
+                 for r in comparable(run)] for run in (resumed, one)]
+    assert unpushed[0] == unpushed[1]
+    a, b = weights(tmp_path / "one" / "final"), weights(tmp_path / "crashed" / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_async_lora_on_the_server(world, server, tmp_path):
+    """Item 5: LoRA with async on the server: the sampler process's copy holds the adapters,
+    the push merges them (the base weights restored after), every push verified."""
+    rows = _train(world, tmp_path, server, async_rollouts=True, lora_r=4, lora_alpha=8,
+                  max_steps=3)
+    gaps = [r["rollout/push_check_gap"] for r in rows if "rollout/push_check_gap" in r]
+    assert [r["async/staleness_max"] for r in rows] == [0, 1, 1]
+    assert len(gaps) == 2 and all(0 <= g < 0.02 for g in gaps), gaps  # version 1: trained
+    assert any(r["loss/policy"] != 0 for r in rows[:2])  # version 1's adapters moved
+
+
+def test_zz_a_server_killed_mid_run_is_one_error_naming_its_log(world, server_proc, tmp_path,
+                                                                monkeypatch):
+    """Item 7: the server dies before the second push (SIGKILL): the run ends at once with one
+    `ServerError` line naming the server's log, not a hang or a traceback from urllib. Kills
+    the module's server, so it runs last in this file (hence the name)."""
+    from posttrain.rollout.vllm_server import ServerError, VLLMServerEngine
+    from posttrain.trainers.grpo import GRPOTrainer
+
+    proc, port, log = server_proc
+    real, pushes = VLLMServerEngine._push_file, []
+
+    def push(self, model):
+        pushes.append(1)
+        if len(pushes) == 2:
+            proc.kill()
+            proc.wait(timeout=30)
+        real(self, model)
+
+    monkeypatch.setattr(VLLMServerEngine, "_push_file", push)
+    trainer = GRPOTrainer(build_config(GRPOConfig, overrides=_server_grpo(
+        world, tmp_path, port, max_steps=3)))
+    with pytest.raises(ServerError) as err:
+        trainer.train()
+    msg = str(err.value)
+    assert "\n" not in msg and "POST /collective_rpc failed" in msg, msg
+    assert msg.endswith(f"the server's log: {log}") and len(pushes) == 2, msg

@@ -114,9 +114,10 @@ def test_the_sampler_process_takes_the_runs_sandbox_mode(monkeypatch) -> None:
     before = signal.getsignal(signal.SIGINT)
     results: queue.Queue = queue.Queue()
     try:
-        async_rollout._sampler_main(None, None, torch.nn.Linear(1, 1), None, None,
-                                    torch.get_num_threads(), os.getppid(), queue.Queue(),
-                                    results, None, None, None, "limits")
+        setup: queue.Queue = queue.Queue()
+        setup.put((None, torch.nn.Linear(1, 1), ""))  # tokenizer, the policy's copy, probe
+        async_rollout._sampler_main(None, None, None, torch.get_num_threads(), os.getppid(),
+                                    setup, queue.Queue(), results, None, None, None, "limits")
     finally:
         signal.signal(signal.SIGINT, before)
     assert tools.python_mode() == "limits"
@@ -136,7 +137,7 @@ def test_the_sampler_process_takes_the_runs_sandbox_mode(monkeypatch) -> None:
 
     monkeypatch.setattr(async_rollout.mp, "get_context", lambda kind: Ctx())
     cfg = SimpleNamespace(out_dir=".")  # where the sampler's traceback would go
-    async_rollout.AsyncSampler(cfg, None, torch.nn.Linear(1, 1), None, None, 1)
+    async_rollout.AsyncSampler(cfg, None, None, 1)
     assert made[0][-1] == "limits"
     with pytest.raises(ValueError, match="expected strict or limits"):
         tools.python_mode("bwrap")

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from posttrain.rollout.vllm_convert import Completion, completion_of, to_rollout
-from posttrain.rollout.vllm_engine import request_seeds, server_choice
+from posttrain.rollout.vllm_engine import request_seeds
+from posttrain.rollout.vllm_server import server_choice
 from posttrain.tasks.tokenizer import build_char_tokenizer
 
 EOS, END, PAD = 2, 3, 0

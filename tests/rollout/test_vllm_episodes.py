@@ -14,7 +14,7 @@ import torch
 from posttrain.core.runtime import sequence_seed
 from posttrain.models.loading import save_checkpoint
 from posttrain.ops.importance import IS_MODES, rollout_metrics, rollout_weights
-from posttrain.rollout import SamplingParams, vllm_engine
+from posttrain.rollout import SamplingParams, vllm_engine, vllm_server
 from posttrain.rollout.episodes import AgentEngine
 from posttrain.rollout.tools import AgentSpec
 from posttrain.tasks.tiny import build_tiny_llama
@@ -126,7 +126,7 @@ def test_colocated_engine_runs_episodes_from_token_ids(world, vllm):
 def test_server_engine_runs_episodes_from_token_ids(world):
     with fake_vllm.FakeServer(world["dir"], generation_config=CHECKPOINT_DEFAULTS,
                               scripts=scripts()) as server:
-        inner = vllm_engine.VLLMServerEngine(server.url, TOK, [TOK.eos_token_id],
+        inner = vllm_server.VLLMServerEngine(server.url, TOK, [TOK.eos_token_id],
                                              group_host="127.0.0.1", group_port=51217,
                                              timeout=10)
         r = episodes(inner)

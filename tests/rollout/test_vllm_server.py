@@ -16,7 +16,7 @@ from posttrain.config import GRPOConfig
 from posttrain.config import engine as engine_checks
 from posttrain.models.loading import save_checkpoint
 from posttrain.rollout import SamplingParams
-from posttrain.rollout.vllm_engine import VLLMServerEngine
+from posttrain.rollout.vllm_server import VLLMServerEngine
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
 from tests.rollout import fake_vllm
@@ -74,18 +74,16 @@ def test_a_server_with_other_logprobs_is_refused_at_start(world, mode, dev, need
     msg = str(err.value)
     assert msg.startswith("config key 'rollout_engine'=vllm_server: ") and needle in msg
     assert "\n" not in msg
-    assert msg.endswith(f"restart it with: VLLM_SERVER_DEV_MODE=1 vllm serve {world['dir']} "
-                        "--logprobs-mode processed_logprobs --worker-extension-cls "
-                        "posttrain.rollout.vllm_worker.WeightReceiver")
+    assert msg.endswith(f"restart it with: posttrain vllm-serve {world['dir']}")
 
 
 @pytest.mark.parametrize("amx", [True, False])
 def test_a_bf16_cpu_server_is_refused_on_a_cpu_with_amx(world, monkeypatch, amx):
     """vLLM's CPU build kills its worker at the first bf16 request on an Intel CPU with AMX
     (docs/rollout.md): refused at start in one line naming the fix, on that CPU kind only."""
-    from posttrain.rollout import vllm_engine
+    from posttrain.rollout import vllm_server
 
-    monkeypatch.setattr(vllm_engine, "amx_tiles", lambda: amx)
+    monkeypatch.setattr(vllm_server, "amx_tiles", lambda: amx)
     with fake_vllm.FakeServer(world["dir"], dtype="torch.bfloat16") as server:
         if not amx:
             assert _engine(server, world["tok"])._served == world["dir"]

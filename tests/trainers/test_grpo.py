@@ -232,3 +232,26 @@ def test_lora_async_at_staleness_0_is_the_synchronous_lora_run(toy_world, tmp_pa
     from safetensors.torch import load_file
     a, b = (load_file(str(tmp_path / n / "final" / "model.safetensors")) for n in runs)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("where", ["torchrun", "gpu"])
+def test_async_under_torchrun_or_on_a_gpu_is_refused_before_the_model_loads(toy_world, tmp_path,
+                                                                           monkeypatch, where):
+    """Issue 58, item 5: the sampler process serves one learner process on the CPU (it copies
+    the policy through CPU shared memory): torchrun and a GPU learner are refused in one line
+    naming the key, before any model loads."""
+    from types import SimpleNamespace
+
+    from posttrain.trainers import prompt_rl
+
+    monkeypatch.setattr(GRPOTrainer, "load_model", lambda self: pytest.fail("model loaded"))
+    if where == "torchrun":
+        monkeypatch.setattr("posttrain.engine.trainer.Dist", lambda device: SimpleNamespace(
+            world=2, rank=0, is_main=True, enabled=True))
+    else:
+        monkeypatch.setattr(prompt_rl, "resolve_device", lambda device: torch.device("cuda"))
+    with pytest.raises(ConfigError) as err:
+        GRPOTrainer(_cfg(toy_world, str(tmp_path), async_rollouts=True, max_steps=1))
+    msg = str(err.value)
+    assert msg.startswith("config key 'async_rollouts': the sampler process runs beside one "
+                          "learner process on the CPU") and "\n" not in msg
