@@ -18,10 +18,10 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-BUDGETS = {"core": 190, "config+cli": 1160, "data": 690, "models": 830, "ops": 1050,
-           "engine": 2460, "rollout": 2030, "sandbox": 2360, "rewards": 1320, "search": 500,
+BUDGETS = {"core": 210, "config+cli": 1160, "data": 690, "models": 830, "ops": 1050,
+           "engine": 2480, "rollout": 2030, "sandbox": 2360, "rewards": 1320, "search": 500,
            "trainers": 1720}
-LIBRARY = 14250
+LIBRARY = 14290
 PROSE = (0.10, 0.36)
 PEERS = {  # what a family's budget was sized against: feature -> (peer, its lines, ours)
     "trainers: KTO": ("TRL 1.16 kto_trainer.py", 1945, 208),
@@ -91,6 +91,9 @@ PEERS = {  # what a family's budget was sized against: feature -> (peer, its lin
     "engine + trainers + config: tripwires, audit_rewards on a sample of each step and one "
     "line when the training reward rises while they fall (issue 59)":
         ("no peer watches for it; TRL logs each reward function's mean only", 0, 45),
+    "core + engine + models: perf/pad_fraction of every trainer's learner forwards (issue 61)":
+        ("no peer logs it; verl's dynamic batches and TRL's padding_free avoid padding "
+         "without reporting how much there was", 0, 30),
 }
 NOT_LIBRARY = ("tasks", "demo.py")  # the offline demo world: uses the library, never imported
 FAMILY_OF = {"__init__.py": "core", "__main__.py": "config+cli", "cli.py": "config+cli",

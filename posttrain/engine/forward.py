@@ -24,6 +24,7 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from posttrain.config import BaseConfig
+from posttrain.core.padding import count_positions
 from posttrain.engine.shared_prefix import shared_prefix_outputs, shared_prefix_supported
 from posttrain.models.bf16_copy import sdpa_switchable
 from posttrain.models.logits import autocast_ctx, embeddings, logits_context, patched_forward
@@ -114,6 +115,7 @@ def _completion_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask:
     ids = torch.cat([p_ids, c_ids], dim=1)  # [n, P'+T']
     attn = torch.cat([p_mask, c_mask], dim=1).long()  # [n, P'+T']
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, P'+T']
+    count_positions(attn)
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
                 logits_to_keep=c_ids.shape[1] + 1).logits  # [n, T'+1, X]
     return out[:, :-1], c_ids

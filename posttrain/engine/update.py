@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posttrain.core.padding import PAD_COUNT
 from posttrain.engine.distributed import metric_kind, reduce_values
 from posttrain.engine.optim import release_freed_memory
 
@@ -213,3 +214,16 @@ def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
     """Over the optimizer steps of one call: the mean of each key, the MAX / MIN of extremes."""
     keys = sorted(set().union(*rows)) if rows else []
     return {k: reduce_values([r[k] for r in rows if k in r], metric_kind(k)) for k in keys}
+
+
+def padded_step(step_fn: Callable[[int], dict[str, float]], step: int,
+                dist: Any) -> dict[str, float]:
+    """``step_fn(step)``'s metrics plus ``perf/pad_fraction``: padded / all positions of the
+    differentiated forward passes it ran (`posttrain.core.padding`), summed over ranks (the
+    same value on each); 0 where it ran none."""
+    PAD_COUNT.take()  # the count starts with the step
+    metrics = step_fn(step)
+    padded, total = PAD_COUNT.take()
+    both = dist.sum(torch.tensor([padded, total], dtype=torch.float64))
+    metrics["perf/pad_fraction"] = float(both[0] / both[1]) if float(both[1]) > 0 else 0.0
+    return metrics

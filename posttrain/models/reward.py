@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posttrain.core.padding import count_positions
 from posttrain.models.loading import ModelLoadError, load_tokenizer, resolve_dtype
 
 KINDS: dict[str, tuple[str, str]] = {
@@ -140,6 +141,7 @@ def prm_meta(model: Any) -> dict[str, Any]:
 def _decoder_hidden(model: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """Last hidden states [B, T, H] of the scorer's decoder."""
     decoder = getattr(model, model.base_model_prefix)
+    count_positions(attention_mask)
     out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     return out.last_hidden_state
 
@@ -174,6 +176,7 @@ def position_scores(model: Any, input_ids: Tensor, attention_mask: Tensor) -> Te
 
 def token_logits(model: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """PRM class logits at every position, [B, T, C] fp32 (right padding)."""
+    count_positions(attention_mask)
     return model(input_ids=input_ids, attention_mask=attention_mask.long(),
                  use_cache=False).logits.float()
 

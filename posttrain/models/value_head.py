@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from posttrain.core.device import autocast_ctx
+from posttrain.core.padding import count_positions
 from posttrain.models.loading import ModelLoadError
 from posttrain.ops.masked import trim_padding
 
@@ -78,6 +79,7 @@ class ValueModel(nn.Module):
         attn = torch.cat([p_mask, c_mask], dim=1).long()  # [n, P'+T']
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, P'+T']
         t_cut = c_ids.shape[1]
+        count_positions(attn)
         with self._adapter_active(), autocast_ctx(autocast, ids.device):
             hidden = self.body(input_ids=ids, attention_mask=attn,
                                position_ids=pos).last_hidden_state  # [n, P'+T', H]

@@ -1,0 +1,60 @@
+"""`perf/pad_fraction`: padded / all positions of the learner's (differentiated) forwards."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posttrain.core.padding import PAD_COUNT, pad_positions
+from posttrain.engine.forward import completion_logprobs
+from posttrain.engine.update import padded_step
+from posttrain.tasks.tiny import build_tiny_llama
+from posttrain.tasks.tokenizer import build_char_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    tok = build_char_tokenizer()
+    return build_tiny_llama(tok, hidden_size=32, num_layers=1, num_heads=2,
+                            intermediate_size=64, max_position_embeddings=64, seed=0)
+
+
+def _batch() -> tuple[torch.Tensor, ...]:
+    """2 rows: prompts [2, 3] left padded (2 and 3 tokens), completions [2, 4] right padded
+    (2 and 1 tokens; the last 2 columns are padding in both rows and are trimmed)."""
+    p_ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
+    p_mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    c_ids = torch.tensor([[10, 11, 0, 0], [12, 0, 0, 0]])
+    c_mask = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]])
+    return p_ids, p_mask, c_ids, c_mask
+
+
+def test_pad_positions_golden():
+    # 3 zeros among 8 positions
+    assert pad_positions(torch.tensor([[0, 1, 1, 1], [1, 1, 0, 0]])) == (3, 8)
+
+
+def test_the_learner_forward_counts_its_trimmed_batch(tiny):
+    PAD_COUNT.take()
+    completion_logprobs(tiny, *_batch())
+    # trimmed to P' = 3, T' = 2: row 0 = [pad, 5, 6, 10, 11], row 1 = [7, 8, 9, 12, pad]:
+    # 2 padded positions of 2 x 5 = 10
+    assert PAD_COUNT.take() == (2, 10)
+    with torch.no_grad():  # the reference, old log-probs: not the learner's arithmetic
+        completion_logprobs(tiny, *_batch())
+    assert PAD_COUNT.take() == (0, 0)
+
+
+def test_padded_step_logs_the_fraction(tiny):
+    class OneProcess:
+        def sum(self, value):  # noqa: ANN001, ANN202 - Dist.sum on one process
+            return value
+
+    def step(_: int) -> dict[str, float]:
+        lp, _ = completion_logprobs(tiny, *_batch())
+        return {"loss/x": float(lp.detach().sum())}
+
+    PAD_COUNT.padded = 99  # counted before the step: not the step's
+    metrics = padded_step(step, 1, OneProcess())
+    assert metrics["perf/pad_fraction"] == pytest.approx(2 / 10)
+    assert padded_step(lambda _: {}, 2, OneProcess())["perf/pad_fraction"] == 0.0
