@@ -54,6 +54,9 @@ class Plan:
     global_ids: [n_local] each local item's position in the step's global list.
     n_global: items of the step over all ranks. lengths: [n_local] sort key for similar-length
     micro-batches (or None). seed: shuffle seed of this step (None: no shuffle).
+    micro_batch_tokens: when > 0 (and `widths` given), micro-batches hold at most this many
+    token positions, rows x the widest row (`token_budget_micro_batches`), in place of
+    `micro_batch_size` rows. widths: [n_local] each item's sequence width in tokens.
     """
 
     global_ids: list[int]
@@ -63,6 +66,8 @@ class Plan:
     mini_batches: int = 1
     lengths: list[float] | None = None
     seed: int | None = None
+    micro_batch_tokens: int = 0
+    widths: list[int] | None = None
 
 
 def shard_plan(n_global: int, dist: Any, micro_batch_size: int, **kw: Any) -> Plan:
@@ -134,6 +139,29 @@ def _mini_batches(plan: Plan) -> list[list[int]]:
     return steps
 
 
+def token_budget_micro_batches(items: list[int], widths: list[int],
+                               budget: int) -> list[list[int]]:
+    """`items` grouped so that each micro-batch's rows x widest row <= `budget` tokens (verl's
+    dynamic batch size): sorted by width (stable), then cut greedily. An item wider than the
+    budget alone gets its own micro-batch (it cannot be split). Which rows share a micro-batch
+    never changes the update: each loss is divided by the whole optimizer step's counts."""
+    out: list[list[int]] = []
+    for i in sorted(items, key=lambda i: widths[i]):
+        if out and (len(out[-1]) + 1) * max(widths[i], 1) <= budget:
+            out[-1].append(i)  # ascending widths: item i is the widest so far
+        else:
+            out.append([i])
+    return out
+
+
+def row_widths(prompt_mask: Tensor, response_mask: Tensor) -> list[int]:
+    """Each row's width in tokens: its prompt tokens plus its completion up to the last
+    position that counts. prompt_mask: [n, P]; response_mask: [n, T]. Returns n ints."""
+    T = response_mask.shape[1]
+    span = (response_mask.bool() * torch.arange(1, T + 1, device=response_mask.device)).amax(-1)
+    return (prompt_mask.sum(-1) + span).cpu().tolist()  # [n]
+
+
 def step_groups(groups: Sequence[OptimGroup], dist: Any) -> dict[str, float]:
     """Sum gradients over ranks, clip, step, schedule, zero each group; returns each group's
     pre-clip grad norm and the learning rate the step used."""
@@ -174,8 +202,10 @@ def run_update(plan: Plan, dist: Any, counts: CountFn, loss_fn: LossFn,
         totals = _global_counts(counts(mine), dist)
         if not any(v > 0 for v in totals.values()):
             continue  # nothing counts in this optimizer step on any rank
-        micros = [mine[a:a + plan.micro_batch_size]
-                  for a in range(0, len(mine), plan.micro_batch_size)]
+        micros = (token_budget_micro_batches(mine, plan.widths, plan.micro_batch_tokens)
+                  if plan.micro_batch_tokens > 0 and plan.widths is not None
+                  else [mine[a:a + plan.micro_batch_size]
+                        for a in range(0, len(mine), plan.micro_batch_size)])
         # under FSDP2 every rank runs as many forward/backward passes as the busiest one
         # (agreed before any pass: each pass all-gathers and reduce-scatters)
         calls = int(dist.max(float(len(micros)))) if dist.fsdp else len(micros)

@@ -26,7 +26,7 @@ from torch import Tensor
 from posttrain.config.ppo import PPOConfig
 from posttrain.core.runtime import sequence_seed
 from posttrain.engine.distributed import weighted
-from posttrain.engine.update import OptimGroup, local_plan
+from posttrain.engine.update import OptimGroup, local_plan, row_widths
 from posttrain.models.value_head import (
     CRITIC_ADAPTER,
     ValueModel,
@@ -62,6 +62,7 @@ class PPOTrainer(PromptRLTrainer):
     progress_keys = ("reward/mean", "reward/accuracy", "response/truncated_frac",
                      "kl/coef")
     supports_fsdp = False  # the critic is not sharded; data parallel works
+    supports_token_budget = True
     supports_tools = True  # episodes: tool tokens are read, never actions (docs/ppo.md)
     cfg: PPOConfig
 
@@ -219,7 +220,9 @@ class PPOTrainer(PromptRLTrainer):
         cfg = self.cfg
         plan = local_plan(self.n_sampled, cfg.group_size, self.dist, cfg.micro_batch_size,
                           rows=self.kept, epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches,
-                          seed=sequence_seed(cfg.seed, self._step, "update"))
+                          seed=sequence_seed(cfg.seed, self._step, "update"),
+                          micro_batch_tokens=cfg.micro_batch_tokens,
+                          widths=row_widths(batch.prompt_mask, batch.response_mask))
         lengths = batch.response_mask.sum(-1).cpu()  # [n]
         kept = (batch.is_weights > 0).sum(-1).cpu()  # [n] tokens the policy loss counts
         rejects = cfg.rollout_correction().endswith("_mask")

@@ -58,3 +58,36 @@ def test_padded_step_logs_the_fraction(tiny):
     metrics = padded_step(step, 1, OneProcess())
     assert metrics["perf/pad_fraction"] == pytest.approx(2 / 10)
     assert padded_step(lambda _: {}, 2, OneProcess())["perf/pad_fraction"] == 0.0
+
+
+def test_token_budget_groups_golden():
+    from posttrain.engine.update import token_budget_micro_batches
+
+    widths = [5, 30, 6, 12, 6, 11]
+    # sorted by width: 0 (5), 2 (6), 4 (6), 5 (11), 3 (12), 1 (30); budget 24:
+    # [0, 2, 4]: 3 x 6 = 18 (a 4th row: 4 x 11 = 44 > 24); [5, 3]: 2 x 12 = 24;
+    # [1]: 30 > 24 alone, in a micro-batch of its own
+    assert token_budget_micro_batches(list(range(6)), widths, 24) == [[0, 2, 4], [5, 3], [1]]
+
+
+def test_row_widths_golden():
+    from posttrain.engine.update import row_widths
+
+    p_ids, p_mask, _, c_mask = _batch()
+    # row 0: 2 prompt + 2 completion tokens; row 1: 3 + 1; a masked position inside the
+    # completion (a tool's answer) still counts up to the last one that does
+    assert row_widths(p_mask, c_mask) == [4, 4]
+    assert row_widths(p_mask, torch.tensor([[1, 0, 1, 0], [0, 0, 0, 0]])) == [5, 3]
+
+
+@pytest.mark.parametrize("key,value", [("micro_batch_tokens", 512), ("packing", True)])
+def test_unsupported_trainers_refuse_in_one_line(key, value):
+    from posttrain.config import ConfigError, RMConfig, build_config
+    from posttrain.engine.preflight import preflight
+    from posttrain.trainers.reward_model import RewardModelTrainer
+
+    cfg = build_config(RMConfig, overrides={"model": "m", "train_data": "d", key: value})
+    with pytest.raises(ConfigError, match=f"config key '{key}': `posttrain rm` does not "
+                                          "support it yet") as err:
+        preflight(cfg, RewardModelTrainer)
+    assert "\n" not in str(err.value)
