@@ -57,7 +57,7 @@ class GRPOTrainer(PromptRLTrainer):
     name = "grpo"
     supports_bf16_compute = True
     supports_tools = True
-    supports_token_budget = True
+    supports_token_budget = supports_packing = True  # packing: every forward is the policy's
     config_class = GRPOConfig
     progress_keys = ("reward/mean", "reward/accuracy", "response/truncated_frac")
     count_metrics = PromptRLTrainer.count_metrics | {"rollout/groups_used",
@@ -341,7 +341,7 @@ class GRPOTrainer(PromptRLTrainer):
                           mini_batches=cfg.mini_batches, lengths=lengths.tolist(),
                           seed=sequence_seed(cfg.seed, self._step, "update"),
                           micro_batch_tokens=cfg.micro_batch_tokens,
-                          widths=row_widths(rollout.prompt_mask, rollout.response_mask))
+                          widths=row_widths(rollout.prompt_mask, rollout.attention_mask))
 
         def counts(idx: list[int]) -> dict[str, float]:
             n = lengths[idx]

@@ -222,7 +222,7 @@ class PPOTrainer(PromptRLTrainer):
                           rows=self.kept, epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches,
                           seed=sequence_seed(cfg.seed, self._step, "update"),
                           micro_batch_tokens=cfg.micro_batch_tokens,
-                          widths=row_widths(batch.prompt_mask, batch.response_mask))
+                          widths=row_widths(batch.prompt_mask, batch.attention_mask))
         lengths = batch.response_mask.sum(-1).cpu()  # [n]
         kept = (batch.is_weights > 0).sum(-1).cpu()  # [n] tokens the policy loss counts
         rejects = cfg.rollout_correction().endswith("_mask")

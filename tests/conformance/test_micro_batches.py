@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from posttrain.config import ConfigError
+from posttrain.core.padding import PAD_COUNT
 from posttrain.engine import update
 from posttrain.trainers import trainer_class
 from tests.conformance.conftest import CASES, build, case_keys, command_of
@@ -87,3 +89,21 @@ def test_token_budget_equals_one_row_per_micro_batch(world, tmp_path, case, loss
                          loss_agg=loss_agg)
     assert calls and max(calls) > 1, calls  # some micro-batches hold several rows
     _same_update(_first_step(world, tmp_path, case, 1, monkeypatch, loss_agg=loss_agg), budget)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_packing_gives_the_padded_first_update(world, tmp_path, case, monkeypatch):
+    """`packing: true`: the first update (every gradient, every loss) equals the padded one,
+    with one micro-batch of several rows (so rows really share the packed sequence); a trainer
+    that cannot pack yet refuses the key in one line before any model loads."""
+    if not getattr(trainer_class(command_of(case)), "supports_packing", False):
+        with pytest.raises(ConfigError, match="config key 'packing': `posttrain .*` does not "
+                                              "support it yet") as err:
+            build(case, case_keys(world, case, tmp_path, packing=True))
+        assert "\n" not in str(err.value)
+        return
+    PAD_COUNT.take()
+    packed = _first_step(world, tmp_path, case, 64, monkeypatch, packing=True)
+    padded, total = PAD_COUNT.take()
+    assert padded == 0 < total, (padded, total)  # the learner computed no padding
+    _same_update(_first_step(world, tmp_path, case, 64, monkeypatch), packed)
