@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from posttrain.engine.forward import completion_logprobs, fused_head_supported
-from posttrain.engine.packing import pack, packing_problem
+from posttrain.engine.packing import ROWS, pack, packed_attention, packing_problem
 from posttrain.tasks.tiny import build_tiny_gemma2, build_tiny_llama, build_tiny_qwen2
 from posttrain.tasks.tokenizer import build_char_tokenizer
 
@@ -69,6 +69,16 @@ def test_packed_logprobs_and_gradients_equal_padded(model, fused):
     assert g0.keys() == g1.keys() and g0
     for name in g0:
         torch.testing.assert_close(g1[name], g0[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_which_attention_path_runs(model):
+    """Full causal attention (Llama, Qwen2) runs sdpa per row inside a packed forward; Gemma-2
+    (sliding windows, softcapping) keeps its kernel and transformers' packed-sequence mask."""
+    before = model.config._attn_implementation
+    with packed_attention(model):
+        inside = model.config._attn_implementation
+    assert model.config._attn_implementation == before
+    assert inside == (before if model.config.model_type == "gemma2" else ROWS)
 
 
 def test_a_model_that_mixes_rows_is_refused():
