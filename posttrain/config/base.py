@@ -104,9 +104,9 @@ class BaseConfig:
     """Pack the rows of each micro-batch into one sequence [1, sum of widths] (position ids
     restart per row, attention kept within each row: transformers' packed-sequence path), for
     the learner's, the reference's and the old log-probs' forwards: no compute on padding.
-    Same log-probs as padded (fp32 within 1e-5). sft, dpo, kto, online_dpo and grpo; refused
-    in one line elsewhere and for a model whose attention cannot keep rows apart
-    (docs/performance.md)."""
+    Same log-probs as padded (fp32 within 1e-5). sft, dpo, kto, online_dpo, grpo and ppo (its
+    critic too); refused in one line by rm and prm and for a model whose attention cannot keep
+    rows apart (docs/performance.md)."""
     threads: int = 0
     """torch.set_num_threads; 0: torch's default (OMP_NUM_THREADS, else one per core) less the
     cores other processes keep busy when the run starts, said in one line (threads waiting on

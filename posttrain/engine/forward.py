@@ -25,10 +25,10 @@ from torch.distributed.tensor import DTensor
 
 from posttrain.config import BaseConfig
 from posttrain.core.padding import count_positions
-from posttrain.engine.packing import packed_outputs
 from posttrain.engine.shared_prefix import shared_prefix_outputs, shared_prefix_supported
 from posttrain.models.bf16_copy import sdpa_switchable
 from posttrain.models.logits import autocast_ctx, embeddings, logits_context, patched_forward
+from posttrain.models.packing import packed_outputs
 from posttrain.ops import entropy_from_logits, head_logprobs, token_logprobs
 from posttrain.ops.fused_head import DEFAULT_BLOCK_ELEMENTS
 from posttrain.ops.masked import trim_padding
@@ -106,7 +106,7 @@ def _completion_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask:
 
     With `share_prefix` (and a model that `shared_prefix_supported`), each distinct prompt runs
     once and its completions run on its KV cache (`posttrain.engine.shared_prefix`). With
-    `packing`, the rows run as one sequence (`posttrain.engine.packing`; 0 at padded columns).
+    `packing`, the rows run as one sequence (`posttrain.models.packing`; 0 at padded columns).
     """
     p_ids, p_mask, c_ids, c_mask = trim_padding(prompt_ids, prompt_mask, completion_ids,
                                                 response_mask)
@@ -280,7 +280,7 @@ def completion_logprobs(
     fuses whenever supported (an error otherwise). `share_prefix`: rows with the same prompt
     share one forward pass over it (`posttrain.engine.shared_prefix`; same values up to float
     summation order), where `shared_prefix_supported`. `packing`: the rows run as one
-    sequence (`posttrain.engine.packing`; same values up to float summation order).
+    sequence (`posttrain.models.packing`; same values up to float summation order).
 
     Returns:
         logprobs [n, T] fp32 (padded back to the input width, 0 past the trimmed columns; the
@@ -334,7 +334,7 @@ class PolicyForward:
     they take one path in one precision. `autocast`: bf16 body, fp32 head and log-softmax;
     `share_prefix`: each distinct prompt runs once; `temperature`: the sampling temperature of
     RL trainers (1 for SFT and DPO); `fused`: see `completion_logprobs`; `packing`: each
-    call's rows as one sequence (`posttrain.engine.packing`)."""
+    call's rows as one sequence (`posttrain.models.packing`)."""
 
     autocast: bool = False
     share_prefix: bool = False

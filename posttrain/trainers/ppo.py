@@ -62,7 +62,7 @@ class PPOTrainer(PromptRLTrainer):
     progress_keys = ("reward/mean", "reward/accuracy", "response/truncated_frac",
                      "kl/coef")
     supports_fsdp = False  # the critic is not sharded; data parallel works
-    supports_token_budget = True
+    supports_token_budget = supports_packing = True  # packing: the critic's forward too
     supports_tools = True  # episodes: tool tokens are read, never actions (docs/ppo.md)
     cfg: PPOConfig
 
@@ -210,8 +210,8 @@ class PPOTrainer(PromptRLTrainer):
         """Critic values [N, T] in micro-batches, no gradients (`mask`: the tokens read)."""
         n, size = p_ids.shape[0], self.cfg.micro_batch_size
         return torch.cat([self.critic(p_ids[i:i + size], p_mask[i:i + size], c_ids[i:i + size],
-                                      mask[i:i + size], self.forward.autocast)
-                          for i in range(0, n, size)])
+                                      mask[i:i + size], self.forward.autocast,
+                                      self.forward.packing) for i in range(0, n, size)])
 
     # ------------------------------------------------------------------------------------------
     def ppo_update(self, batch: Rollout, train_policy: bool = True) -> dict[str, float]:
@@ -295,7 +295,8 @@ class PPOTrainer(PromptRLTrainer):
             out.update({"loss/policy": p_loss.detach(), "loss/entropy": ent.detach(),
                         "policy/entropy": masked_mean(entropy.detach(), micro.response_mask)})
         values = self.critic(micro.prompt_ids, micro.prompt_mask, micro.completion_ids,
-                             micro.attention_mask, self.forward.autocast)  # [n, T]
+                             micro.attention_mask, self.forward.autocast,
+                             self.forward.packing)  # [n, T]
         v_loss, v_metrics = value_loss(values, micro.values, micro.returns,
                                        micro.response_mask, cfg.value_clip, "token-mean",
                                        **norms)

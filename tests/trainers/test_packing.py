@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from posttrain.engine.forward import completion_logprobs, fused_head_supported
-from posttrain.engine.packing import ROWS, pack, packed_attention, packing_problem
+from posttrain.models.packing import ROWS, pack, packed_attention, packing_problem
 from posttrain.tasks.tiny import build_tiny_gemma2, build_tiny_llama, build_tiny_qwen2
 from posttrain.tasks.tokenizer import build_char_tokenizer
 
@@ -96,3 +96,25 @@ def test_a_model_that_mixes_rows_is_refused():
     assert problem is not None and "attend to each other" in problem and "\n" not in problem
     with pytest.raises(ValueError, match="config key 'packing'"):
         completion_logprobs(leaky, *uneven_batch(leaky.config.vocab_size), packing=True)
+
+
+def test_packed_critic_values_and_gradients_equal_padded(model):
+    """PPO's critic (the policy's decoder + a value head) packed: the padded values and
+    gradients (fp32 within 1e-5)."""
+    from posttrain.models.value_head import critic_from_policy
+
+    critic = critic_from_policy(model)
+    batch = uneven_batch(model.config.vocab_size, seed=1)
+    mask = batch[3].bool()
+    out = []
+    for packing in (False, True):
+        critic.zero_grad(set_to_none=True)
+        values = critic(*batch, packing=packing)  # [n, T]
+        torch.where(mask, values, 0.0).square().sum().backward()
+        out.append((values.detach(), {n: p.grad.clone() for n, p in critic.named_parameters()
+                                      if p.grad is not None}))
+    (v0, g0), (v1, g1) = out
+    torch.testing.assert_close(v1[mask], v0[mask], atol=1e-5, rtol=0)
+    assert (v1[~mask] == 0).all() and g0.keys() == g1.keys() and g0
+    for name in g0:
+        torch.testing.assert_close(g1[name], g0[name], atol=1e-5, rtol=1e-4, msg=name)

@@ -83,10 +83,16 @@ def pack(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return ids[mask][None], pos[None], index
 
 
+def _read(out: Any) -> Tensor:
+    """A causal LM's logits, or a decoder body's last hidden states."""
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
 def packed_outputs(model: torch.nn.Module, ids: Tensor, mask: Tensor, start: int,
                    width: int) -> Tensor:
     """The model's outputs [n, width, X] at padded columns ``start .. start + width - 1`` of
-    ids [n, L] (mask [n, L], 1 on real tokens), from one packed forward; 0 where padded."""
+    ids [n, L] (mask [n, L], 1 on real tokens), from one packed forward; 0 where padded. A
+    causal LM gives logits (its head only where kept), a decoder body its hidden states."""
     flat, pos, index = pack(ids, mask)
     window = mask[:, start:start + width].bool()  # [n, width] real positions
     keep = index[:, start:start + width][window]  # [K] ascending
@@ -95,8 +101,11 @@ def packed_outputs(model: torch.nn.Module, ids: Tensor, mask: Tensor, start: int
         problem = packing_problem(model)
         if problem is not None:
             raise ValueError(f"config key 'packing': {problem}; set packing: false")
-        out = model(input_ids=flat, position_ids=pos, use_cache=False,
-                    logits_to_keep=keep).logits  # [1, K, X]
+        if getattr(model, "get_output_embeddings", lambda: None)() is not None:  # a causal LM
+            out = _read(model(input_ids=flat, position_ids=pos, use_cache=False,
+                              logits_to_keep=keep))  # [1, K, X]
+        else:
+            out = _read(model(input_ids=flat, position_ids=pos, use_cache=False))[:, keep]
     res = out.new_zeros(window.shape + out.shape[-1:])  # [n, width, X]
     res[window] = out[0]
     return res
@@ -122,11 +131,11 @@ def _probe(model: torch.nn.Module) -> str | None:
     rows = [torch.arange(1, 4, device=device) % vocab, torch.arange(4, 8, device=device) % vocab]
     tol = 5e-2 if next(model.parameters()).dtype == torch.bfloat16 else 1e-3
     try:
-        alone = [model(input_ids=r[None], use_cache=False).logits[0].float() for r in rows]
+        alone = [_read(model(input_ids=r[None], use_cache=False))[0].float() for r in rows]
         # alone: rows of one sequence each (any kernel); both: the two packed
         ids = torch.cat(rows)[None]
         pos = torch.cat([torch.arange(len(r), device=device) for r in rows])[None]
-        both = model(input_ids=ids, position_ids=pos, use_cache=False).logits[0].float()
+        both = _read(model(input_ids=ids, position_ids=pos, use_cache=False))[0].float()
     except (TypeError, ValueError, RuntimeError) as err:
         return f"{type(model).__name__} cannot run a packed forward ({err})"
     gap = max(float((both[:3] - alone[0]).abs().max()), float((both[3:] - alone[1]).abs().max()))
