@@ -95,7 +95,7 @@ class BaseConfig:
     or active dropout and for other families (docs/performance.md)."""
     micro_batch_tokens: int = 0
     """grpo and ppo: when > 0, the update's micro-batches hold at most this many token
-    positions (rows x the widest row, prompt + completion) instead of `micro_batch_size` rows:
+    positions (rows x (longest prompt + longest completion)) instead of `micro_batch_size` rows:
     rows sorted by width and grouped greedily (verl's dynamic batch size), so a long tail does
     not widen every short row. A row wider than the budget gets a micro-batch of its own. The
     update is the same for any grouping (losses are divided by the whole step's counts); the

@@ -55,8 +55,8 @@ class Plan:
     n_global: items of the step over all ranks. lengths: [n_local] sort key for similar-length
     micro-batches (or None). seed: shuffle seed of this step (None: no shuffle).
     micro_batch_tokens: when > 0 (and `widths` given), micro-batches hold at most this many
-    token positions, rows x the widest row (`token_budget_micro_batches`), in place of
-    `micro_batch_size` rows. widths: [n_local] each item's sequence width in tokens.
+    token positions, rows x the padded width (`token_budget_micro_batches`), in place of
+    `micro_batch_size` rows. widths: [n_local] each item's (prompt, completion) tokens.
     """
 
     global_ids: list[int]
@@ -67,7 +67,7 @@ class Plan:
     lengths: list[float] | None = None
     seed: int | None = None
     micro_batch_tokens: int = 0
-    widths: list[int] | None = None
+    widths: list[tuple[int, int]] | None = None
 
 
 def shard_plan(n_global: int, dist: Any, micro_batch_size: int, **kw: Any) -> Plan:
@@ -139,27 +139,33 @@ def _mini_batches(plan: Plan) -> list[list[int]]:
     return steps
 
 
-def token_budget_micro_batches(items: list[int], widths: list[int],
+def token_budget_micro_batches(items: list[int], widths: list[tuple[int, int]],
                                budget: int) -> list[list[int]]:
-    """`items` grouped so that each micro-batch's rows x widest row <= `budget` tokens (verl's
-    dynamic batch size): sorted by width (stable), then cut greedily. An item wider than the
-    budget alone gets its own micro-batch (it cannot be split). Which rows share a micro-batch
-    never changes the update: each loss is divided by the whole optimizer step's counts."""
+    """`items` grouped so that each micro-batch's padded size, rows x (longest prompt +
+    longest completion), is at most `budget` tokens (verl's dynamic batch size): sorted by
+    (completion, prompt) width (stable), then cut greedily. An item wider than the budget gets
+    a micro-batch of its own (it cannot be split). Which rows share a micro-batch never
+    changes the update: each loss is divided by the whole optimizer step's counts.
+    widths: (prompt tokens, completion tokens) of each item, indexed by item."""
     out: list[list[int]] = []
-    for i in sorted(items, key=lambda i: widths[i]):
-        if out and (len(out[-1]) + 1) * max(widths[i], 1) <= budget:
-            out[-1].append(i)  # ascending widths: item i is the widest so far
+    p_max = 0
+    for i in sorted(items, key=lambda i: (widths[i][1], widths[i][0])):
+        p, c = widths[i]
+        if out and (len(out[-1]) + 1) * (max(p_max, p) + c) <= budget:
+            out[-1].append(i)  # completions ascending: item i's is the longest so far
+            p_max = max(p_max, p)
         else:
             out.append([i])
+            p_max = p
     return out
 
 
-def row_widths(prompt_mask: Tensor, response_mask: Tensor) -> list[int]:
-    """Each row's width in tokens: its prompt tokens plus its completion up to the last
-    position that counts. prompt_mask: [n, P]; response_mask: [n, T]. Returns n ints."""
+def row_widths(prompt_mask: Tensor, response_mask: Tensor) -> list[tuple[int, int]]:
+    """Each row's (prompt tokens, completion tokens up to the last position that counts).
+    prompt_mask: [n, P]; response_mask: [n, T]. Returns n pairs."""
     T = response_mask.shape[1]
     span = (response_mask.bool() * torch.arange(1, T + 1, device=response_mask.device)).amax(-1)
-    return (prompt_mask.sum(-1) + span).cpu().tolist()  # [n]
+    return list(zip(prompt_mask.sum(-1).tolist(), span.tolist(), strict=True))  # [n]
 
 
 def step_groups(groups: Sequence[OptimGroup], dist: Any) -> dict[str, float]:

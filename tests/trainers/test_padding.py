@@ -63,11 +63,12 @@ def test_padded_step_logs_the_fraction(tiny):
 def test_token_budget_groups_golden():
     from posttrain.engine.update import token_budget_micro_batches
 
-    widths = [5, 30, 6, 12, 6, 11]
-    # sorted by width: 0 (5), 2 (6), 4 (6), 5 (11), 3 (12), 1 (30); budget 24:
-    # [0, 2, 4]: 3 x 6 = 18 (a 4th row: 4 x 11 = 44 > 24); [5, 3]: 2 x 12 = 24;
-    # [1]: 30 > 24 alone, in a micro-batch of its own
-    assert token_budget_micro_batches(list(range(6)), widths, 24) == [[0, 2, 4], [5, 3], [1]]
+    widths = [(2, 3), (5, 25), (4, 2), (2, 10), (3, 3), (1, 10)]  # (prompt, completion)
+    # sorted by (completion, prompt): 2 (4, 2), 0 (2, 3), 4 (3, 3), 5 (1, 10), 3 (2, 10),
+    # 1 (5, 25); budget 24 tokens = rows x (longest prompt + longest completion):
+    # [2, 0, 4]: 3 x (4 + 3) = 21 (with 5: 4 x (4 + 10) = 56 > 24); [5, 3]: 2 x (2 + 10) = 24;
+    # [1]: 5 + 25 = 30 > 24 alone, in a micro-batch of its own
+    assert token_budget_micro_batches(list(range(6)), widths, 24) == [[2, 0, 4], [5, 3], [1]]
 
 
 def test_row_widths_golden():
@@ -76,8 +77,8 @@ def test_row_widths_golden():
     p_ids, p_mask, _, c_mask = _batch()
     # row 0: 2 prompt + 2 completion tokens; row 1: 3 + 1; a masked position inside the
     # completion (a tool's answer) still counts up to the last one that does
-    assert row_widths(p_mask, c_mask) == [4, 4]
-    assert row_widths(p_mask, torch.tensor([[1, 0, 1, 0], [0, 0, 0, 0]])) == [5, 3]
+    assert row_widths(p_mask, c_mask) == [(2, 2), (3, 1)]
+    assert row_widths(p_mask, torch.tensor([[1, 0, 1, 0], [0, 0, 0, 0]])) == [(2, 3), (3, 0)]
 
 
 @pytest.mark.parametrize("key,value", [("micro_batch_tokens", 512), ("packing", True)])
