@@ -11,7 +11,8 @@ random), so what is timed is the rest of the GRPO step: the reference's no-grad 
 Mixes: `demo` (15-20-token prompts, 25-40-token completions, like the arithmetic demo) and
 `longtail` (completion lengths from a log-normal, median 64, clipped to 16-1,024: a few
 1,024-token rows among short ones). Settings: `padded` (micro_batch_size 8, rows sorted by
-length: the default), `budget` (micro_batch_tokens), `packed` (packing + micro_batch_tokens).
+length: the default), `padded64` (one micro-batch of all 64 rows), `budget`
+(micro_batch_tokens), `packed` (packing + micro_batch_tokens).
 Prints one row per mix and setting: median s/step, pad fraction, speed-up against padded.
 On a GPU: the same command with --device cuda (flash attention's varlen kernel where the model
 loads with attn_implementation=flash_attention_2; sdpa with a block mask otherwise).
@@ -75,9 +76,10 @@ def trainer(setting: str, root: Path, args: argparse.Namespace, rollout: Rollout
             "out_dir": str(root / f"out_{setting}"), "rewards": [{"name": "math"}],
             "group_size": G, "prompts_per_step": PROMPTS, "max_new_tokens": 1024,
             "kl_coef": 0.04, "kl_estimator": "k3", "lr": 1e-6, "threads": args.threads,
-            "progress": False, "report_to": [], "micro_batch_size": 8,
+            "progress": False, "report_to": [],
+            "micro_batch_size": 64 if setting == "padded64" else 8,
             "device": args.device, "save_every": 0}
-    if setting != "padded":
+    if not setting.startswith("padded"):
         keys["micro_batch_tokens"] = args.budget
     if setting == "packed":
         keys["packing"] = True
@@ -128,7 +130,8 @@ def run_mix(mix: str, root: Path, args: argparse.Namespace, vocab: int, pad: int
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mix", nargs="+", default=["demo", "longtail"], choices=["demo", "longtail"])
-    ap.add_argument("--settings", nargs="+", default=["padded", "budget", "packed"])
+    ap.add_argument("--settings", nargs="+", default=["padded", "padded64", "budget", "packed"],
+                    choices=["padded", "padded64", "budget", "packed"])
     ap.add_argument("--budget", type=int, default=4096, help="micro_batch_tokens")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)

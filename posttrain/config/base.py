@@ -471,6 +471,8 @@ def validate_config(cfg: BaseConfig, require: bool = True, given: Iterable[str] 
         "lr": (cfg.lr > 0, "expected > 0"),
         "keep_checkpoints": (cfg.keep_checkpoints >= 1, "expected >= 1"),
         "micro_batch_tokens": (cfg.micro_batch_tokens >= 0, "expected >= 0 (0: off)"),
+        "packing": (not (cfg.packing and cfg.torch_compile), "not with torch_compile yet (the "
+                    "compiled layers are traced for the padded forward); turn one off"),
         "min_lr_ratio": (0.0 <= cfg.min_lr_ratio <= 1.0, "expected in [0, 1]"),
         "chat_template": (template in ("auto", "none") or "{{" in template or "{%" in template,
                           "expected auto, none or a Jinja chat template (with {{ ... }} / "

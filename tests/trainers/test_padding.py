@@ -92,3 +92,12 @@ def test_unsupported_trainers_refuse_in_one_line(key, value):
                                           "support it yet") as err:
         preflight(cfg, RewardModelTrainer)
     assert "\n" not in str(err.value)
+
+
+def test_packing_with_torch_compile_is_refused_in_one_line():
+    from posttrain.config import ConfigError, GRPOConfig, build_config
+
+    with pytest.raises(ConfigError, match="config key 'packing'=True: not with torch_compile") as e:
+        build_config(GRPOConfig, overrides={"model": "m", "train_data": "d", "packing": True,
+                                            "bf16_compute": True, "torch_compile": True})
+    assert "\n" not in str(e.value)
