@@ -18,10 +18,10 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-BUDGETS = {"core": 210, "config+cli": 1160, "data": 690, "models": 905, "ops": 1050,
+BUDGETS = {"core": 210, "config+cli": 1165, "data": 690, "models": 915, "ops": 1050,
            "engine": 2530, "rollout": 2030, "sandbox": 2360, "rewards": 1320, "search": 500,
-           "trainers": 1730}
-LIBRARY = 14400
+           "trainers": 1740}
+LIBRARY = 14420
 PROSE = (0.10, 0.36)
 PEERS = {  # what a family's budget was sized against: feature -> (peer, its lines, ours)
     "trainers: KTO": ("TRL 1.16 kto_trainer.py", 1945, 208),
@@ -98,10 +98,10 @@ PEERS = {  # what a family's budget was sized against: feature -> (peer, its lin
         ("verl's utils/seqlen_balancing.py (its rearrange_micro_batches and partitioning), "
          "about", 150, 30),
     "models + engine + trainers: packing, rows of a micro-batch as one sequence for every "
-    "forward of sft, dpo, kto, online_dpo, grpo and ppo (its critic), sdpa per row, a probe "
+    "forward of every trainer (PPO's critic, RM / PRM scorers), sdpa per row, a probe "
     "refusing a model whose rows would see each other (issue 61)":
         ("TRL 1.16's DataCollatorWithFlattening and padding_free paths in data_utils.py / "
-         "sft_trainer.py, about", 150, 100),
+         "sft_trainer.py, about", 150, 115),
 }
 NOT_LIBRARY = ("tasks", "demo.py")  # the offline demo world: uses the library, never imported
 FAMILY_OF = {"__init__.py": "core", "__main__.py": "config+cli", "cli.py": "config+cli",

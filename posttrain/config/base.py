@@ -102,11 +102,11 @@ class BaseConfig:
     no-grad passes keep `micro_batch_size`. 0: off (docs/performance.md)."""
     packing: bool = False
     """Pack the rows of each micro-batch into one sequence [1, sum of widths] (position ids
-    restart per row, attention kept within each row: transformers' packed-sequence path), for
-    the learner's, the reference's and the old log-probs' forwards: no compute on padding.
-    Same log-probs as padded (fp32 within 1e-5). sft, dpo, kto, online_dpo, grpo and ppo (its
-    critic too); refused in one line by rm and prm and for a model whose attention cannot keep
-    rows apart (docs/performance.md)."""
+    restart per row, attention kept within each row: sdpa per row or transformers' packed mask),
+    for the learner's, the reference's and the old log-probs' forwards: no compute on padding.
+    Same log-probs as padded (fp32 within 1e-5). Every trainer (PPO's critic, the RM's and
+    PRM's scorer too); refused in one line for a model whose attention cannot keep rows apart
+    and with torch_compile (docs/performance.md)."""
     threads: int = 0
     """torch.set_num_threads; 0: torch's default (OMP_NUM_THREADS, else one per core) less the
     cores other processes keep busy when the run starts, said in one line (threads waiting on

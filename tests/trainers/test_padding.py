@@ -87,10 +87,13 @@ def test_unsupported_trainers_refuse_in_one_line(key, value):
     from posttrain.engine.preflight import preflight
     from posttrain.trainers.reward_model import RewardModelTrainer
 
+    class NotYet(RewardModelTrainer):  # a trainer that says neither (every registered one packs)
+        supports_packing = False
+
     cfg = build_config(RMConfig, overrides={"model": "m", "train_data": "d", key: value})
     with pytest.raises(ConfigError, match=f"config key '{key}': `posttrain rm` does not "
                                           "support it yet") as err:
-        preflight(cfg, RewardModelTrainer)
+        preflight(cfg, NotYet)
     assert "\n" not in str(err.value)
 
 
