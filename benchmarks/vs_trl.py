@@ -113,7 +113,7 @@ def _work(spec: dict) -> dict:
     return {"G": 8, "prompts": 8, "new": spec.get("new_tokens", 32), "micro": 64}
 
 
-def run_ours(spec: dict, root: Path, out: Path) -> list[float]:
+def run_ours(spec: dict, root: Path, out: Path) -> tuple[list[float], list[float]]:
     from posttrain.config import DPOConfig, GRPOConfig, build_config
     from posttrain.trainers.dpo import DPOTrainer
     from posttrain.trainers.grpo import GRPOTrainer
@@ -141,7 +141,8 @@ def run_ours(spec: dict, root: Path, out: Path) -> list[float]:
             "micro_batch_size": w["micro"]})
         GRPOTrainer(cfg).train()
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r["perf/step_seconds"] for r in rows if "perf/step_seconds" in r]
+    rows = [r for r in rows if "perf/step_seconds" in r]
+    return [r["perf/step_seconds"] for r in rows], [r["perf/pad_fraction"] for r in rows]
 
 
 def _trl_common(spec: dict, out: Path) -> dict:
@@ -154,7 +155,7 @@ def _trl_common(spec: dict, out: Path) -> dict:
             "dataloader_num_workers": 0, "seed": 0}
 
 
-def run_trl(spec: dict, root: Path, out: Path) -> list[float]:
+def run_trl(spec: dict, root: Path, out: Path) -> tuple[list[float], list[float]]:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
@@ -194,7 +195,7 @@ def run_trl(spec: dict, root: Path, out: Path) -> list[float]:
         trainer = GRPOTrainer(model=model, reward_funcs=[trl_parity_reward], args=cfg,
                               train_dataset=ds, processing_class=tok, callbacks=[Timer()])
     trainer.train()
-    return times
+    return times, []  # TRL logs no pad fraction
 
 
 def run_one(spec: dict) -> dict:
@@ -205,9 +206,10 @@ def run_one(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     root = Path(spec["root"])
     out = Path(tempfile.mkdtemp(prefix="vs_trl_"))
-    times = (run_trl if spec["framework"] == "trl" else run_ours)(spec, root, out)
+    times, pads = (run_trl if spec["framework"] == "trl" else run_ours)(spec, root, out)
     timed = times[spec["warmup"]:]
     return {"s_per_step": statistics.median(timed), "times": [round(t, 3) for t in times],
+            "pad_fraction": statistics.mean(pads) if pads else None,
             "peak_rss_mb": _peak_rss_mb()}
 
 
@@ -314,16 +316,17 @@ def _print_row(label: str, results: dict[tuple[str, str], list[dict]]) -> None:
            if v and all("s_per_step" in r for r in v)}
     rss = {k: max(r["peak_rss_mb"] for r in v) for k, v in results.items() if k in med}
     trl = {k: t for k, t in med.items() if k[0] == "trl"}
-    print(f"| {label} | setting | s/step (median) | peak RSS MB | TRL-default / this | "
-          "TRL-fastest / this |")
+    print(f"| {label} | setting | s/step (median) | pad fraction | peak RSS MB | "
+          "TRL-default / this | TRL-fastest / this |")
     default = trl.get(("trl", "bf16"))  # TRL's defaults (bf16 + checkpointing), if run
     fastest = min(trl.values()) if trl else None
     for (fw, setting), v in results.items():
         if (fw, setting) not in med:
-            print(f"| {fw} | {setting} | failed: {v[-1].get('error', '?')[:200]} | | | |")
+            print(f"| {fw} | {setting} | failed: {v[-1].get('error', '?')[:200]} | | | | |")
             continue
-        s = med[(fw, setting)]
-        print(f"| {fw} | {setting} | {s:.3f} | {rss[(fw, setting)]:.0f} | "
+        s, pad = med[(fw, setting)], v[-1].get("pad_fraction")
+        pad_text = "n/a" if pad is None else f"{pad:.1%}"  # TRL logs none
+        print(f"| {fw} | {setting} | {s:.3f} | {pad_text} | {rss[(fw, setting)]:.0f} | "
               f"{_ratio(default, s)} | {_ratio(fastest, s)} |", flush=True)
 
 

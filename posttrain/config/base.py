@@ -93,6 +93,20 @@ class BaseConfig:
     Phi-3 and OLMo-2 families, also with gradient_checkpointing (each checkpointed layer's
     replay recomputes its part of the shared cache); the plain forward runs with torch_compile
     or active dropout and for other families (docs/performance.md)."""
+    micro_batch_tokens: int = 0
+    """grpo and ppo: when > 0, the update's micro-batches hold at most this many token
+    positions (rows x (longest prompt + longest completion)) instead of `micro_batch_size` rows:
+    rows sorted by width and grouped greedily (verl's dynamic batch size), so a long tail does
+    not widen every short row. A row wider than the budget gets a micro-batch of its own. The
+    update is the same for any grouping (losses are divided by the whole step's counts); the
+    no-grad passes keep `micro_batch_size`. 0: off (docs/performance.md)."""
+    packing: bool = False
+    """Pack the rows of each micro-batch into one sequence [1, sum of widths] (position ids
+    restart per row, attention kept within each row: sdpa per row or transformers' packed mask),
+    for the learner's, the reference's and the old log-probs' forwards: no compute on padding.
+    Same log-probs as padded (fp32 within 1e-5). Every trainer (PPO's critic, the RM's and
+    PRM's scorer too); refused in one line for a model whose attention cannot keep rows apart
+    and with torch_compile (docs/performance.md)."""
     threads: int = 0
     """torch.set_num_threads; 0: torch's default (OMP_NUM_THREADS, else one per core) less the
     cores other processes keep busy when the run starts, said in one line (threads waiting on
@@ -456,6 +470,9 @@ def validate_config(cfg: BaseConfig, require: bool = True, given: Iterable[str] 
         "max_steps": (cfg.max_steps >= 0, "expected >= 0"),
         "lr": (cfg.lr > 0, "expected > 0"),
         "keep_checkpoints": (cfg.keep_checkpoints >= 1, "expected >= 1"),
+        "micro_batch_tokens": (cfg.micro_batch_tokens >= 0, "expected >= 0 (0: off)"),
+        "packing": (not (cfg.packing and cfg.torch_compile), "not with torch_compile yet (the "
+                    "compiled layers are traced for the padded forward); turn one off"),
         "min_lr_ratio": (0.0 <= cfg.min_lr_ratio <= 1.0, "expected in [0, 1]"),
         "chat_template": (template in ("auto", "none") or "{{" in template or "{%" in template,
                           "expected auto, none or a Jinja chat template (with {{ ... }} / "

@@ -24,9 +24,11 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from posttrain.config import BaseConfig
+from posttrain.core.padding import count_positions
 from posttrain.engine.shared_prefix import shared_prefix_outputs, shared_prefix_supported
 from posttrain.models.bf16_copy import sdpa_switchable
 from posttrain.models.logits import autocast_ctx, embeddings, logits_context, patched_forward
+from posttrain.models.packing import packed_outputs
 from posttrain.ops import entropy_from_logits, head_logprobs, token_logprobs
 from posttrain.ops.fused_head import DEFAULT_BLOCK_ELEMENTS
 from posttrain.ops.masked import trim_padding
@@ -98,15 +100,21 @@ def _head_as_identity(head: torch.nn.Module) -> Iterator[None]:
 
 def _completion_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
                         completion_ids: Tensor, response_mask: Tensor,
-                        share_prefix: bool) -> tuple[Tensor, Tensor]:
+                        share_prefix: bool, packing: bool = False) -> tuple[Tensor, Tensor]:
     """The model's outputs [n, T', X] at the positions predicting each completion token (X = V
     logits, or H when the head is the identity) and the trimmed completion ids [n, T'].
 
     With `share_prefix` (and a model that `shared_prefix_supported`), each distinct prompt runs
-    once and its completions run on its KV cache (`posttrain.engine.shared_prefix`).
+    once and its completions run on its KV cache (`posttrain.engine.shared_prefix`). With
+    `packing`, the rows run as one sequence (`posttrain.models.packing`; 0 at padded columns).
     """
     p_ids, p_mask, c_ids, c_mask = trim_padding(prompt_ids, prompt_mask, completion_ids,
                                                 response_mask)
+    if packing:
+        out = packed_outputs(model, torch.cat([p_ids, c_ids], dim=1),
+                             torch.cat([p_mask, c_mask], dim=1), p_ids.shape[1] - 1,
+                             c_ids.shape[1])  # [n, T', X]
+        return out, c_ids
     if share_prefix and shared_prefix_supported(model):
         out = shared_prefix_outputs(model, p_ids, p_mask, c_ids, c_mask)
         if out is not None:
@@ -114,6 +122,7 @@ def _completion_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask:
     ids = torch.cat([p_ids, c_ids], dim=1)  # [n, P'+T']
     attn = torch.cat([p_mask, c_mask], dim=1).long()  # [n, P'+T']
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, P'+T']
+    count_positions(attn)
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
                 logits_to_keep=c_ids.shape[1] + 1).logits  # [n, T'+1, X]
     return out[:, :-1], c_ids
@@ -208,12 +217,13 @@ def tied_lookup_grad_in_place(model: torch.nn.Module) -> Iterator[None]:
 def _fused_logprobs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
                     completion_ids: Tensor, response_mask: Tensor, temperature: float,
                     autocast: bool, with_entropy: bool, share_prefix: bool = False,
-                    entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+                    entropy_grad: bool = False, packing: bool = False
+                    ) -> tuple[Tensor, Tensor | None]:
     """[n, T'] log-probs (and entropies) through the fused chunked head (no [n, T', V])."""
     head = model.get_output_embeddings()
     with autocast_ctx(autocast, prompt_ids.device), _head_as_identity(head):  # bf16 body
         hidden, c_ids = _completion_outputs(model, prompt_ids, prompt_mask, completion_ids,
-                                            response_mask, share_prefix)  # [n, T', H]
+                                            response_mask, share_prefix, packing)  # [n, T', H]
     return head_logprobs(hidden, head.weight, c_ids, bias=head.bias,
                          temperature=temperature, with_entropy=with_entropy,
                          grad_in_place=True,  # grad_W added into head.weight.grad
@@ -228,19 +238,21 @@ def completion_logits(
     response_mask: Tensor,
     autocast: bool = False,
     share_prefix: bool = False,
+    packing: bool = False,
 ) -> Tensor:
     """Logits at the positions that predict each completion token.
 
     Args:
         prompt_ids, prompt_mask: [n, P] left padded; completion_ids, response_mask: [n, T].
-        share_prefix: run each distinct prompt once (see `_completion_outputs`).
+        share_prefix: run each distinct prompt once; packing: the rows as one sequence (see
+            `_completion_outputs`).
     Returns:
         logits [n, T', V] with T' <= T (trailing all-padding columns removed); logits[:, t]
         predicts completion_ids[:, t].
     """
     with logits_context(model, autocast, prompt_ids.device):
         logits, _ = _completion_outputs(model, prompt_ids, prompt_mask, completion_ids,
-                                        response_mask, share_prefix)  # [n, T', V]
+                                        response_mask, share_prefix, packing)  # [n, T', V]
     return logits.float()  # no copy when the head is fp32
 
 
@@ -256,6 +268,7 @@ def completion_logprobs(
     fused: bool | None = None,
     share_prefix: bool = False,
     entropy_grad: bool = False,
+    packing: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs (and optionally entropies) of the completion tokens: the one policy
     forward of every trainer (SFT's NLL, DPO's sequence log-probs, GRPO's and PPO's ratios,
@@ -266,7 +279,8 @@ def completion_logprobs(
     values up to float summation order); False always goes through `completion_logits`; True
     fuses whenever supported (an error otherwise). `share_prefix`: rows with the same prompt
     share one forward pass over it (`posttrain.engine.shared_prefix`; same values up to float
-    summation order), where `shared_prefix_supported`.
+    summation order), where `shared_prefix_supported`. `packing`: the rows run as one
+    sequence (`posttrain.models.packing`; same values up to float summation order).
 
     Returns:
         logprobs [n, T] fp32 (padded back to the input width, 0 past the trimmed columns; the
@@ -286,7 +300,7 @@ def completion_logprobs(
     with learner_attention(model, autocast, prompt_ids.device), tied_lookup_grad_in_place(model):
         logprobs, entropy = fn(model, prompt_ids, prompt_mask, completion_ids, response_mask,
                                temperature, autocast, with_entropy or entropy_grad, share_prefix,
-                               entropy_grad)
+                               entropy_grad, packing)
     T_full, T = completion_ids.shape[1], logprobs.shape[1]
     if T < T_full:
         pad = (0, T_full - T)
@@ -298,10 +312,11 @@ def completion_logprobs(
 def _unfused_logprobs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
                       completion_ids: Tensor, response_mask: Tensor, temperature: float,
                       autocast: bool, with_entropy: bool, share_prefix: bool = False,
-                      entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+                      entropy_grad: bool = False, packing: bool = False
+                      ) -> tuple[Tensor, Tensor | None]:
     """[n, T'] log-probs (and entropies) from the model's full logits (any family)."""
     logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, response_mask,
-                               autocast, share_prefix)  # [n, T', V]
+                               autocast, share_prefix, packing)  # [n, T', V]
     T = logits.shape[1]
     logprobs = token_logprobs(logits, completion_ids[:, :T], temperature=temperature)  # [n, T']
     entropy = None
@@ -318,12 +333,14 @@ class PolicyForward:
     config): every trainer's log-probs (learner, reference, old log-probs) go through it, so
     they take one path in one precision. `autocast`: bf16 body, fp32 head and log-softmax;
     `share_prefix`: each distinct prompt runs once; `temperature`: the sampling temperature of
-    RL trainers (1 for SFT and DPO); `fused`: see `completion_logprobs`."""
+    RL trainers (1 for SFT and DPO); `fused`: see `completion_logprobs`; `packing`: each
+    call's rows as one sequence (`posttrain.models.packing`)."""
 
     autocast: bool = False
     share_prefix: bool = False
     temperature: float = 1.0
     fused: bool | None = None
+    packing: bool = False
 
     def logprobs(self, model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
                  completion_ids: Tensor, response_mask: Tensor, with_entropy: bool = False,
@@ -331,7 +348,8 @@ class PolicyForward:
         """[n, T] log-probs and entropies (or None): `completion_logprobs` with these choices."""
         return completion_logprobs(model, prompt_ids, prompt_mask, completion_ids,
                                    response_mask, self.temperature, self.autocast,
-                                   with_entropy, self.fused, self.share_prefix, entropy_grad)
+                                   with_entropy, self.fused, self.share_prefix, entropy_grad,
+                                   self.packing)
 
     @torch.no_grad()
     def batched(self, model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
@@ -355,9 +373,9 @@ def policy_forward(cfg: BaseConfig, fsdp: bool = False, shares_prompts: bool = T
     with `torch_compile` (the compiled body is traced for the plain forward) nor under FSDP2
     (its data-dependent number of model calls would give ranks different collectives), and
     only for trainers whose rows repeat prompts (`shares_prompts`); log-probs at the
-    `temperature` the trainer samples at."""
+    `temperature` the trainer samples at; `packing` in place of prompt sharing."""
     return PolicyForward(
         autocast=cfg.autocast_bf16 and not cfg.bf16_compute,
         share_prefix=(cfg.share_prompt_prefix and shares_prompts and not cfg.torch_compile
-                      and not fsdp),
-        temperature=temperature)
+                      and not fsdp and not cfg.packing),
+        temperature=temperature, packing=cfg.packing)

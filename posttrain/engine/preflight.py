@@ -25,6 +25,12 @@ def preflight(cfg: BaseConfig, trainer: Any = None) -> str | None:
         if cfg.fsdp and cfg.lora_r > 0:
             raise ConfigError("config keys 'fsdp' and 'lora_r': FSDP2 with LoRA is not "
                               "supported; use data parallel (fsdp: false) for LoRA runs")
+        # a trainer class says True in `supports_token_budget` / `supports_packing`
+        for key, ok in (("micro_batch_tokens", getattr(trainer, "supports_token_budget", False)),
+                        ("packing", getattr(trainer, "supports_packing", False))):
+            if getattr(cfg, key) and not ok:
+                raise ConfigError(f"config key '{key}': `posttrain {trainer.name}` does not "
+                                  f"support it yet; remove it (docs/performance.md)")
         if cfg.fsdp and not trainer.supports_fsdp:
             raise ConfigError(f"config key 'fsdp': `posttrain {trainer.name}` does not support "
                               "FSDP2 yet; use data parallel (fsdp: false)")

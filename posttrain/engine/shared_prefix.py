@@ -25,6 +25,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 
+from posttrain.core.padding import count_positions
 from posttrain.rollout.hf import cache_kwarg
 
 __all__ = ["length_buckets", "prefix_groups", "shared_prefix_outputs", "shared_prefix_supported"]
@@ -193,6 +194,7 @@ def shared_prefix_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mas
     # the caches are passed in; use_cache=True would only ask the model to make one (and, under
     # checkpointing, make transformers warn that it turns caching off)
     cache, outs = _one_call_cache(), []
+    count_positions(attn[first, :P])
     with _cache_through_checkpoints(model):
         last = model(input_ids=prompt_ids[first], attention_mask=attn[first, :P],
                      position_ids=pos[first, :P], logits_to_keep=1, use_cache=False,
@@ -202,6 +204,7 @@ def shared_prefix_outputs(model: torch.nn.Module, prompt_ids: Tensor, prompt_mas
             t = max(int(ends[rows].max()), 1)  # this group's columns: its longest completion
             src = inverse[rows]  # [n_g] each row's prompt
             sub = _one_call_cache(prefix, src)  # each row's prompt, gathered per layer
+            count_positions(response_mask[rows, :t])
             rest = model(input_ids=completion_ids[rows, :t], attention_mask=attn[rows, :P + t],
                          position_ids=pos[rows, P:P + t], use_cache=False,
                          **{cache_kwarg(model): sub}).logits  # [n_g, t, X]

@@ -65,7 +65,7 @@ from posttrain.engine.push_check import check_push, probe_ids
 from posttrain.engine.reference import ReferencePolicy
 from posttrain.engine.session import Session, load_session, resolve_device
 from posttrain.engine.tracking import MetricsLogger, NullLogger
-from posttrain.engine.update import CountFn, LossFn, OptimGroup, Plan, run_update
+from posttrain.engine.update import CountFn, LossFn, OptimGroup, Plan, padded_step, run_update
 from posttrain.models.bf16_copy import BF16Copy
 from posttrain.models.loading import save_checkpoint
 from posttrain.ops.head_blocks import head_precision
@@ -481,7 +481,7 @@ class Trainer:
                 t0 = time.time()
                 reset_gpu_peak(self.device)
                 with head_precision(cfg.head_precision):  # the fused LM head's arithmetic
-                    metrics = self.step(step)
+                    metrics = padded_step(self.step, step, self.dist)
                 metrics |= self.push_metrics  # `rollout/push_check_gap` (vLLM engines)
                 self.push_metrics = {}
                 metrics["perf/step_seconds"] = time.time() - t0

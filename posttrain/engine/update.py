@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posttrain.core.padding import PAD_COUNT
 from posttrain.engine.distributed import metric_kind, reduce_values
 from posttrain.engine.optim import release_freed_memory
 
@@ -53,6 +54,9 @@ class Plan:
     global_ids: [n_local] each local item's position in the step's global list.
     n_global: items of the step over all ranks. lengths: [n_local] sort key for similar-length
     micro-batches (or None). seed: shuffle seed of this step (None: no shuffle).
+    micro_batch_tokens: when > 0 (and `widths` given), micro-batches hold at most this many
+    token positions, rows x the padded width (`token_budget_micro_batches`), in place of
+    `micro_batch_size` rows. widths: [n_local] each item's (prompt, completion) tokens.
     """
 
     global_ids: list[int]
@@ -62,6 +66,8 @@ class Plan:
     mini_batches: int = 1
     lengths: list[float] | None = None
     seed: int | None = None
+    micro_batch_tokens: int = 0
+    widths: list[tuple[int, int]] | None = None
 
 
 def shard_plan(n_global: int, dist: Any, micro_batch_size: int, **kw: Any) -> Plan:
@@ -133,6 +139,35 @@ def _mini_batches(plan: Plan) -> list[list[int]]:
     return steps
 
 
+def token_budget_micro_batches(items: list[int], widths: list[tuple[int, int]],
+                               budget: int) -> list[list[int]]:
+    """`items` grouped so that each micro-batch's padded size, rows x (longest prompt +
+    longest completion), is at most `budget` tokens (verl's dynamic batch size): sorted by
+    (completion, prompt) width (stable), then cut greedily. An item wider than the budget gets
+    a micro-batch of its own (it cannot be split). Which rows share a micro-batch never
+    changes the update: each loss is divided by the whole optimizer step's counts.
+    widths: (prompt tokens, completion tokens) of each item, indexed by item."""
+    out: list[list[int]] = []
+    p_max = 0
+    for i in sorted(items, key=lambda i: (widths[i][1], widths[i][0])):
+        p, c = widths[i]
+        if out and (len(out[-1]) + 1) * (max(p_max, p) + c) <= budget:
+            out[-1].append(i)  # completions ascending: item i's is the longest so far
+            p_max = max(p_max, p)
+        else:
+            out.append([i])
+            p_max = p
+    return out
+
+
+def row_widths(prompt_mask: Tensor, response_mask: Tensor) -> list[tuple[int, int]]:
+    """Each row's (prompt tokens, completion tokens up to the last position that counts).
+    prompt_mask: [n, P]; response_mask: [n, T]. Returns n pairs."""
+    T = response_mask.shape[1]
+    span = (response_mask.bool() * torch.arange(1, T + 1, device=response_mask.device)).amax(-1)
+    return list(zip(prompt_mask.sum(-1).tolist(), span.tolist(), strict=True))  # [n]
+
+
 def step_groups(groups: Sequence[OptimGroup], dist: Any) -> dict[str, float]:
     """Sum gradients over ranks, clip, step, schedule, zero each group; returns each group's
     pre-clip grad norm and the learning rate the step used."""
@@ -173,8 +208,10 @@ def run_update(plan: Plan, dist: Any, counts: CountFn, loss_fn: LossFn,
         totals = _global_counts(counts(mine), dist)
         if not any(v > 0 for v in totals.values()):
             continue  # nothing counts in this optimizer step on any rank
-        micros = [mine[a:a + plan.micro_batch_size]
-                  for a in range(0, len(mine), plan.micro_batch_size)]
+        micros = (token_budget_micro_batches(mine, plan.widths, plan.micro_batch_tokens)
+                  if plan.micro_batch_tokens > 0 and plan.widths is not None
+                  else [mine[a:a + plan.micro_batch_size]
+                        for a in range(0, len(mine), plan.micro_batch_size)])
         # under FSDP2 every rank runs as many forward/backward passes as the busiest one
         # (agreed before any pass: each pass all-gathers and reduce-scatters)
         calls = int(dist.max(float(len(micros)))) if dist.fsdp else len(micros)
@@ -213,3 +250,16 @@ def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
     """Over the optimizer steps of one call: the mean of each key, the MAX / MIN of extremes."""
     keys = sorted(set().union(*rows)) if rows else []
     return {k: reduce_values([r[k] for r in rows if k in r], metric_kind(k)) for k in keys}
+
+
+def padded_step(step_fn: Callable[[int], dict[str, float]], step: int,
+                dist: Any) -> dict[str, float]:
+    """``step_fn(step)``'s metrics plus ``perf/pad_fraction``: padded / all positions of the
+    differentiated forward passes it ran (`posttrain.core.padding`), summed over ranks (the
+    same value on each); 0 where it ran none."""
+    PAD_COUNT.take()  # the count starts with the step
+    metrics = step_fn(step)
+    padded, total = PAD_COUNT.take()
+    both = dist.sum(torch.tensor([padded, total], dtype=torch.float64))
+    metrics["perf/pad_fraction"] = float(both[0] / both[1]) if float(both[1]) > 0 else 0.0
+    return metrics

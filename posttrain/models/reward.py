@@ -22,7 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posttrain.core.padding import count_positions
 from posttrain.models.loading import ModelLoadError, load_tokenizer, resolve_dtype
+from posttrain.models.packing import packed_outputs
 
 KINDS: dict[str, tuple[str, str]] = {
     # kind -> (architecture suffix, human name)
@@ -137,21 +139,27 @@ def prm_meta(model: Any) -> dict[str, Any]:
     return meta
 
 
-def _decoder_hidden(model: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """Last hidden states [B, T, H] of the scorer's decoder."""
+def _decoder_hidden(model: Any, input_ids: Tensor, attention_mask: Tensor,
+                    packing: bool = False) -> Tensor:
+    """Last hidden states [B, T, H] of the scorer's decoder (`packing`: the rows as one
+    sequence, `posttrain.models.packing`; 0 at padded positions)."""
     decoder = getattr(model, model.base_model_prefix)
+    if packing:
+        return packed_outputs(decoder, input_ids, attention_mask, 0, input_ids.shape[1])
+    count_positions(attention_mask)
     out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     return out.last_hidden_state
 
 
-def sequence_scores(model: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+def sequence_scores(model: Any, input_ids: Tensor, attention_mask: Tensor,
+                    packing: bool = False) -> Tensor:
     """ORM scores [B] fp32 read at the last real token of each row.
 
     Args:
         input_ids: [B, T] (either padding side). attention_mask: [B, T], 1 on real tokens.
     """
     mask = attention_mask.bool()
-    hidden = _decoder_hidden(model, input_ids, mask.long())  # [B, T, H]
+    hidden = _decoder_hidden(model, input_ids, mask.long(), packing)  # [B, T, H]
     last = last_positions(mask)  # [B]
     pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # [B, H]
     return model.score(pooled).squeeze(-1).float()  # [B]
@@ -163,17 +171,23 @@ def last_positions(mask: Tensor) -> Tensor:
     return torch.where(mask, positions, -1).amax(-1).clamp(min=0)  # [B]
 
 
-def position_scores(model: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+def position_scores(model: Any, input_ids: Tensor, attention_mask: Tensor,
+                    packing: bool = False) -> Tensor:
     """ORM score head at EVERY position, [B, T] fp32 (the token-level objective's input).
 
     Position ``last_positions(attention_mask)`` of each row equals :func:`sequence_scores`.
     """
-    hidden = _decoder_hidden(model, input_ids, attention_mask.long())  # [B, T, H]
+    hidden = _decoder_hidden(model, input_ids, attention_mask.long(), packing)  # [B, T, H]
     return model.score(hidden).squeeze(-1).float()  # [B, T]
 
 
-def token_logits(model: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """PRM class logits at every position, [B, T, C] fp32 (right padding)."""
+def token_logits(model: Any, input_ids: Tensor, attention_mask: Tensor,
+                 packing: bool = False) -> Tensor:
+    """PRM class logits at every position, [B, T, C] fp32 (right padding; `packing`: as
+    `_decoder_hidden`)."""
+    if packing:
+        return packed_outputs(model, input_ids, attention_mask, 0, input_ids.shape[1]).float()
+    count_positions(attention_mask)
     return model(input_ids=input_ids, attention_mask=attention_mask.long(),
                  use_cache=False).logits.float()
 

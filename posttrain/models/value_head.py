@@ -26,7 +26,9 @@ import torch
 from torch import Tensor, nn
 
 from posttrain.core.device import autocast_ctx
+from posttrain.core.padding import count_positions
 from posttrain.models.loading import ModelLoadError
+from posttrain.models.packing import packed_outputs
 from posttrain.ops.masked import trim_padding
 
 HEAD_FILE = "value_head.safetensors"
@@ -64,11 +66,12 @@ class ValueModel(nn.Module):
         return own + list(self.head.parameters())
 
     def forward(self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
-                response_mask: Tensor, autocast: bool = False) -> Tensor:
+                response_mask: Tensor, autocast: bool = False, packing: bool = False) -> Tensor:
         """Values of the states before each completion token.
 
         Args:
             prompt_ids, prompt_mask: [n, P] left padded; completion_ids, response_mask: [n, T].
+            packing: the rows run as one sequence (`posttrain.models.packing`).
         Returns:
             values [n, T] fp32; 0 on masked positions (they carry no state).
         """
@@ -79,9 +82,14 @@ class ValueModel(nn.Module):
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, P'+T']
         t_cut = c_ids.shape[1]
         with self._adapter_active(), autocast_ctx(autocast, ids.device):
-            hidden = self.body(input_ids=ids, attention_mask=attn,
-                               position_ids=pos).last_hidden_state  # [n, P'+T', H]
-        hidden = hidden[:, -t_cut - 1 : -1].float()  # [n, T', H] predicts completion token t
+            if packing:  # [n, T', H], 0 at padded columns
+                hidden = packed_outputs(self.body, ids, attn, p_ids.shape[1] - 1, t_cut)
+            else:
+                count_positions(attn)
+                hidden = self.body(input_ids=ids, attention_mask=attn,
+                                   position_ids=pos).last_hidden_state  # [n, P'+T', H]
+                hidden = hidden[:, -t_cut - 1 : -1]  # [n, T', H] predicts completion token t
+        hidden = hidden.float()
         values = self.head(hidden).squeeze(-1)  # [n, T']
         values = torch.where(c_mask.bool(), values, torch.zeros_like(values))  # [n, T']
         return nn.functional.pad(values, (0, completion_ids.shape[1] - t_cut))  # [n, T]

@@ -81,6 +81,7 @@ class DPOTrainer(Trainer):
 
     name = "dpo"
     supports_bf16_compute = True
+    supports_packing = True  # every forward is the one policy forward
     fsdp_meta_start = False  # setup() computes the reference tables with the policy
     config_class = DPOConfig
     data_kind = "preferences"

@@ -26,7 +26,7 @@ from torch import Tensor
 from posttrain.config import ConfigError, GRPOConfig
 from posttrain.core.runtime import sequence_seed
 from posttrain.engine.distributed import weighted
-from posttrain.engine.update import local_plan
+from posttrain.engine.update import local_plan, row_widths
 from posttrain.ops import (
     aggregate_loss,
     group_advantages,
@@ -57,6 +57,7 @@ class GRPOTrainer(PromptRLTrainer):
     name = "grpo"
     supports_bf16_compute = True
     supports_tools = True
+    supports_token_budget = supports_packing = True  # packing: every forward is the policy's
     config_class = GRPOConfig
     progress_keys = ("reward/mean", "reward/accuracy", "response/truncated_frac")
     count_metrics = PromptRLTrainer.count_metrics | {"rollout/groups_used",
@@ -338,7 +339,9 @@ class GRPOTrainer(PromptRLTrainer):
         plan = local_plan(rollout.num_sequences, cfg.group_size, self.dist,
                           cfg.micro_batch_size, epochs=cfg.num_iterations,
                           mini_batches=cfg.mini_batches, lengths=lengths.tolist(),
-                          seed=sequence_seed(cfg.seed, self._step, "update"))
+                          seed=sequence_seed(cfg.seed, self._step, "update"),
+                          micro_batch_tokens=cfg.micro_batch_tokens,
+                          widths=row_widths(rollout.prompt_mask, rollout.attention_mask))
 
         def counts(idx: list[int]) -> dict[str, float]:
             n = lengths[idx]

@@ -44,6 +44,7 @@ class OnlineDPOTrainer(PromptRLTrainer):
 
     name = "online_dpo"
     supports_bf16_compute = True
+    supports_packing = True  # every forward is the one policy forward
     supports_fsdp = False  # ranks holding no pair would skip the sharded reference's passes
     config_class = OnlineDPOConfig
     progress_keys = ("reward/mean", "reward/accuracy", "rewards/accuracy")

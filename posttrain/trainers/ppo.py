@@ -26,7 +26,7 @@ from torch import Tensor
 from posttrain.config.ppo import PPOConfig
 from posttrain.core.runtime import sequence_seed
 from posttrain.engine.distributed import weighted
-from posttrain.engine.update import OptimGroup, local_plan
+from posttrain.engine.update import OptimGroup, local_plan, row_widths
 from posttrain.models.value_head import (
     CRITIC_ADAPTER,
     ValueModel,
@@ -62,6 +62,7 @@ class PPOTrainer(PromptRLTrainer):
     progress_keys = ("reward/mean", "reward/accuracy", "response/truncated_frac",
                      "kl/coef")
     supports_fsdp = False  # the critic is not sharded; data parallel works
+    supports_token_budget = supports_packing = True  # packing: the critic's forward too
     supports_tools = True  # episodes: tool tokens are read, never actions (docs/ppo.md)
     cfg: PPOConfig
 
@@ -209,8 +210,8 @@ class PPOTrainer(PromptRLTrainer):
         """Critic values [N, T] in micro-batches, no gradients (`mask`: the tokens read)."""
         n, size = p_ids.shape[0], self.cfg.micro_batch_size
         return torch.cat([self.critic(p_ids[i:i + size], p_mask[i:i + size], c_ids[i:i + size],
-                                      mask[i:i + size], self.forward.autocast)
-                          for i in range(0, n, size)])
+                                      mask[i:i + size], self.forward.autocast,
+                                      self.forward.packing) for i in range(0, n, size)])
 
     # ------------------------------------------------------------------------------------------
     def ppo_update(self, batch: Rollout, train_policy: bool = True) -> dict[str, float]:
@@ -219,7 +220,9 @@ class PPOTrainer(PromptRLTrainer):
         cfg = self.cfg
         plan = local_plan(self.n_sampled, cfg.group_size, self.dist, cfg.micro_batch_size,
                           rows=self.kept, epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches,
-                          seed=sequence_seed(cfg.seed, self._step, "update"))
+                          seed=sequence_seed(cfg.seed, self._step, "update"),
+                          micro_batch_tokens=cfg.micro_batch_tokens,
+                          widths=row_widths(batch.prompt_mask, batch.attention_mask))
         lengths = batch.response_mask.sum(-1).cpu()  # [n]
         kept = (batch.is_weights > 0).sum(-1).cpu()  # [n] tokens the policy loss counts
         rejects = cfg.rollout_correction().endswith("_mask")
@@ -292,7 +295,8 @@ class PPOTrainer(PromptRLTrainer):
             out.update({"loss/policy": p_loss.detach(), "loss/entropy": ent.detach(),
                         "policy/entropy": masked_mean(entropy.detach(), micro.response_mask)})
         values = self.critic(micro.prompt_ids, micro.prompt_mask, micro.completion_ids,
-                             micro.attention_mask, self.forward.autocast)  # [n, T]
+                             micro.attention_mask, self.forward.autocast,
+                             self.forward.packing)  # [n, T]
         v_loss, v_metrics = value_loss(values, micro.values, micro.returns,
                                        micro.response_mask, cfg.value_clip, "token-mean",
                                        **norms)

@@ -58,6 +58,7 @@ class PRMTrainer(Trainer):
     """Step-level classification training of a process reward model."""
 
     name = "prm"
+    supports_packing = True
     config_class = PRMConfig
     data_kind = "steps"
     progress_keys = ("loss/prm", "train/step_accuracy")
@@ -125,7 +126,8 @@ class PRMTrainer(Trainer):
             if it["soft"] is not None:
                 soft[i, ends] = torch.tensor(it["soft"], dtype=torch.float)
         with self.autocast():
-            logits = token_logits(self.model, ids.to(self.device), mask.to(self.device))
+            logits = token_logits(self.model, ids.to(self.device), mask.to(self.device),
+                                  self.cfg.packing)
         return {"logits": logits, "labels": labels.to(self.device),
                 "step_mask": step_mask.to(self.device), "soft": soft.to(self.device)}
 

@@ -85,6 +85,7 @@ class RewardModelTrainer(Trainer):
     config_class = RMConfig
     progress_keys = ("loss/rm", "train/accuracy")
     supports_fsdp = False  # scores are read from the decoder under the root module's group
+    supports_packing = True
     cfg: RMConfig
 
     @property
@@ -150,7 +151,8 @@ class RewardModelTrainer(Trainer):
         ids, mask = pad_right(seqs, pad)  # [n or 2n, T]
         if self.cfg.token_level:
             with self.autocast():
-                per_pos = position_scores(self.model, ids.to(self.device), mask.to(self.device))
+                per_pos = position_scores(self.model, ids.to(self.device), mask.to(self.device),
+                                          self.cfg.packing)
             mask = mask.to(self.device)
             last = last_positions(mask)  # [n]
             cols = torch.arange(mask.shape[1], device=self.device)[None, :]  # [1, T]
@@ -158,7 +160,8 @@ class RewardModelTrainer(Trainer):
             return {"score": per_pos[torch.arange(len(idx), device=self.device), last],
                     "positions": per_pos, "response_mask": mask & (cols >= starts)}
         with self.autocast():
-            r = sequence_scores(self.model, ids.to(self.device), mask.to(self.device))
+            r = sequence_scores(self.model, ids.to(self.device), mask.to(self.device),
+                                self.cfg.packing)
         if self.cfg.objective == "binary":
             return {"score": r}
         return {"chosen": r[:len(idx)], "rejected": r[len(idx):]}

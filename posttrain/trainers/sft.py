@@ -127,6 +127,7 @@ class SFTTrainer(Trainer):
     """Supervised fine-tuning on {prompt, completion} rows; loss on completion tokens only."""
 
     name = "sft"
+    supports_packing = True  # every forward is the one policy forward
     config_class = SFTConfig
     data_kind = "sft"
     progress_keys = ("loss/sft",)

@@ -14,7 +14,9 @@ import pytest
 
 from tests.conformance.conftest import RL, build, case_keys
 
-PRECISIONS = {"fp32": {}, "bf16_autocast": {"autocast_bf16": True}}
+PRECISIONS = {"fp32": {}, "bf16_autocast": {"autocast_bf16": True},
+              "fp32_packed": {"packing": True},  # every forward packed (docs/performance.md)
+              "bf16_packed": {"autocast_bf16": True, "packing": True}}
 
 
 @pytest.mark.parametrize("precision", sorted(PRECISIONS))
