@@ -226,10 +226,11 @@ def _sampler_main(cfg: Any, tokenizer: Any, skeleton: torch.nn.Module, agent: An
     torch.set_num_threads(threads)
     try:
         from posttrain.engine.session import build_scorer
+        from posttrain.engine.values import prompt_values
 
         buffers, model = skeleton.state_dict(), copy.deepcopy(skeleton)
         engine = build_engine(cfg, tokenizer, role="train", agent=agent)
-        scorer, _ = build_scorer(cfg, reward_fns)
+        scorer, _ = build_scorer(prompt_values(cfg).rewards, reward_fns)
         while (job := jobs.get()) is not None:
             results.put(_run_job(job, model, buffers, engine, scorer, cfg, version, loaded, lock))
     except BaseException as err:  # noqa: BLE001 - every failure goes to the learner
