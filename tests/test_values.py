@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,3 +103,59 @@ def test_values_of_each_config_at_its_defaults(cfg: BaseConfig) -> None:
     assert v.max_len == (getattr(cfg, "max_seq_len", None) or getattr(cfg, "max_new_tokens",
                                                                       None))
     assert v.rewards.specs == getattr(cfg, "rewards", [])
+
+
+# ---- every config key declared once; a re-declaration only to change a default ----------------
+TWO_THINGS = {  # one key name, two different things (issue 60 item 2 gives each its own word)
+    "max_new_tokens": ("HeldOutKeys", "PromptKeys"),  # evaluation budget / sampling budget
+    "gamma": ("DPOLossConfig", "PPOConfig"),  # SimPO's margin / GAE's discount
+    "loss_type": ("DPOLossConfig", "KTOConfig"),  # two losses' own sets of choices
+    "batch_size": ("RowKeys", "SearchConfig"),  # rows per optimizer step / per generation
+    "step_separator": ("PRMConfig", "SearchConfig"),  # after each labelled step / beam stop
+}
+
+
+def config_classes() -> list[type]:
+    """Every dataclass defined in posttrain/config/*.py."""
+    found = []
+    for path in sorted((ROOT / "posttrain" / "config").glob("*.py")):
+        module = importlib.import_module(f"posttrain.config.{path.stem}")
+        found += [c for c in vars(module).values() if isinstance(c, type)
+                  and dataclasses.is_dataclass(c) and c.__module__ == module.__name__]
+    return found
+
+
+def _default(cls: type, key: str) -> Any:
+    f = cls.__dataclass_fields__[key]
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def declarations() -> tuple[dict[str, list[str]], list[tuple[str, str, Any, Any]]]:
+    """(key -> the classes declaring it first, [(class, key, its default, the inherited one)])
+    over the config classes; ClassVars are not keys."""
+    homes: dict[str, list[str]] = {}
+    again = []
+    for cls in config_classes():
+        for key, tp in vars(cls).get("__annotations__", {}).items():
+            if "ClassVar" in str(tp):
+                continue
+            base = next((b for b in cls.__mro__[1:] if key in getattr(
+                b, "__dataclass_fields__", {})), None)
+            if base is None:
+                homes.setdefault(key, []).append(cls.__name__)
+            else:
+                again.append((cls.__name__, key, _default(cls, key), _default(base, key)))
+    return homes, again
+
+
+def test_every_config_key_is_declared_once() -> None:
+    homes, _ = declarations()
+    twice = {key: tuple(sorted(names)) for key, names in homes.items() if len(names) > 1}
+    assert twice == TWO_THINGS
+
+
+def test_a_redeclaration_only_changes_a_default() -> None:
+    _, again = declarations()
+    assert ("SFTConfig", "lr", 1e-3, 1e-5) in again  # the list is read
+    same = [(cls, key, new) for cls, key, new, old in again if new == old]
+    assert same == []
