@@ -231,61 +231,6 @@ class BaseConfig:
         return engine_key_needs(self)
 
 
-# Keys some configs share, each declared once: a config lists these before BaseConfig.
-@dataclass
-class MicroBatchKeys:
-    micro_batch_size: int = 16
-    """Sequences per forward/backward (gradient accumulation; the update is the same for any
-    value), as in every trainer: a preference pair is two sequences (chosen and rejected in one
-    forward), so a micro-batch holds half as many pairs. 16 (8 pairs, TRL's per-device default)
-    is sized for a GPU; on a CPU with a tiny model 64 or more is faster."""
-
-
-@dataclass
-class RowKeys(MicroBatchKeys):
-    batch_size: int = 32
-    """Rows per optimizer step: preference pairs (dpo, rm), rows (kto, rm objective=binary),
-    step rows (prm)."""
-    max_seq_len: int = 256
-    """Longest prompt+completion (or prompt+steps) in tokens; longer rows are an error, not
-    silently cut."""
-
-
-@dataclass
-class RewardKeys:
-    rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
-    """Reward functions and weights: [{name: math|format|code|pkg.module:function, weight: w}]
-    (a trained model too: a `reward_model` entry); the weighted sum scores a whole completion
-    (PPO puts it on the last completion token as R). sft, dpo, kto: used only to score
-    held-out greedy samples (evaluation only)."""
-
-
-@dataclass
-class HeldOutKeys(RewardKeys):
-    max_new_tokens: int = 64
-    """Generation budget for held-out greedy evaluation."""
-
-
-@dataclass
-class PromptKeys:
-    prompt_field: str = "prompt"
-    """Row field holding the prompt (str or list of chat messages); another name is read as
-    `columns: {prompt: <name>}`."""
-    answer_field: str = "answer"
-    """Row field holding the gold answer, passed to reward functions as `answer` (search: used
-    only to measure accuracy)."""
-    answer_marker: str = ""
-    """If set, the gold answer is the text after the last occurrence of this marker in the
-    answer field (GSM8K solutions end with "#### 72": use "####")."""
-    max_new_tokens: int = 64
-    """Longest completion sampled; longer ones are truncated and flagged (search: a solution,
-    and a beam-search step)."""
-    temperature: float = 1.0
-    """Sampling temperature (RL: log-probs use the same temperature)."""
-    top_p: float = 1.0
-    """Nucleus sampling; 1.0 disables."""
-
-
 # ----------------------------------------------------------------------------------------------
 # Field documentation from the source (the string under each field)
 # ----------------------------------------------------------------------------------------------

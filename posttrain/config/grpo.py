@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from posttrain.config.base import check_table
-from posttrain.config.rl import PolicyGradientKeys, PromptRLConfig
+from posttrain.config.keys import PolicyGradientKeys
+from posttrain.config.rl import PromptRLConfig
 
 
 @dataclass
@@ -35,9 +36,9 @@ class GRPOConfig(PolicyGradientKeys, PromptRLConfig):
     # --- KL to the reference model (loss_agg, kl_coef, kl_estimator: PolicyGradientKeys) ---
     kl_placement: Literal["loss", "reward"] = "loss"
     """KL added to the loss (GRPO) or subtracted from each sequence's score before advantages."""
-    # --- update ---
+    # --- update (mini_batches: PolicyGradientKeys) ---
     num_iterations: int = 1
-    """Passes over each rollout batch (GRPO's mu); mini_batches: PolicyGradientKeys."""
+    """Passes over each rollout batch (GRPO's mu)."""
     old_logprobs: Literal["rollout", "recompute"] = "rollout"
     """Off-policy updates: reuse the sampler's log-probs or run one more forward pass. Under
     autocast_bf16 the sampler's log-probs come from a bf16 decode, so `recompute` is used (a

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from posttrain.config.base import check_table
-from posttrain.config.rl import PolicyGradientKeys, PromptRLConfig
+from posttrain.config.keys import PolicyGradientKeys
+from posttrain.config.rl import PromptRLConfig
 
 
 @dataclass

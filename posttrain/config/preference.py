@@ -6,22 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from posttrain.config.base import (
-    BaseConfig,
-    ConfigError,
-    HeldOutKeys,
-    RowKeys,
-    check_generation_budget,
-    check_table,
-)
+from posttrain.config.base import BaseConfig, ConfigError, check_generation_budget, check_table
+from posttrain.config.keys import BetaKeys, HeldOutKeys, RowKeys
 from posttrain.config.rl import PromptRLConfig
-
-
-@dataclass
-class BetaKeys:
-    beta: float = 0.1
-    """beta: scale of the implicit reward beta * (logp - logp_ref), the strength of the KL
-    anchor to the reference (SimPO: the reward scale)."""
 
 
 @dataclass

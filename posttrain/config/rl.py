@@ -5,19 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from posttrain.config.base import (
-    BaseConfig,
-    MicroBatchKeys,
-    PromptKeys,
-    RewardKeys,
-    check_generation_budget,
-    check_table,
-)
+from posttrain.config.base import BaseConfig, check_generation_budget, check_table
+from posttrain.config.keys import MicroBatchKeys, PromptKeys, RewardKeys
 
 
 @dataclass
 class PromptRLConfig(PromptKeys, RewardKeys, MicroBatchKeys, BaseConfig):
-    # --- data and rewards (prompt_field, answer_field, answer_marker: PromptKeys; rewards) ---
+    # --- data and rewards (fields, answer_marker: PromptKeys; rewards: RewardKeys) ---
     reward_on_error: Literal["auto", "zero", "raise"] = "auto"
     """A reward function that raises on a sample. auto: that sample scores 0 (counted in
     reward/errors/<name>, recorded with the sample in out_dir/reward_errors.jsonl), but a
@@ -161,18 +155,3 @@ class PromptRLConfig(PromptKeys, RewardKeys, MicroBatchKeys, BaseConfig):
             "max_prompt_len": (self.max_prompt_len >= 0, "expected >= 0 (0: only the model's "
                                "context)")})
 
-
-@dataclass
-class PolicyGradientKeys:
-    """Keys of the clipped policy-gradient trainers (GRPO's defaults; PPO changes them)."""
-
-    loss_agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = (
-        "seq-mean-token-mean"
-    )
-    """Loss aggregation: GRPO paper, DAPO token-mean, or Dr. GRPO sum / (N * max_new_tokens)."""
-    kl_coef: float = 0.0
-    """beta. 0 loads no reference model and runs no reference forward pass."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """Per-token KL estimator (k3 = DeepSeekMath)."""
-    mini_batches: int = 1
-    """Optimizer steps per pass over a rollout batch."""

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from posttrain.config.base import BaseConfig, ConfigError, RowKeys, check_table
+from posttrain.config.base import BaseConfig, ConfigError, check_table
+from posttrain.config.keys import RowKeys
 
 
 @dataclass

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from posttrain.config.base import BaseConfig, ConfigError, PromptKeys, check_table
+from posttrain.config.base import BaseConfig, ConfigError, check_table
+from posttrain.config.keys import PromptKeys
 
 METHODS = ("best_of_n", "majority", "weighted", "beam")
 

@@ -5,13 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from posttrain.config.base import (
-    BaseConfig,
-    HeldOutKeys,
-    RowKeys,
-    check_generation_budget,
-    check_table,
-)
+from posttrain.config.base import BaseConfig, check_generation_budget, check_table
+from posttrain.config.keys import HeldOutKeys, RowKeys
 
 
 @dataclass
