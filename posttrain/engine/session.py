@@ -193,7 +193,8 @@ def _normalise_rows(rows: list[dict[str, Any]], answer_field: str,
 
 
 def data_columns(cfg: BaseConfig, field_: str) -> dict[str, str]:
-    """`columns` with `prompt_field` (GRPO, PPO) folded in as `{prompt: <prompt_field>}`."""
+    """`columns` with `field_`, the prompt's field (`prompt_field`: GRPO, PPO), folded in as
+    `{prompt: <prompt_field>}`."""
     columns = dict(cfg.columns)
     if field_ != "prompt":
         if columns.get("prompt", field_) != field_:
