@@ -21,7 +21,7 @@ from pathlib import Path
 BUDGETS = {"core": 190, "config+cli": 1160, "data": 690, "models": 830, "ops": 1050,
            "engine": 2515, "rollout": 2030, "sandbox": 2360, "rewards": 1320, "search": 500,
            "trainers": 1735}
-LIBRARY = 14250
+LIBRARY = 14320
 PROSE = (0.10, 0.36)
 PEERS = {  # what a family's budget was sized against: feature -> (peer, its lines, ours)
     "trainers: KTO": ("TRL 1.16 kto_trainer.py", 1945, 208),

@@ -108,6 +108,7 @@ def test_values_of_each_config_at_its_defaults(cfg: BaseConfig) -> None:
 # ---- every config key declared once; a re-declaration only to change a default ----------------
 TWO_THINGS = {  # one key name, two different things (issue 60 item 2 gives each its own word)
     "max_new_tokens": ("HeldOutKeys", "PromptKeys"),  # evaluation budget / sampling budget
+    "rewards": ("HeldOutKeys", "PromptRLConfig"),  # held-out scoring only / trained on
     "gamma": ("DPOLossConfig", "PPOConfig"),  # SimPO's margin / GAE's discount
     "loss_type": ("DPOLossConfig", "KTOConfig"),  # two losses' own sets of choices
     "batch_size": ("RowKeys", "SearchConfig"),  # rows per optimizer step / per generation

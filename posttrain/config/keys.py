@@ -30,18 +30,11 @@ class RowKeys(MicroBatchKeys):
 
 
 @dataclass
-class RewardKeys:
-    rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
-    """Reward functions and weights: [{name: math|format|code|pkg.module:function, weight: w}]
-    (a trained model too: a `reward_model` entry); the weighted sum scores a whole completion
-    (PPO puts it on the last completion token as R). sft, dpo, kto: used only to score
-    held-out greedy samples (evaluation only)."""
-
-
-@dataclass
-class HeldOutKeys(RewardKeys):
+class HeldOutKeys:
     max_new_tokens: int = 64
     """Generation budget for held-out greedy evaluation."""
+    rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
+    """Reward functions used to score held-out greedy samples (evaluation only)."""
 
 
 @dataclass

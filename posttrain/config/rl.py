@@ -5,13 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from posttrain.config.base import BaseConfig, check_generation_budget, check_table
-from posttrain.config.keys import MicroBatchKeys, PromptKeys, RewardKeys
+from posttrain.config.base import BaseConfig, check_generation_budget, check_table, math_and_format
+from posttrain.config.keys import MicroBatchKeys, PromptKeys
 
 
 @dataclass
-class PromptRLConfig(PromptKeys, RewardKeys, MicroBatchKeys, BaseConfig):
-    # --- data and rewards (fields, answer_marker: PromptKeys; rewards: RewardKeys) ---
+class PromptRLConfig(PromptKeys, MicroBatchKeys, BaseConfig):
+    # --- data and rewards (prompt_field, answer_field, answer_marker: PromptKeys) ---
+    rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
+    """Reward functions and weights: [{name: math|format|code|pkg.module:function, weight: w}]
+    (a trained model too: a `reward_model` entry); the weighted sum scores a whole completion
+    (PPO puts it on the last completion token as R)."""
     reward_on_error: Literal["auto", "zero", "raise"] = "auto"
     """A reward function that raises on a sample. auto: that sample scores 0 (counted in
     reward/errors/<name>, recorded with the sample in out_dir/reward_errors.jsonl), but a
