@@ -165,7 +165,8 @@ class BaseConfig:
     train_split: str = "train"
     """Split name when `train_data` is a `datasets` name."""
     eval_data: str = ""
-    """Held-out prompts (JSONL path or `datasets` name); empty: no held-out evaluation."""
+    """Held-out prompts (JSONL path or `datasets` name); empty: no held-out evaluation (search:
+    the problems {"prompt", "answer"} searched)."""
     eval_split: str = "test"
     """Split name when `eval_data` is a `datasets` name."""
     eval_size: int = 1000

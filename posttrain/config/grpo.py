@@ -7,16 +7,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from posttrain.config.base import check_table
+from posttrain.config.keys import PolicyGradientKeys
 from posttrain.config.rl import PromptRLConfig
 
 
 @dataclass
-class GRPOConfig(PromptRLConfig):
-    # --- rollout ---
-    group_size: int = 8
-    """G: completions sampled per prompt (>= 2)."""
-    prompts_per_step: int = 8
-    """B: prompts per rollout batch; N = B*G sequences per step."""
+class GRPOConfig(PolicyGradientKeys, PromptRLConfig):
     # --- advantages ---
     advantage: Literal["grpo", "rloo", "grpo_process"] = "grpo"
     """Advantage estimator: group-normalised (GRPO), leave-one-out (RLOO), or GRPO with process
@@ -37,22 +33,12 @@ class GRPOConfig(PromptRLConfig):
     """Importance ratio per token (PPO/GRPO), per sequence (GSPO) or GSPO-token."""
     sequence_ratio: Literal["geometric", "product"] = "geometric"
     """GSPO sequence ratio: length-normalised (paper) or the plain product (seed note form)."""
-    loss_agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = (
-        "seq-mean-token-mean"
-    )
-    """Loss aggregation: GRPO paper, DAPO token-mean, or Dr. GRPO sum / (N * max_new_tokens)."""
-    # --- KL to the reference model ---
-    kl_coef: float = 0.0
-    """beta. 0 loads no reference model and runs no reference forward pass."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """Per-token KL estimator (k3 = DeepSeekMath)."""
+    # --- KL to the reference model (loss_agg, kl_coef, kl_estimator: PolicyGradientKeys) ---
     kl_placement: Literal["loss", "reward"] = "loss"
     """KL added to the loss (GRPO) or subtracted from each sequence's score before advantages."""
-    # --- update ---
+    # --- update (mini_batches: PolicyGradientKeys) ---
     num_iterations: int = 1
     """Passes over each rollout batch (GRPO's mu)."""
-    mini_batches: int = 1
-    """Optimizer steps per pass over a rollout batch."""
     old_logprobs: Literal["rollout", "recompute"] = "rollout"
     """Off-policy updates: reuse the sampler's log-probs or run one more forward pass. Under
     autocast_bf16 the sampler's log-probs come from a bf16 decode, so `recompute` is used (a

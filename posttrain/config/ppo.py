@@ -3,18 +3,16 @@ InstructGPT, Ouyang et al. 2022); defaults follow those papers' open implementat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
-from posttrain.config.base import check_table, math_and_format
+from posttrain.config.base import check_table
+from posttrain.config.keys import PolicyGradientKeys
 from posttrain.config.rl import PromptRLConfig
 
 
 @dataclass
-class PPOConfig(PromptRLConfig):
-    rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
-    """Scores of whole completions: verifiable rewards and/or a `reward_model` entry, with
-    weights. The weighted sum is the score R put on the last completion token."""
+class PPOConfig(PolicyGradientKeys, PromptRLConfig):
     # --- rollout ---
     prompts_per_step: int = 64
     """Prompts per rollout batch."""
@@ -67,7 +65,6 @@ class PPOConfig(PromptRLConfig):
     """Stop this step's remaining PPO epochs when the approx KL between the rollout policy and
     the current one, mean(logp_old - logp), exceeds this (the mini-batch that crossed it is not
     applied); null: never stop early."""
-    lr: float = 1e-5  # the policy's (critic_lr: the critic's)
 
     def validate(self) -> None:
         super().validate()

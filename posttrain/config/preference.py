@@ -3,25 +3,18 @@ prompts."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
-from posttrain.config.base import (
-    BaseConfig,
-    ConfigError,
-    check_generation_budget,
-    check_table,
-    math_and_format,
-)
+from posttrain.config.base import BaseConfig, ConfigError, check_generation_budget, check_table
+from posttrain.config.keys import BetaKeys, HeldOutKeys, RowKeys
 from posttrain.config.rl import PromptRLConfig
 
 
 @dataclass
-class DPOLossConfig:
+class DPOLossConfig(BetaKeys):
     """The DPO-family loss keys, shared by `posttrain dpo` and `posttrain online_dpo`."""
 
-    beta: float = 0.1
-    """DPO beta: strength of the implicit KL anchor to the reference (SimPO: the reward scale)."""
     loss_type: Literal["sigmoid", "cdpo", "robust", "ipo", "hinge", "simpo"] = "sigmoid"
     """Preference loss (docs/algorithms.md); ipo averages log-probs over tokens; simpo averages
     them and uses no reference model (none is loaded or precomputed)."""
@@ -45,18 +38,9 @@ class DPOLossConfig:
 
 
 @dataclass
-class PairsConfig(BaseConfig):
+class PairsConfig(HeldOutKeys, RowKeys, BaseConfig):
     """Offline preference training on a fixed dataset (DPO, KTO)."""
 
-    batch_size: int = 32
-    """Preference pairs (KTO: rows) per optimizer step."""
-    micro_batch_size: int = 16
-    """Sequences per forward/backward (gradient accumulation), as in every trainer: a pair is
-    two sequences (chosen and rejected in one forward), so a micro-batch holds half as many
-    pairs. 16 (8 pairs, TRL's per-device default) is sized for a GPU; on a CPU with a tiny
-    model 64 or more is faster."""
-    max_seq_len: int = 256
-    """Longest prompt+completion in tokens; longer rows are an error."""
     precompute_ref: bool = True
     """Compute reference log-probs once for the whole dataset (cached in `ref_cache_dir`, keyed
     by a hash of the model's weights and of the tokenized pairs) instead of a reference forward
@@ -64,10 +48,6 @@ class PairsConfig(BaseConfig):
     ref_cache_dir: str = ""
     """Folder of the precomputed reference tables; empty: `out_dir/refcache`. Set a shared
     folder to reuse a table across runs (the key changes with the weights and the data)."""
-    max_new_tokens: int = 64
-    """Generation budget for held-out greedy evaluation."""
-    rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
-    """Reward functions used to score held-out greedy samples (evaluation only)."""
     lr: float = 5e-6
 
     def validate(self) -> None:
@@ -92,12 +72,10 @@ class DPOConfig(DPOLossConfig, PairsConfig):
 
 
 @dataclass
-class KTOConfig(PairsConfig):
+class KTOConfig(BetaKeys, PairsConfig):
     loss_type: Literal["kto", "apo_zero_unpaired"] = "kto"
     """kto: KTO paper eq. 7 with the reference point from mismatched pairs; apo_zero_unpaired:
     APO-zero without a reference point (as TRL's KTO trainer)."""
-    beta: float = 0.1
-    """KTO beta: scale of the implicit reward beta * (logp - logp_ref)."""
     desirable_weight: float = 1.0
     """lambda_D: weight of a desirable row's loss (raise it when desirable rows are rarer)."""
     undesirable_weight: float = 1.0
@@ -119,8 +97,6 @@ class OnlineDPOConfig(DPOLossConfig, PromptRLConfig):
     group_size: int = 2
     """G: completions sampled per prompt (>= 2); the best and the worst by `rewards` form the
     pair (TRL samples 2)."""
-    prompts_per_step: int = 8
-    """B: prompts per step; at most B pairs train per step (a group of ties gives none)."""
     micro_batch_size: int = 16  # a pair is two sequences
     lr: float = 5e-7  # TRL's online DPO default
 

@@ -6,21 +6,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from posttrain.config.base import BaseConfig, check_generation_budget, check_table, math_and_format
+from posttrain.config.keys import MicroBatchKeys, PromptKeys
 
 
 @dataclass
-class PromptRLConfig(BaseConfig):
-    # --- data and rewards ---
-    prompt_field: str = "prompt"
-    """Row field holding the prompt (str or list of chat messages); another name is read as
-    `columns: {prompt: <name>}`."""
-    answer_field: str = "answer"
-    """Row field passed to reward functions as `answer`."""
-    answer_marker: str = ""
-    """If set, the gold answer is the text after the last occurrence of this marker in the
-    answer field (GSM8K solutions end with "#### 72": use "####")."""
+class PromptRLConfig(PromptKeys, MicroBatchKeys, BaseConfig):
+    # --- data and rewards (prompt_field, answer_field, answer_marker: PromptKeys) ---
     rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
-    """Reward functions and weights: [{name: math|format|code|pkg.module:function, weight: w}]."""
+    """Reward functions and weights: [{name: math|format|code|pkg.module:function, weight: w}]
+    (a trained model too: a `reward_model` entry); the weighted sum scores a whole completion
+    (PPO puts it on the last completion token as R)."""
     reward_on_error: Literal["auto", "zero", "raise"] = "auto"
     """A reward function that raises on a sample. auto: that sample scores 0 (counted in
     reward/errors/<name>, recorded with the sample in out_dir/reward_errors.jsonl), but a
@@ -48,17 +43,16 @@ class PromptRLConfig(BaseConfig):
     their prompt, weighted reward and each reward function's value, to out_dir/completions.jsonl
     and the console (true: one group of group_size; TRL's num_completions_to_print); 0 or
     false: none (held-out samples are in eval_*.jsonl); a negative count is refused."""
-    # --- sampling ---
-    max_new_tokens: int = 64
-    """Longest completion sampled; longer ones are truncated and flagged."""
+    # --- sampling (max_new_tokens, temperature, top_p: PromptKeys) ---
+    group_size: int = 8
+    """G: completions sampled per prompt (>= 2)."""
+    prompts_per_step: int = 8
+    """B: prompts per rollout batch; N = B*G sequences per step (online DPO: at most B pairs
+    train per step; a group of ties gives none)."""
     max_prompt_len: int = 0
     """Longest prompt in tokens after rendering; a longer one is an error naming its row (never
     cut). 0: only the model's context limits it (prompt + max_new_tokens must fit it, checked
     when the tokenizer loads, before the model's weights)."""
-    temperature: float = 1.0
-    """Sampling temperature (log-probs use the same temperature)."""
-    top_p: float = 1.0
-    """Nucleus sampling; 1.0 disables."""
     top_k: int = 0
     """Top-k sampling; 0 disables."""
     eval_max_new_tokens: int = 64
@@ -164,3 +158,4 @@ class PromptRLConfig(BaseConfig):
             "tool_turn_timeout_s": (self.tool_turn_timeout_s > 0, "expected > 0"),
             "max_prompt_len": (self.max_prompt_len >= 0, "expected >= 0 (0: only the model's "
                                "context)")})
+

@@ -7,17 +7,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from posttrain.config.base import BaseConfig, ConfigError, check_table
+from posttrain.config.keys import RowKeys
 
 
 @dataclass
-class _ScorerConfig(BaseConfig):
-    batch_size: int = 32
-    """Rows (preference pairs, completions or step rows) per optimizer step."""
-    micro_batch_size: int = 16
-    """Sequences per forward/backward (gradient accumulation), as in every trainer: a preference
-    pair is two sequences. 16 is sized for a GPU; on a CPU with a tiny model 64 is faster."""
-    max_seq_len: int = 256
-    """Longest prompt+completion (or prompt+steps) in tokens; longer rows are an error."""
+class _ScorerConfig(RowKeys, BaseConfig):
     eval_size: int = 100_000
     """Held-out rows evaluated (all of `eval_data` by default)."""
     lr: float = 1e-4

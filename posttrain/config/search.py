@@ -7,23 +7,15 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from posttrain.config.base import BaseConfig, ConfigError, check_table
+from posttrain.config.keys import PromptKeys
 
 METHODS = ("best_of_n", "majority", "weighted", "beam")
 
 
 @dataclass
-class SearchConfig(BaseConfig):
+class SearchConfig(PromptKeys, BaseConfig):
     trains_weights: ClassVar[bool] = False
     required: ClassVar[tuple[str, ...]] = ("model", "eval_data")
-    eval_data: str = ""
-    """Problems {"prompt", "answer"} (JSONL path or `datasets` name) to search on."""
-    prompt_field: str = "prompt"
-    """Row field holding the prompt (str or list of chat messages)."""
-    answer_field: str = "answer"
-    """Row field holding the gold answer (used only to measure accuracy)."""
-    answer_marker: str = ""
-    """If set, the gold answer is the text after the last occurrence of this marker in the
-    answer field (GSM8K: "####")."""
     eval_size: int = 200
     """Number of problems searched (the first rows of eval_data)."""
     methods: list[str] = field(default_factory=lambda: list(METHODS))
@@ -48,12 +40,6 @@ class SearchConfig(BaseConfig):
     step_separator: str = "; "
     """Where beam search stops generating a step (the arithmetic task's "; "); the PRM splits
     and scores solutions with its own saved rule, which must cut at this separator."""
-    max_new_tokens: int = 64
-    """Longest sampled solution (and longest beam-search step)."""
-    temperature: float = 1.0
-    """Sampling temperature."""
-    top_p: float = 1.0
-    """Nucleus sampling; 1.0 disables."""
     batch_size: int = 512
     """Sequences per generation batch and per verifier forward pass."""
 

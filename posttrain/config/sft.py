@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-from posttrain.config.base import BaseConfig, check_generation_budget, check_table, math_and_format
+from posttrain.config.base import BaseConfig, check_generation_budget, check_table
+from posttrain.config.keys import HeldOutKeys, RowKeys
 
 
 @dataclass
-class SFTConfig(BaseConfig):
+class SFTConfig(HeldOutKeys, RowKeys, BaseConfig):
     batch_size: int = 64
     """Sequences per optimizer step."""
-    max_seq_len: int = 256
-    """Longest prompt+completion kept, in tokens (longer rows are an error, not silently cut)."""
-    max_new_tokens: int = 64
-    """Generation budget for held-out evaluation."""
-    rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
-    """Reward functions used to score held-out greedy samples (evaluation only)."""
     micro_batch_size: int = 8
     """Sequences per forward/backward (gradient accumulation; the update is the same for any
     value); 0: the whole batch at once. 8 (TRL's per-device default) is sized for a GPU: a

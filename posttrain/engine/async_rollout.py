@@ -245,13 +245,14 @@ def _sampler_main(cfg: Any, agent: Any, reward_fns: dict[str, Any] | None, threa
     torch.set_num_threads(threads)
     try:
         from posttrain.engine.session import build_scorer
+        from posttrain.engine.values import prompt_values
 
         if (got := setup.get()) is None:  # the run ended before it sampled
             return
         tokenizer, skeleton, probe = got
         buffers, model = skeleton.state_dict(), copy.deepcopy(skeleton)
         engine = build_engine(cfg, tokenizer, role="train", agent=agent)
-        scorer, _ = build_scorer(cfg, reward_fns)
+        scorer, _ = build_scorer(prompt_values(cfg).rewards, reward_fns)
         pusher = _Pusher(engine, tokenizer, probe, cfg.vllm_push_check)
         while (job := jobs.get()) is not None:
             results.put(_run_job(job, model, buffers, pusher, scorer, cfg, version, loaded,

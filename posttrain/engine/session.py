@@ -25,6 +25,7 @@ from posttrain.core.device import resolve_device
 from posttrain.data import as_messages, load_rows, render_prompt, validate_rows
 from posttrain.data.loading import in_memory_rows
 from posttrain.data.render_checks import check_prompt_lengths, check_renderable
+from posttrain.engine.values import RewardValues, RunValues
 from posttrain.models import apply_lora, load_model_and_tokenizer, load_tokenizer, model_context
 from posttrain.models.lora import check_lora_targets
 from posttrain.rewards.registry import RewardScorer, RewardSpec, validate_specs
@@ -49,9 +50,11 @@ class Session:
     sampler: Sampler | None = None
     """What held-out evaluation samples with; None: one built from the config for the model
     evaluated (`rollout_engine`; the trainer sets its own vLLM engine or episodes here)."""
+    values: RunValues = field(default_factory=RunValues)
+    """The trainer's values beyond `BaseConfig`'s keys (`posttrain.engine.values`)."""
 
     def render(self, prompt: Any) -> str:
-        system = getattr(self.cfg, "system_prompt", "")
+        system = self.cfg.system_prompt
         if system:
             prompt = [{"role": "system", "content": system}, *as_messages(prompt)]
         return render_prompt(self.tokenizer, prompt, self.cfg.chat_template)
@@ -75,7 +78,7 @@ class Session:
             return {}
         cfg = self.cfg
         rows = self.eval_rows[: cfg.eval_size]
-        max_new = getattr(cfg, "eval_max_new_tokens", getattr(cfg, "max_new_tokens", 64))
+        max_new = self.values.generation.eval_max_new_tokens
         completions, first, scores, fmt, lengths = self._greedy_scored(model, rows, max_new)
         valid = [v for v in first if v == v]  # drop NaN (unscorable)
         out: dict[str, Any] = {
@@ -189,10 +192,10 @@ def _normalise_rows(rows: list[dict[str, Any]], answer_field: str,
     return out
 
 
-def data_columns(cfg: BaseConfig) -> dict[str, str]:
-    """`columns` with `prompt_field` (GRPO, PPO) folded in as `{prompt: <prompt_field>}`."""
+def data_columns(cfg: BaseConfig, field_: str) -> dict[str, str]:
+    """`columns` with `field_`, the prompt's field (`prompt_field`: GRPO, PPO), folded in as
+    `{prompt: <prompt_field>}`."""
     columns = dict(cfg.columns)
-    field_ = getattr(cfg, "prompt_field", "prompt")
     if field_ != "prompt":
         if columns.get("prompt", field_) != field_:
             raise ConfigError(f"config keys 'prompt_field'={field_!r} and 'columns': columns "
@@ -201,10 +204,11 @@ def data_columns(cfg: BaseConfig) -> dict[str, str]:
     return columns
 
 
-def _rows(cfg: BaseConfig, source: Any, kind: str, split: str, limit: int | None = None,
-          require: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def _rows(cfg: BaseConfig, prompt_field: str, source: Any, kind: str, split: str,
+          limit: int | None = None, require: dict[str, str] | None = None
+          ) -> list[dict[str, Any]]:
     """Validated rows of a path / `datasets` name, or of an in-memory list or Dataset."""
-    opts = {"columns": data_columns(cfg) or None, "require": require}
+    opts = {"columns": data_columns(cfg, prompt_field) or None, "require": require}
     if isinstance(source, str):
         return load_rows(source, kind=kind, split=split, subset=cfg.data_subset or None,
                          limit=limit, **opts)
@@ -214,11 +218,11 @@ def _rows(cfg: BaseConfig, source: Any, kind: str, split: str, limit: int | None
     return validate_rows(enumerate(rows, 1), kind, name, **opts)
 
 
-def build_scorer(cfg: BaseConfig, reward_fns: dict[str, Any] | None, key: str = "rewards"
+def build_scorer(rewards: RewardValues, reward_fns: dict[str, Any] | None
                  ) -> tuple[RewardScorer | None, list[str]]:
-    """The scorer of `rewards:` (or of the list under `key`: `audit_rewards`; None when it is
-    empty) and the reward names, in order; `reward_fns`: name -> function given in Python."""
-    specs_raw = getattr(cfg, key, None)
+    """The scorer of `rewards:` (or of the list under `rewards.key`: `audit_rewards`; None when
+    it is empty) and the reward names, in order; `reward_fns`: name -> function given in Python."""
+    specs_raw, key = rewards.specs, rewards.key
     if not specs_raw:  # SFT / DPO with `rewards: []`: no greedy held-out scoring
         return None, []
     fns = reward_fns or {}
@@ -231,8 +235,7 @@ def build_scorer(cfg: BaseConfig, reward_fns: dict[str, Any] | None, key: str = 
         validate_specs(specs)
     except ValueError as err:
         raise ConfigError(f"config key {key!r}: {err}") from err
-    return (RewardScorer(specs, on_error=getattr(cfg, "reward_on_error", "auto"),
-                         timeout_s=getattr(cfg, "reward_timeout_s", 60.0)),
+    return (RewardScorer(specs, on_error=rewards.on_error, timeout_s=rewards.timeout_s),
             [s.name for s in specs])
 
 
@@ -252,7 +255,7 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
                  loader: Callable[[], tuple[Any, Any]] | None = None, model: Any = None,
                  tokenizer: Any = None, train_data: Any = None, eval_data: Any = None,
                  reward_fns: dict[str, Any] | None = None, place: bool = True,
-                 agent: Any = None) -> Session:
+                 agent: Any = None, values: RunValues | None = None) -> Session:
     """Validate rewards and data (cheap, first), check the rows against the tokenizer and the
     model's context, then load the model.
 
@@ -260,23 +263,25 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
     the Python API; what is not given is loaded from the config (`loader` loads the model).
     `place`: move the model to `cfg.device` (not under FSDP2, which places each rank's shards).
     `agent`: the run's tools and environments; the rows must name a known environment.
+    `values`: the trainer's values beyond `BaseConfig`'s keys (default: `RunValues()`).
     """
     if with_train:
         check_trackers(cfg)
-    scorer, names = build_scorer(cfg, reward_fns)
+    values = values or RunValues()
+    scorer, names = build_scorer(values.rewards, reward_fns)
     if kind == "prompts" and "code" in names:
         kind = "code"  # code rows carry `tests`: validate them before any training starts
-    answer_field = getattr(cfg, "answer_field", "answer")
+    answer_field, field_ = values.rows.answer_field, values.rows.prompt_field
     need = _needed_fields(scorer, answer_field)  # every row carries what the rewards read
-    train_split = getattr(cfg, "train_split", "train")
-    train_rows = (_rows(cfg, train_data if train_data is not None else cfg.train_data, kind,
-                        train_split, require=need if kind in ("prompts", "code") else None)
+    train_rows = (_rows(cfg, field_, train_data if train_data is not None else cfg.train_data,
+                        kind, cfg.train_split,
+                        require=need if kind in ("prompts", "code") else None)
                   if with_train else [])
     eval_source = eval_data if eval_data is not None else cfg.eval_data
     eval_kind = kind if kind == "code" else "prompts"
-    eval_rows = (_rows(cfg, eval_source, eval_kind, cfg.eval_split, cfg.eval_size, need)
-                 if eval_source else [])
-    marker = getattr(cfg, "answer_marker", "")
+    eval_rows = (_rows(cfg, field_, eval_source, eval_kind, cfg.eval_split, cfg.eval_size,
+                       need) if eval_source else [])
+    marker = values.rows.answer_marker
     if kind == "prompts":
         train_rows = _normalise_rows(train_rows, answer_field, marker)
     eval_rows = _normalise_rows(eval_rows, answer_field, marker)
@@ -289,7 +294,8 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
         # the tokenizer and the model's config first (cheap): rows are checked against them
         # before the weights load
         early = tokenizer or load_tokenizer(cfg.model)
-        session = Session(cfg, None, _with_template(early, cfg), train_rows, eval_rows)
+        session = Session(cfg, None, _with_template(early, cfg), train_rows, eval_rows,
+                          values=values)
         _check_tools(session, agent)
         check_rows(session, kind, model_context(cfg.model), _sources(cfg, train_data, eval_data))
         _check_lora(cfg, None)
@@ -298,14 +304,15 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
     elif tokenizer is None:
         raise ConfigError("a model object needs its tokenizer: pass tokenizer=...")
     else:
-        session = Session(cfg, model, _with_template(tokenizer, cfg), train_rows, eval_rows)
+        session = Session(cfg, model, _with_template(tokenizer, cfg), train_rows, eval_rows,
+                          values=values)
         _check_tools(session, agent)
         check_rows(session, kind, model_context(model), _sources(cfg, train_data, eval_data))
         _check_lora(cfg, model)
     if place:
         model.to(resolve_device(cfg.device))
     return Session(cfg, model, _with_template(tokenizer, cfg), train_rows, eval_rows, scorer,
-                   names)
+                   names, values=values)
 
 
 def _check_tools(session: Session, agent: Any) -> None:
@@ -314,9 +321,8 @@ def _check_tools(session: Session, agent: Any) -> None:
     if agent is not None:
         try:
             check_tool_template(session.tokenizer, session.cfg.chat_template,
-                                getattr(session.cfg, "tool_schemas", "template"))
-            check_call_format(session.tokenizer, getattr(session.cfg, "tool_call_parser",
-                                                         "auto"))
+                                session.values.tool_schemas)
+            check_call_format(session.tokenizer, session.values.tool_call_parser)
         except ValueError as err:
             raise ConfigError(str(err)) from err
 
@@ -340,7 +346,7 @@ def _with_template(tokenizer: Any, cfg: BaseConfig) -> Any:
     `chat_template_kwargs` (TRL's key: Qwen3's `enable_thinking`)."""
     if cfg.chat_template not in ("auto", "none"):
         tokenizer.chat_template = cfg.chat_template
-    kwargs = getattr(cfg, "chat_template_kwargs", {})
+    kwargs = cfg.chat_template_kwargs
     if kwargs:  # a partial of the class's method pickles with the tokenizer (async sampler)
         tokenizer.apply_chat_template = functools.partial(type(tokenizer).apply_chat_template,
                                                           tokenizer, **kwargs)
@@ -362,7 +368,7 @@ def check_rows(session: Session, kind: str, context: int | None,
     with `max_new_tokens` (eval prompts with the evaluation budget) to spare; the prompts of
     SFT / preference / outcome / step rows leave a token of the context for their completion
     (whole rows are checked against `max_seq_len` when the trainer tokenizes them)."""
-    cfg, tok = session.cfg, session.tokenizer
+    cfg, tok, gen = session.cfg, session.tokenizer, session.values.generation
     for rows, source in ((session.train_rows, sources[0]), (session.eval_rows, sources[1])):
         check_renderable(tok, rows, source, cfg.chat_template)
     if context and kind not in ("prompts", "code") and session.train_rows:
@@ -370,18 +376,16 @@ def check_rows(session: Session, kind: str, context: int | None,
                              lambda p: render_prompt(tok, p, cfg.chat_template), context - 1,
                              f"the model's context of {context} tokens less one for the "
                              "completion")
-    new = getattr(cfg, "max_new_tokens", None)
+    new, budget = gen.max_new_tokens, gen.max_prompt_len
     if new is None:
         return
-    budget = getattr(cfg, "max_prompt_len", 0)
     if context and budget and budget + new > context:
         raise ConfigError(f"config keys 'max_prompt_len'={budget} + 'max_new_tokens'={new}: "
                           f"{budget + new} tokens, over the model's context of {context}")
-    eval_key = "eval_max_new_tokens" if hasattr(cfg, "eval_max_new_tokens") else "max_new_tokens"
     checks = [(session.train_rows if kind in ("prompts", "code") else [], sources[0],
-               "max_new_tokens", budget), (session.eval_rows, sources[1], eval_key, 0)]
-    for rows, source, key, cap in checks:
-        n_new = getattr(cfg, key)
+               "max_new_tokens", new, budget),
+              (session.eval_rows, sources[1], gen.eval_key, gen.eval_max_new_tokens, 0)]
+    for rows, source, key, n_new, cap in checks:
         if rows and context and n_new >= context:
             raise ConfigError(f"config key '{key}'={n_new}: leaves no room for a prompt in the "
                               f"model's context of {context} tokens")

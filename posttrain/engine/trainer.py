@@ -8,7 +8,7 @@ A trainer subclasses :class:`Trainer` and supplies its step; the base owns the r
    checkpoints every `save_every` steps, drives the progress bar;
 4. the final checkpoint (`save`) and `summary.json`.
 
-Hooks: `step` (required), `validate`, `load_model`, `setup`, `optimizer_steps`,
+Hooks: `step` (required), `run_values`, `validate`, `load_model`, `setup`, `optimizer_steps`,
 `optimizer_groups`, `state_modules`, `evaluate`, `summary_fields`, `save`, `state_dict` /
 `load_state_dict`. Helpers, resume and stop, torchrun and the Python API (``GRPOTrainer(...)``):
 More: docs/trainers.md, "Module notes", posttrain.engine.trainer.
@@ -79,6 +79,7 @@ class Trainer:
     name: ClassVar[str] = "train"
     """Command name and progress-bar label."""
     config_class: ClassVar[type[BaseConfig]] = BaseConfig
+    run_values: ClassVar[Callable[[Any], Any]] = staticmethod(lambda cfg: None)  # cfg -> RunValues
     data_kind: ClassVar[str] = "prompts"
     """Schema kind that `train_data` rows are validated against (posttrain.data.schemas)."""
     progress_keys: ClassVar[tuple[str, ...]] = ("reward/mean",)
@@ -128,7 +129,7 @@ class Trainer:
         # Data, rewards and config are validated inside load_session before any model loads.
         self.session = session or load_session(cfg, kind=self.data_kind, loader=self.load_model,
                                                place=not self.sharded_start, agent=self.agent,
-                                               **objects)
+                                               values=self.run_values(cfg), **objects)
         self.session.maybe_lora()
         self.session.dist = self.dist  # held-out evaluation: sharded by rank, gathered
         self.device = resolve_device(cfg.device)
@@ -149,9 +150,8 @@ class Trainer:
         self.model = self.dist.wrap(self.model, cfg.fsdp, self.device, bf16)
         if self.ref.model is not None and self.sharded_start:  # the reference: sharded alike
             self.ref.model = self.dist.wrap(self.ref.model, True, self.device, bf16)
-        length = getattr(cfg, "max_seq_len", None) or getattr(cfg, "max_new_tokens", None)
-        if self.dist.is_main and length:  # one line now if the largest logits go unfused
-            say_full_logits(self.model, int(getattr(cfg, "micro_batch_size", 1) or 1), length)
+        if self.dist.is_main and (v := self.session.values).max_len:  # unfused largest logits:
+            say_full_logits(self.model, v.micro_batch_size or 1, v.max_len)  # one line now
         # everything that trains is built before a checkpoint is restored into it
         self.groups = self.optimizer_groups()
         self.start_step = 0
@@ -381,7 +381,7 @@ class Trainer:
         """The run's one policy forward (`posttrain.engine.forward.policy_forward`): its
         precision, prompt sharing and temperature are decided there, once."""
         return policy_forward(self.cfg, self.dist.fsdp, self.shares_prompts,
-                              getattr(self.cfg, "temperature", 1.0))  # the sampling's
+                              self.session.values.generation.temperature)  # the sampling's
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast on this trainer's device type when `autocast_bf16` is set."""

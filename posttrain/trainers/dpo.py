@@ -28,6 +28,7 @@ from posttrain.engine.forward import DEFAULT_FORWARD, PolicyForward
 from posttrain.engine.reference import ref_cache_path
 from posttrain.engine.trainer import Trainer
 from posttrain.engine.update import shard_plan
+from posttrain.engine.values import completion_values
 from posttrain.ops import dpo_loss, sequence_logprobs
 from posttrain.ops.preference import DPO_LOSSES, PreferenceLoss
 
@@ -84,6 +85,7 @@ class DPOTrainer(Trainer):
     supports_packing = True  # every forward is the one policy forward
     fsdp_meta_start = False  # setup() computes the reference tables with the policy
     config_class = DPOConfig
+    run_values = staticmethod(completion_values)
     data_kind = "preferences"
     progress_keys = ("loss/dpo", "rewards/accuracy")
     tokenize = staticmethod(tokenize_pairs)

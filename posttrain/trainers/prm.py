@@ -26,6 +26,7 @@ from posttrain.config import PRMConfig
 from posttrain.data import DataError, load_rows, render_prompt, validate_rows
 from posttrain.engine.trainer import Trainer
 from posttrain.engine.update import shard_plan
+from posttrain.engine.values import scorer_values
 from posttrain.models.loading import load_tokenizer
 from posttrain.models.reward import (
     PRM_META_KEY,
@@ -60,6 +61,7 @@ class PRMTrainer(Trainer):
     name = "prm"
     supports_packing = True
     config_class = PRMConfig
+    run_values = staticmethod(scorer_values)
     data_kind = "steps"
     progress_keys = ("loss/prm", "train/step_accuracy")
     cfg: PRMConfig

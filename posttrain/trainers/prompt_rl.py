@@ -28,6 +28,7 @@ from posttrain.engine.distributed import weighted
 from posttrain.engine.session import build_scorer
 from posttrain.engine.step_notes import StepNotes, completion_samples
 from posttrain.engine.trainer import Trainer
+from posttrain.engine.values import RewardValues, prompt_values
 from posttrain.rewards.registry import ScoreResult
 from posttrain.rollout import Rollout, SamplingParams
 from posttrain.rollout.engine import on_device
@@ -47,6 +48,7 @@ class PromptRLTrainer(Trainer):
     """The step being run (set by `step`): part of every sampling seed."""
     count_metrics = frozenset({"reward/unscorable", "reward/unscored", "reward/errors/",
                                "code/"}) | AGENT_COUNTS
+    run_values = staticmethod(prompt_values)
     supports_tools = False
     """Whether the trainer runs multi-turn tool episodes (`tools`, `environment`)."""
 
@@ -69,7 +71,9 @@ class PromptRLTrainer(Trainer):
                               f"be a multiple of the {world} torchrun processes")
         if self.cfg.agentic():
             self._validate_agent()
-        self.audit_scorer = build_scorer(self.cfg, None, "audit_rewards")[0]  # checked now
+        audit = RewardValues(self.cfg.audit_rewards, self.cfg.reward_on_error,
+                             self.cfg.reward_timeout_s, "audit_rewards")
+        self.audit_scorer = build_scorer(audit, None)[0]  # checked now
         if getattr(self.cfg, "async_rollouts", False):
             try:  # what the sampler process is sent, checked before any model loads
                 pickle.dumps((self.reward_fns, self.agent))

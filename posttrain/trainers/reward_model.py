@@ -28,6 +28,7 @@ from posttrain.data import DataError, load_rows, render_prompt, validate_rows
 from posttrain.data.prompts import TemplateError, closed_ids, render_completion
 from posttrain.engine.trainer import Trainer
 from posttrain.engine.update import shard_plan
+from posttrain.engine.values import scorer_values
 from posttrain.models.loading import load_tokenizer
 from posttrain.models.reward import (
     build_scorer,
@@ -83,6 +84,7 @@ class RewardModelTrainer(Trainer):
 
     name = "rm"
     config_class = RMConfig
+    run_values = staticmethod(scorer_values)
     progress_keys = ("loss/rm", "train/accuracy")
     supports_fsdp = False  # scores are read from the decoder under the root module's group
     supports_packing = True

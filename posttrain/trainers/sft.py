@@ -27,6 +27,7 @@ from posttrain.data.prompts import tokenize_completions
 from posttrain.engine.forward import DEFAULT_FORWARD, PolicyForward
 from posttrain.engine.trainer import Trainer
 from posttrain.engine.update import shard_plan
+from posttrain.engine.values import completion_values
 from posttrain.ops.masked import masked_count, masked_sum
 
 Example = tuple[list[int], int]  # (input_ids, prompt_len)
@@ -129,6 +130,7 @@ class SFTTrainer(Trainer):
     name = "sft"
     supports_packing = True  # every forward is the one policy forward
     config_class = SFTConfig
+    run_values = staticmethod(completion_values)
     data_kind = "sft"
     progress_keys = ("loss/sft",)
     shares_prompts = False
