@@ -26,9 +26,11 @@ def preflight(cfg: BaseConfig, trainer: Any = None) -> str | None:
             raise ConfigError("config keys 'fsdp' and 'lora_r': FSDP2 with LoRA is not "
                               "supported; use data parallel (fsdp: false) for LoRA runs")
         # a trainer class says True in `supports_token_budget` / `supports_packing`
-        for key, ok in (("micro_batch_tokens", getattr(trainer, "supports_token_budget", False)),
-                        ("packing", getattr(trainer, "supports_packing", False))):
-            if getattr(cfg, key) and not ok:
+        for key, on, ok in (
+                ("micro_batch_tokens", cfg.micro_batch_tokens,
+                 getattr(trainer, "supports_token_budget", False)),
+                ("packing", cfg.packing, getattr(trainer, "supports_packing", False))):
+            if on and not ok:
                 raise ConfigError(f"config key '{key}': `posttrain {trainer.name}` does not "
                                   f"support it yet; remove it (docs/performance.md)")
         if cfg.fsdp and not trainer.supports_fsdp:
