@@ -48,7 +48,10 @@ MODES = [(c, "dp") for c in CASES if c not in ONE_PROCESS] + [
     (c, "fsdp") for c in CASES if trainer_class(command_of(c)).supports_fsdp
     and "lora_r" not in VARIANTS.get(c, ("", {}))[1]
     and "tools" not in VARIANTS.get(c, ("", {}))[1]  # FSDP2 + tools: refused
-    and c not in ONE_PROCESS]
+    and c not in ONE_PROCESS] + [
+    # packing (docs/performance.md): each rank packs its own rows; the policy, reference and
+    # old log-prob forwards (grpo), the critic's (ppo) and a pair trainer's (dpo)
+    (c, "dp-packed") for c in ("grpo", "ppo", "dpo")]
 
 
 def torchrun(command: str, keys: dict) -> None:
@@ -76,6 +79,8 @@ def test_two_ranks_equal_one_process(world, tmp_path, case, mode):
     extra = {"max_steps": 5, "save_every": 0}
     if mode == "fsdp":
         extra.update({"fsdp": True, "share_prompt_prefix": False})
+    if mode == "dp-packed":
+        extra["packing"] = True
     one = case_keys(world, case, tmp_path / "one", **extra)
     build(case, one).train()
     torchrun(command_of(case), {**one, "out_dir": str(tmp_path / "two")})
