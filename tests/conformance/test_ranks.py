@@ -50,8 +50,9 @@ MODES = [(c, "dp") for c in CASES if c not in ONE_PROCESS] + [
     and "tools" not in VARIANTS.get(c, ("", {}))[1]  # FSDP2 + tools: refused
     and c not in ONE_PROCESS] + [
     # packing (docs/performance.md): each rank packs its own rows; the policy, reference and
-    # old log-prob forwards (grpo), the critic's (ppo) and a pair trainer's (dpo)
-    (c, "dp-packed") for c in ("grpo", "ppo", "dpo")]
+    # old log-prob forwards (grpo), the critic's (ppo) and a pair trainer's (dpo); FSDP2 too
+    (c, "dp-packed") for c in ("grpo", "ppo", "dpo")] + [
+    (c, "fsdp-packed") for c in ("grpo", "sft") if trainer_class(command_of(c)).supports_fsdp]
 
 
 def torchrun(command: str, keys: dict) -> None:
@@ -77,9 +78,9 @@ def _close_weights(one: Path, two: Path, start: Path) -> None:
 @pytest.mark.parametrize("case,mode", MODES, ids=[f"{c}-{m}" for c, m in MODES])
 def test_two_ranks_equal_one_process(world, tmp_path, case, mode):
     extra = {"max_steps": 5, "save_every": 0}
-    if mode == "fsdp":
+    if mode.startswith("fsdp"):
         extra.update({"fsdp": True, "share_prompt_prefix": False})
-    if mode == "dp-packed":
+    if mode.endswith("packed"):
         extra["packing"] = True
     one = case_keys(world, case, tmp_path / "one", **extra)
     build(case, one).train()
