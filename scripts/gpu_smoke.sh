@@ -207,8 +207,8 @@ if [ "$MODE" = full ]; then
   train grpo_checkpointing --kl --gap -- grpo "${COMMON[@]}" "${GRPO[@]}" autocast_bf16=true \
     gradient_checkpointing=true
   # sampler/learner tests: parametrised over cpu and (when available) cuda
-  part pytest_devices "$PY" -m pytest -q -p no:cacheprovider tests/test_rollout.py \
-    tests/trainers/test_forward.py
+  part pytest_devices "$PY" -m pytest -q -p no:cacheprovider tests/rollout/test_decode.py \
+    tests/engine/test_forward.py
 fi
 # recipe-shaped probe: recipes/grpo_gsm8k_qwen.yaml on a random model of Qwen2.5-0.5B's shape,
 # 16 prompts x 8 samples x 512 new tokens, one step (tiny on the CPU: 2 x 2 x 16)

@@ -5,7 +5,7 @@ verl").
 A hint is per trainer (config class): it names the key with the same meaning in that trainer,
 or no key and what to do instead, never a look-alike (DPO's `max_new_tokens` is its held-out
 budget, not TRL's `max_completion_length`; PPO's `gamma` is the discount, not `simpo_gamma`).
-tests/test_hint_meanings.py checks every hint against a table of meanings. Pure Python.
+tests/config/test_hint_meanings.py checks every hint against a table of meanings. Pure Python.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Keys several configs share, each declared once (a config lists these before `BaseConfig`,
 e.g. ``class SFTConfig(HeldOutKeys, RowKeys, BaseConfig)``); a config re-declares one only to
-change its default (tests/test_values.py checks both)."""
+change its default (tests/engine/test_values.py checks both)."""
 
 from __future__ import annotations
 

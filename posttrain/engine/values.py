@@ -2,7 +2,7 @@
 
 A trainer builds them from its own config (its `run_values`, one of the builders below) and
 the engine takes them (`load_session(values=...)`, `Session.values`), so the keys engine/ reads
-are in its signatures, never probed with `getattr(cfg, key, default)` (tests/test_values.py
+are in its signatures, never probed with `getattr(cfg, key, default)` (tests/engine/test_values.py
 counts such probes: 0). A record's defaults are what a trainer whose config lacks those keys
 runs with (no sampling, no reward functions).
 """

@@ -1,7 +1,7 @@
 """No fp32 [N, T, V] tensor in any trainer's step at a 65,536-token vocabulary.
 
 Every aten op's output during one `step()` of each registered trainer is recorded with a
-dispatch mode (`tests/trainers/test_no_full_logits.py`'s recorder); no fp32 tensor whose last
+dispatch mode (`tests/engine/test_no_full_logits.py`'s recorder); no fp32 tensor whose last
 dimension is V may hold more than one block of the fused head. The micro-batches are sized so
 that full logits would hold over 2 blocks (where the forward fuses the head). The control
 turns the fused head off and must see the full logits, so the check can fail.
@@ -17,7 +17,7 @@ from posttrain.models.loading import save_checkpoint
 from posttrain.ops.fused_head import DEFAULT_BLOCK_ELEMENTS
 from posttrain.tasks.tokenizer import build_char_tokenizer
 from tests.conformance.conftest import CASES, build, case_keys
-from tests.trainers.test_no_full_logits import _LargestVocabTensor
+from tests.engine.test_no_full_logits import _LargestVocabTensor
 
 V = 65_536
 pytestmark = pytest.mark.slow

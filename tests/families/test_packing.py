@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from posttrain.engine.forward import completion_logprobs
 from posttrain.models.packing import packing_problem
-from tests.trainers.test_packing import uneven_batch
+from tests.engine.test_packing import uneven_batch
 
 REFUSED = {"gptoss": "GptOssForCausalLM (gpt_oss) lets packed rows attend to each other"}
 

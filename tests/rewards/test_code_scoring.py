@@ -10,7 +10,7 @@ import pytest
 from posttrain.rewards import code_reward, code_reward_detailed, code_rewards_batch
 from posttrain.rewards.code import extract_program, split_tests
 from posttrain.sandbox.tests import stdout_equal
-from tests.rewards.test_sandbox_adversarial import mode
+from tests.sandbox.test_adversarial_programs import mode
 
 __all__ = ["mode"]
 

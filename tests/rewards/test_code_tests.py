@@ -22,7 +22,7 @@ from posttrain.sandbox.tests import (
 )
 from posttrain.sandbox.wire import wire_encode
 from posttrain.tasks.functions import code_rows
-from tests.rewards.test_sandbox_adversarial import mode
+from tests.sandbox.test_adversarial_programs import mode
 
 __all__ = ["mode"]  # the fixture: bwrap and limits mode
 

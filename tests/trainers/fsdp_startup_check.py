@@ -1,4 +1,4 @@
-"""Run under torchrun by tests/trainers/test_distributed.py: FSDP2 start-up and mixed precision.
+"""Run under torchrun by tests/engine/test_distributed.py: FSDP2 start-up and mixed precision.
 
 ``python -m torch.distributed.run --nproc_per_node 2 fsdp_startup_check.py MODEL PROMPTS OUT``:
 builds a GRPO trainer with ``fsdp: true`` and a KL reference, then checks on every rank that

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.trainers.test_second_hour_runs import _grpo
+from tests.trainers.test_wrong_input_runs import _grpo
 
 
 def _grpo_history(toy_world, out, reward: str, **kw) -> list[dict]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("smoke_checks", ROOT / "scripts" / "smoke_checks.py")
 sc = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sc)

@@ -1,6 +1,6 @@
 """A TRL or verl user's second hour (issue 37): config keys, hints and the command line.
 
-The trainer runs of the same issue are in tests/trainers/test_second_hour_runs.py.
+The trainer runs of the same issue are in tests/trainers/test_wrong_input_runs.py.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import posttrain.cli as cli
 from posttrain.core.errors import UserFunctionError
 from posttrain.rewards.errors import RewardFunctionError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["grpo", "model=m", "train_data=d.jsonl", "report_to=[]"]
 
 

@@ -8,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("code_budget", ROOT / "scripts" / "code_budget.py")
 budget = importlib.util.module_from_spec(spec)
 sys.modules["code_budget"] = budget  # dataclasses look their module up

@@ -16,7 +16,7 @@ from posttrain.config import (
 )
 from posttrain.trainers import TRAINERS, config_class
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
 
 def _grpo(**kw):

@@ -1,6 +1,6 @@
 """Judge holes of issue 56: where the judge does not reproduce plain Python, the test fails,
 never passes. One test per class (the held-out programs are not given: each test is a class's
-shape), in both sandbox modes (the `mode` fixture of test_sandbox_adversarial)."""
+shape), in both sandbox modes (the `mode` fixture of test_adversarial_programs)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import random
 import pytest
 
 from posttrain.rewards import SandboxLimits, code_reward_detailed
-from tests.rewards.test_sandbox_adversarial import mode
+from tests.sandbox.test_adversarial_programs import mode
 
 __all__ = ["mode"]
 

@@ -20,7 +20,7 @@ from posttrain.engine.trainer import Trainer
 from posttrain.engine.values import RunValues
 from posttrain.trainers import TRAINERS, trainer_class
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def config_probes(root: Path) -> list[str]:

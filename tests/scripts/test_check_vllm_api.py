@@ -9,7 +9,7 @@ import io
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("check_vllm_api",
                                                ROOT / "scripts" / "check_vllm_api.py")
 cv = importlib.util.module_from_spec(_spec)

@@ -15,7 +15,7 @@ import pytest
 
 from posttrain.rewards import SandboxLimits, SandboxUnavailableError, run_sandboxed
 from posttrain.sandbox import jail as sandbox_module
-from tests.rewards.test_sandbox_adversarial import AS_ROOT, _own_children, mode
+from tests.sandbox.test_adversarial_programs import AS_ROOT, _own_children, mode
 
 __all__ = ["mode"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 Graph = dict[str, dict[str, int]]  # module -> {imported module: line of the first import}
 FILES: dict[str, str] = {}  # module -> its file, relative to the root, for the messages
 
@@ -46,7 +46,7 @@ def layer_of(module: str) -> str:
     layer = module.split(".")[1]
     if layer not in LAYERS:
         raise AssertionError(f"{module}: package posttrain.{layer} has no layer in LAYERS; add "
-                             "it where it belongs (tests/test_layers.py and design.md)")
+                             "it where it belongs (tests/house/test_layers.py and design.md)")
     return layer
 
 

@@ -1,15 +1,15 @@
 """Judge classes of issue 47: each wrong program below scores 0 in plain Python and must score 0
 here; each honest one scores what plain Python gives it (computed here, by running the program
 and the test in one namespace). Both sandbox modes (the `mode` fixture of
-test_sandbox_adversarial)."""
+test_adversarial_programs)."""
 
 from __future__ import annotations
 
 import pytest
 
 from posttrain.rewards import SandboxLimits, code_reward_detailed
-from tests.rewards.test_sandbox_adversarial import mode
-from tests.rewards.test_sandbox_judge_holes import _PAYLOAD
+from tests.sandbox.test_adversarial_programs import mode
+from tests.sandbox.test_judge_shapes import _PAYLOAD
 
 __all__ = ["mode"]
 

@@ -7,7 +7,7 @@ import pytest
 
 from posttrain.engine.step_notes import StepNotes, blowup
 from posttrain.trainers.grpo import GRPOTrainer
-from tests.trainers.test_second_hour_runs import _grpo
+from tests.trainers.test_wrong_input_runs import _grpo
 
 
 def _trend(key: str, values: list[float]) -> list[dict[str, float]]:

@@ -17,7 +17,7 @@ from posttrain.models.loading import save_checkpoint
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAST = ["group_size=2", "prompts_per_step=2", "max_new_tokens=4", "max_steps=1",
         "progress=false", "report_to=none", "threads=1"]
 

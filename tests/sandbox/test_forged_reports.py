@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from posttrain.sandbox import jail as sandbox_module
-from tests.rewards.test_sandbox_adversarial import VALUE_TESTS, mode, run_case
+from tests.sandbox.test_adversarial_programs import VALUE_TESTS, mode, run_case
 
 __all__ = ["mode"]  # the fixture: bwrap and limits mode
 

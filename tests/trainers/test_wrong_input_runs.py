@@ -1,7 +1,7 @@
 """A TRL or verl user's second hour (issue 37): real runs on the toy world.
 
 Each test is one habit that used to train silently on the wrong thing or crash; the config and
-command-line cases are in tests/test_second_hour.py.
+command-line cases are in tests/config/test_key_checks.py.
 """
 
 from __future__ import annotations

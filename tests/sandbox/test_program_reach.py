@@ -15,7 +15,7 @@ import random
 import pytest
 
 from posttrain.rewards import SandboxLimits, code_reward_detailed
-from tests.rewards.test_sandbox_adversarial import mode
+from tests.sandbox.test_adversarial_programs import mode
 
 __all__ = ["mode"]
 

@@ -3,7 +3,7 @@
 Every lying program below is run, with partial credit, against the same three checks
 (`f(1) == 5`, `f(2) == 7`, `f(3) == 9`) written in each test shape the issue lists, so a single
 forged pass shows as a score above 0; the honest program keeps 1.0 in every shape, with no
-in-process verdict. Both sandbox modes (the `mode` fixture of test_sandbox_adversarial).
+in-process verdict. Both sandbox modes (the `mode` fixture of test_adversarial_programs).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from posttrain.rewards import SandboxLimits, code_reward_detailed
-from tests.rewards.test_sandbox_adversarial import _own_children, mode
+from tests.sandbox.test_adversarial_programs import _own_children, mode
 
 __all__ = ["mode"]
 

@@ -1,13 +1,13 @@
 """Judge holes of issue 32: each class has a wrong program that plain Python scores 0 (it must
 score 0 here), and the honest shapes the issue lists must score what plain Python gives them.
-Both sandbox modes (the `mode` fixture of test_sandbox_adversarial)."""
+Both sandbox modes (the `mode` fixture of test_adversarial_programs)."""
 
 from __future__ import annotations
 
 import pytest
 
 from posttrain.rewards import SandboxLimits, code_reward_detailed, split_tests
-from tests.rewards.test_sandbox_adversarial import mode
+from tests.sandbox.test_adversarial_programs import mode
 
 __all__ = ["mode"]
 
