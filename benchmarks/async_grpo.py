@@ -184,6 +184,9 @@ def main() -> None:
     ap.add_argument("--engine", default="hf", choices=["hf", "vllm_server"])
     ap.add_argument("--steps", type=int, default=0, help="max_steps of every setting (0: its own)")
     args = ap.parse_args()
+    if not {"sync1", "sync2"} <= set(args.modes):
+        ap.error("--modes needs sync1 and sync2: the table's overlap bound and speeds are "
+                 "measured against them")
     out, table = Path(args.out), []
     dirs = {n: n if args.engine == "hf" else f"{n}_{args.engine}" for n in args.settings}
     missing = [out / dirs[n] / f"{m}_{s}" for n in args.settings for s in args.seeds
