@@ -22,24 +22,28 @@ def pad_positions(attention_mask: Tensor) -> tuple[int, int]:
 
 @dataclass
 class PadCount:
-    """Positions counted since the last `take`."""
+    """Positions counted since the last `take`; the padded count stays on the mask's device
+    until `take` (one read to the host a step, not one a forward pass)."""
 
-    padded: int = 0
+    padded: int | Tensor = 0
     total: int = 0
 
     def take(self) -> tuple[int, int]:
         """(padded, total) so far; the count restarts at 0."""
-        out = (self.padded, self.total)
-        self.padded = self.total = 0
+        out = (int(self.padded), self.total)
+        self.padded, self.total = 0, 0
         return out
 
 
 PAD_COUNT = PadCount()
 
 
-def count_positions(attention_mask: Tensor) -> None:
-    """Add a forward pass's mask [n, L] to `PAD_COUNT` when gradients are on (the learner)."""
+def count_positions(attention_mask: Tensor | None, positions: int = 0) -> None:
+    """Add a forward pass's mask [n, L] (or, for a pass without padding, its `positions`) to
+    `PAD_COUNT` when gradients are on (the learner)."""
     if torch.is_grad_enabled():
-        padded, total = pad_positions(attention_mask)
-        PAD_COUNT.padded += padded
-        PAD_COUNT.total += total
+        if attention_mask is None:
+            PAD_COUNT.total += positions
+            return
+        PAD_COUNT.padded = PAD_COUNT.padded + (attention_mask == 0).sum()
+        PAD_COUNT.total += attention_mask.numel()

@@ -96,7 +96,7 @@ def packed_outputs(model: torch.nn.Module, ids: Tensor, mask: Tensor, start: int
     flat, pos, index = pack(ids, mask)
     window = mask[:, start:start + width].bool()  # [n, width] real positions
     keep = index[:, start:start + width][window]  # [K] ascending
-    count_positions(torch.ones_like(flat))
+    count_positions(None, flat.numel())  # packed: no padding computed
     with packed_attention(model):
         problem = packing_problem(model)
         if problem is not None:
