@@ -52,9 +52,10 @@ NEAR = 0.75  # a file at this share of its cap is listed as near it
 
 @dataclass(frozen=True)
 class Peer:
-    """A peer's file at a named version and its code lines by `count_source`. Re-count: check
-    out `repo` at `version`, then `python scripts/code_budget.py --count PATH [NAME ...]
-    [--match REGEX]` (names: functions or classes, dotted for nesting)."""
+    """A peer's file at a named version and its code lines by `count_source`. Re-count: clone
+    the repo, check out `version`, `command()` with the clone's path before `path` (names:
+    functions or classes, dotted for nesting; match: only the code lines it finds); `--peers
+    --commands` prints each peer's clone, checkout and count."""
 
     repo: str
     version: str
@@ -358,18 +359,31 @@ def budget_table() -> str:
 
 
 def peers_table() -> str:
-    """`PEERS` as a table: each peer's file at its version, its code lines and the command
-    that re-counts it."""
-    rows = ["| feature | ours | peer at a version: code lines (re-count) |", "|---|---|---|"]
+    """`PEERS` as the table of docs/architecture.md: each peer's file at its version and its
+    code lines (only the named functions or classes, or the lines a pattern finds, if given)."""
+    rows = ["| feature | ours | the peer at a version: its code lines |", "|---|---|---|"]
     for feature, (peers, ours) in PEERS.items():
         if isinstance(peers, str):
             said = f"none: {peers}"
         else:
             said = "; ".join(f"{p.repo} {p.version[:12]} `{p.path}`"
-                             f"{' ' + ', '.join(p.names) if p.names else ''}: {p.code} "
-                             f"(`{p.command()}`)" for p in peers)
+                             f"{''.join(f' `{n}`' for n in p.names)}"
+                             f"{f' lines matching `{p.match}`' if p.match else ''}: {p.code:,}"
+                             for p in peers)
         rows.append(f"| {feature.replace('|', '/')} | {ours:,} | {said} |")
     return "\n".join(rows)
+
+
+def recount_commands() -> str:
+    """For each peer: the clone, the checkout and the count, run from the posttrain checkout."""
+    out = []
+    for peers, _ in PEERS.values():
+        for p in () if isinstance(peers, str) else peers:
+            clone = f"../peers/{p.repo.split('/')[1]}"
+            out.append(f"[ -d {clone} ] || git clone -q https://github.com/{p.repo} {clone}; "
+                       f"git -C {clone} checkout -q {p.version}; "
+                       f"{p.command().replace('--count ', f'--count {clone}/')}  # {p.code}")
+    return "\n".join(dict.fromkeys(out))
 
 
 def count_command(args: list[str]) -> int:
@@ -389,7 +403,9 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--count"]:
         return count_command(argv[1:])
     if argv[:1] in (["--table"], ["--peers"]):
-        print(budget_table() if argv[0] == "--table" else peers_table())
+        commands = argv[1:] == ["--commands"]
+        print(budget_table() if argv[0] == "--table" else
+              recount_commands() if commands else peers_table())
         return 0
     root = Path(argv[0]) if argv else Path(__file__).resolve().parents[1]
     counts = count(root)
