@@ -65,7 +65,7 @@ _NOTES: dict[str, str] = {
                   "whole Dr. GRPO)"),
     "vllm_importance_sampling_correction": (
         "rollout_is (TRL's true is a vllm_importance_sampling_mode, the same names here: auto "
-        "is sequence_mask with a vLLM engine; false is rollout_is: none)"),
+        "is sequence_mask with a vLLM sampler; false is rollout_is: none)"),
     "vllm_importance_sampling_mode": "rollout_is (TRL's mode names: token_truncate, "
                                      "token_mask, sequence_truncate, sequence_mask)",
     "vllm_server_base_url": "vllm_server_host and vllm_server_port (TRL's http://HOST:PORT)",
@@ -120,8 +120,8 @@ TRL_ONLY: dict[str, str] = {
     "vllm_model_impl": "vLLM picks its own implementation of the model (for vllm_server, start "
                        "`vllm serve` with --model-impl)",
     "weight_sync_steps": "the weights go to the sampler after every policy update (vLLM "
-                         "engines and async_rollouts alike; docs/async.md)",
-    "vllm_tensor_parallel_size": "vllm_colocate runs one engine per trainer process, on its "
+                         "samplers and async_rollouts alike; docs/async.md)",
+    "vllm_tensor_parallel_size": "vllm_colocate runs one sampler per trainer process, on its "
                                  "GPU; for tensor parallelism serve the model with `vllm serve "
                                  "--tensor-parallel-size N` and use rollout_engine: vllm_server",
     "min_p": "sampling takes temperature, top_p and top_k only",

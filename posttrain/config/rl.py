@@ -65,7 +65,7 @@ class PromptRLConfig(PromptKeys, MicroBatchKeys, BaseConfig):
     tools: list[str] = field(default_factory=list)
     """Tool functions `pkg.module:function` (typed, Google-style docstrings; TRL's `tools`) the
     model may call during a rollout; `python` is the built-in sandboxed Python tool. GRPO and
-    PPO, on every rollout engine (docs/agents.md)."""
+    PPO, on every sampler (docs/agents.md)."""
     environment: str | dict[str, str] = ""
     """`pkg.module:Class` (TRL's `environment_factory`), or {name: pkg.module:Class} picked by
     each row's `environment` field: one instance per rollout, `reset(**row)` before it, its
@@ -104,8 +104,8 @@ class PromptRLConfig(PromptKeys, MicroBatchKeys, BaseConfig):
                         "sequence_mask"] = "auto"
     """Importance correction of the sampler/learner log-prob gap: token_* weight each token by
     its ratio pi_old/q (truncate: capped at rollout_is_cap; mask: tokens above the cap leave the
-    loss), sequence_* the same with the sequence's ratio. auto: none with the hf engine (its gap
-    is still logged as rollout/*), sequence_mask (TRL's default) with a vLLM engine. Any mode
+    loss), sequence_* the same with the sequence's ratio. auto: none with the hf sampler (its gap
+    is still logged as rollout/*), sequence_mask (TRL's default) with a vLLM sampler. Any mode
     but none costs one no-grad learner forward per step for pi_old."""
     rollout_is_cap: float = 3.0
     """The ratio above which rollout_is truncates (min(r, cap)) or rejects."""
@@ -131,7 +131,7 @@ class PromptRLConfig(PromptKeys, MicroBatchKeys, BaseConfig):
         return bool(self.tools or self.environment)
 
     def rollout_correction(self) -> str:
-        """The `rollout_is` mode this run uses (`auto` resolved by the rollout engine)."""
+        """The `rollout_is` mode this run uses (`auto` resolved by the sampler)."""
         if self.rollout_is != "auto":
             return self.rollout_is
         return "none" if self.rollout_engine == "hf" else "sequence_mask"

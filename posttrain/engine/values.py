@@ -87,6 +87,6 @@ def completion_values(cfg: SFTConfig | PairsConfig) -> RunValues:
                      micro_batch_size=cfg.micro_batch_size, max_len=cfg.max_seq_len)
 
 
-def scorer_values(cfg: RMConfig | PRMConfig) -> RunValues:
+def reward_model_values(cfg: RMConfig | PRMConfig) -> RunValues:
     """The values of a reward or step-label model's config: only its largest forward."""
     return RunValues(micro_batch_size=cfg.micro_batch_size, max_len=cfg.max_seq_len)
