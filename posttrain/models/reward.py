@@ -8,8 +8,8 @@ trainers save with no code of ours:
 * PRM: ``AutoModelForTokenClassification`` with ``num_labels`` = 2 or 3, read at step-end
   positions only (Lightman et al. 2023; class layout: ``posttrain.ops.prm``).
 The PRM's step format is saved in its config.json under ``posttrain_prm``
-(``{"separator": "\\n", "split": "think", "num_classes": 2}``), so a reward model formats completions
-exactly as the trainer did. Notation: B sequences, T tokens, C classes, S steps.
+(``{"separator": "\\n", "split": "think", "num_classes": 2}``), so a reward model formats
+completions exactly as the trainer did. Notation: B sequences, T tokens, C classes, S steps.
 More: docs/reward_models.md, "Module notes", posttrain.models.reward.
 """
 
@@ -64,8 +64,8 @@ def check_reward_model_dir(path: str | Path, kind: str) -> dict[str, Any]:
         raise RewardModelError(f"{cfg_path}: not valid JSON ({err.msg})") from err
     archs = config.get("architectures") or []
     if not any(str(a).endswith(suffix) for a in archs):
-        raise RewardModelError(f"reward model path {str(path)!r}: config.json architectures {archs} "
-                          f"is not {what} (expected a *{suffix} checkpoint)")
+        raise RewardModelError(f"reward model path {str(path)!r}: config.json architectures "
+                               f"{archs} is not {what} (expected a *{suffix} checkpoint)")
     labels = len(config.get("id2label") or {}) or config.get("num_labels", 2)
     if kind == "orm" and labels != 1:
         raise RewardModelError(f"reward model path {str(path)!r}: num_labels={labels}, an outcome "
@@ -120,7 +120,8 @@ def build_reward_model(base: str | Path | torch.nn.Module, kind: str, tokenizer:
 
 
 def load_reward_model(path: str | Path, kind: str, dtype: str = "float32") -> tuple[Any, Any]:
-    """``(model, tokenizer)`` of a saved reward model; checks the kind first (see check_reward_model_dir)."""
+    """``(model, tokenizer)`` of a saved reward model; checks the kind first (see
+    check_reward_model_dir)."""
     check_reward_model_dir(path, kind)
     tokenizer = load_tokenizer(path)
     try:

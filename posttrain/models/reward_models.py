@@ -1,9 +1,10 @@
-"""The one ORM / PRM reward-model path: a saved reward model scores completions the same way everywhere.
+"""The one ORM / PRM path: a saved reward model scores completions the same way everywhere.
 
 Used by the learned rewards, process supervision and test-time search, so the same PRM gives the
 same score in each. Inputs are formatted as the trainers formatted them; no gradients; batched
 (``batch_size`` sequences per forward pass) on the model's device.
-* :class:`OutcomeRewardModel`: ``render(prompt) + completion + turn end``, scored at the last real token;
+* :class:`OutcomeRewardModel`: ``render(prompt) + completion + turn end``, scored at the last
+  real token;
   ``transform="raw"`` (the logit, as TRL / OpenRLHF) or ``"sigmoid"`` (in (0, 1)).
 * :class:`ProcessRewardModel`: steps cut by the PRM's OWN saved rule (``posttrain_prm.split``, wins
   over a recipe's separator), written with its saved separator; each step scores P(good) at its
@@ -183,10 +184,12 @@ def outcome_from_steps(score_steps: StepScoreFn, prompts: Sequence[Any],
     return aggregate_scores(scores_of_steps(score_steps, prompts, steps), aggregate)
 
 
-def get_reward_model(path: str | Path, kind: str, device: str = "auto", dtype: str = "float32") -> Any:
+def get_reward_model(path: str | Path, kind: str, device: str = "auto",
+                     dtype: str = "float32") -> Any:
     """The process-wide cached :class:`OutcomeRewardModel` (``kind="orm"``) or
     :class:`ProcessRewardModel` (``"prm"``) saved at ``path``."""
     key = (str(path), kind, str(device), dtype)
     if key not in _CACHE:
-        _CACHE[key] = {"orm": OutcomeRewardModel, "prm": ProcessRewardModel}[kind].load(path, device, dtype)
+        cls = {"orm": OutcomeRewardModel, "prm": ProcessRewardModel}[kind]
+        _CACHE[key] = cls.load(path, device, dtype)
     return _CACHE[key]

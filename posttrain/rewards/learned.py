@@ -1,15 +1,16 @@
 """Learned rewards: a trained ORM or PRM used anywhere a reward function is.
 
 Recipe entries: ``{name: reward_model, path: DIR}`` and ``{name: process_reward_model, path:
-DIR, aggregate: min}`` (extra keys go to the reward model). Each reward model loads its OWN model and
-tokenizer from ``path`` once per process (cached by path, device and dtype) and scores a batch
+DIR, aggregate: min}`` (extra keys go to the reward model). Each reward model loads its OWN model
+and tokenizer from ``path`` once per process (cached by path, device and dtype) and scores a batch
 without gradients; ``device: auto`` picks cuda when available; ``path`` is checked (a
 *ForSequenceClassification / *ForTokenClassification config.json) before any model loads.
 * ``reward_model``: the ORM's scalar score (a logit; ``transform: sigmoid`` maps it to (0, 1)).
 * ``process_reward_model``: the PRM's step scores aggregated (``aggregate``: ``min`` by default,
   ``prod``, ``last``, ``mean``), steps cut by the PRM's saved rule.
-Both are the library's one reward-model path (:mod:`posttrain.models.reward_models`), so a PRM scores the same
-here as in process supervision and search. torch is imported only when a reward model is built.
+Both are the library's one reward-model path (:mod:`posttrain.models.reward_models`), so a PRM
+scores the same here as in process supervision and search. torch is imported only when a
+reward model is built.
 More: docs/rewards.md, "Module notes", posttrain.rewards.learned.
 """
 
@@ -32,7 +33,8 @@ def reward_model_reward(completions: Sequence[str], rows: Sequence[dict[str, Any
     """Batched ORM reward: the scalar score of each completion (see the module doc)."""
     from posttrain.models.reward_models import get_reward_model
 
-    return get_reward_model(path, "orm", device, dtype).score(_prompts(rows), completions, transform)
+    orm = get_reward_model(path, "orm", device, dtype)
+    return orm.score(_prompts(rows), completions, transform)
 
 
 def process_reward_model_reward(completions: Sequence[str], rows: Sequence[dict[str, Any]], *,

@@ -62,7 +62,8 @@ class Sampler(Protocol):
         ...
 
     def update_weights(self, model: torch.nn.Module, weights_version: int) -> None:
-        """Take `model`'s current weights; nothing when `weights_version` equals the last one taken."""
+        """Take `model`'s current weights; nothing when `weights_version` equals the last one
+        taken."""
         ...
 
     def sleep(self) -> None:
@@ -117,7 +118,8 @@ class HFSampler:
     def sampling_model(self) -> tuple[torch.nn.Module, bool]:
         """(module, autocast) that `generate` samples with."""
         if self.model is None:
-            raise RuntimeError("HFSampler: call update_weights(model, weights_version) before generate")
+            raise RuntimeError("HFSampler: call update_weights(model, weights_version) before "
+                               "generate")
         if not self.sampler_copy:
             return self.model, self.autocast
         if self._copy is None:

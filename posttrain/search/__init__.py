@@ -1,8 +1,8 @@
 """Test-time search with verifiers: best-of-N, (weighted) majority vote, PRM beam search.
 
 See ``docs/search.md``. Scorers are small callables (:mod:`posttrain.search.scorers`), so a
-trained ORM/PRM (the library's one reward-model path, :mod:`posttrain.models.reward_models`), a rule or a test
-fake plug in the same way.
+trained ORM/PRM (the library's one reward-model path, :mod:`posttrain.models.reward_models`), a
+rule or a test fake plug in the same way.
 """
 
 from posttrain.data.steps import split_steps

@@ -1,7 +1,8 @@
 """Verifier quality on the policy's own samples: ORM pair accuracy and AUC, PRM step metrics.
 
-ROC AUC and the bad-step metrics are the library's ones (:mod:`posttrain.models.reward_model_metrics`,
-also used by ``posttrain rm`` / ``posttrain prm``); here over [P][N] lists of P problems.
+ROC AUC and the bad-step metrics are the library's ones
+(:mod:`posttrain.models.reward_model_metrics`, also used by ``posttrain rm`` / ``posttrain prm``);
+here over [P][N] lists of P problems.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Trained reward models as search scorers: an ORM as an OutcomeScorer, a PRM as a StepScorer.
 
-Both are the library's one reward-model path (:mod:`posttrain.models.reward_models`: the input format, the
-PRM's saved step rule and the aggregation are documented there), here with search's batch size
-and, for the ORM, ``probability=True``: its sigmoid P(correct), which is what a weighted vote
-should add up.
+Both are the library's one reward-model path (:mod:`posttrain.models.reward_models`: the input
+format, the PRM's saved step rule and the aggregation are documented there), here with search's
+batch size and, for the ORM, ``probability=True``: its sigmoid P(correct), which is what a
+weighted vote should add up.
 """
 
 from __future__ import annotations

@@ -77,11 +77,12 @@ class PRMTrainer(Trainer):
     def load_model(self) -> tuple[Any, Any]:
         cfg = self.cfg
         tok = load_tokenizer(cfg.model)
-        return build_reward_model(cfg.model, "prm", tok, num_labels=cfg.num_classes, dtype=cfg.dtype,
-                            dropout=cfg.classifier_dropout), tok
+        return build_reward_model(cfg.model, "prm", tok, num_labels=cfg.num_classes,
+                                  dtype=cfg.dtype, dropout=cfg.classifier_dropout), tok
 
     def setup(self) -> None:
-        """A causal LM object becomes a reward model; the step format is recorded; rows tokenized."""
+        """A causal LM object becomes a reward model; the step format is recorded; rows
+        tokenized."""
         cfg = self.cfg
         if not hasattr(self.model, "score"):  # Python API: a causal LM object
             self.model = build_reward_model(self.model, "prm", self.tokenizer,

@@ -7,7 +7,7 @@ sampled completion, where each step ends and a score per step, from a *step scor
         -> list[(char_ends: list[int], scores: list[float])]  # one pair per completion
 
 `char_ends[j]`: the character offset (exclusive) where step `j` ends. :class:`PRMStepScorer`
-(``process_reward_model: DIR``) runs the library's one reward-model path with the PRM's OWN saved step
+(``process_reward_model: DIR``) runs the library's one PRM path with the PRM's OWN saved step
 rule; ``package.module:name`` loads any other callable (or zero-argument factory) of that shape.
 :func:`step_tensors` maps character ends to sampled-token positions; the LAST step extends to
 the last counted token (EOS included); a stepless completion gets one step of ``EMPTY_SCORE``.

@@ -104,7 +104,8 @@ class RewardModelTrainer(Trainer):
 
     def load_model(self) -> tuple[Any, Any]:
         tok = load_tokenizer(self.cfg.model)
-        return build_reward_model(self.cfg.model, "orm", tok, num_labels=1, dtype=self.cfg.dtype), tok
+        return build_reward_model(self.cfg.model, "orm", tok, num_labels=1,
+                                  dtype=self.cfg.dtype), tok
 
     def setup(self) -> None:
         """A causal LM object becomes a reward model; rows are checked and tokenized."""

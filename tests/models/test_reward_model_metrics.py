@@ -1,5 +1,5 @@
-"""The one ROC AUC and the one bad-step metrics (posttrain.models.reward_model_metrics): golden values
-by hand, and the brute-force pair count the rank formula must equal."""
+"""The one ROC AUC and the one bad-step metrics (posttrain.models.reward_model_metrics): golden
+values by hand, and the brute-force pair count the rank formula must equal."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The one ORM / PRM reward-model path (posttrain.models.reward_models): the same saved PRM gives the same score to
-the same completion as a GRPO reward, in process supervision and in test-time search."""
+"""The one ORM / PRM reward-model path (posttrain.models.reward_models): the same saved PRM gives
+the same score to the same completion as a GRPO reward, in process supervision and in test-time
+search."""
 
 from __future__ import annotations
 

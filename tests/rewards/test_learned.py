@@ -82,7 +82,8 @@ def test_batched_scores_match_one_by_one(scorers):
 
 def test_process_scorer_step_scores_and_aggregation(scorers):
     prm = get_reward_model(scorers["prm"], "prm")
-    assert isinstance(prm, ProcessRewardModel) and get_reward_model(scorers["prm"], "prm") is prm  # cached
+    assert isinstance(prm, ProcessRewardModel)
+    assert get_reward_model(scorers["prm"], "prm") is prm  # cached
     assert prm.split(GOOD) == ["12+7=19", "19*3=57", "<answer>57</answer>"]
     steps = prm.step_scores([PROMPT, PROMPT], [GOOD, BAD])
     assert [len(s) for s in steps] == [3, 3]
