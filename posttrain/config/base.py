@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 
 from posttrain.config.errors import ConfigError, check_table
-from posttrain.config.hints import note_shared_names, null_note, unknown_key_message
+from posttrain.config.hints import note_shared_names, null_note, renamed_key, unknown_key_message
 from posttrain.config.sampler import check_rollout_engine, sampler_key_needs
 
 TRACKERS = ("tensorboard", "trackio", "wandb")
@@ -423,6 +423,7 @@ def _checked_values(sources: list[tuple[dict[str, Any], str]], hints: dict[str, 
     unknown = False
     for mapping, where in sources:
         for key, value in mapping.items():
+            key = renamed_key(key, valid, trainer)
             if key not in hints or key not in valid:
                 nested = _flat(value, f"{key}.") if isinstance(value, dict) and value else {
                     key: value}  # an empty mapping (`generation_kwargs: {}`) is named too

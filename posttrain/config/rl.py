@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from posttrain.config.base import BaseConfig, check_generation_budget, check_table, math_and_format
-from posttrain.config.keys import MicroBatchKeys, PromptKeys
+from posttrain.config.keys import EvalKeys, MicroBatchKeys, PromptKeys
 
 
 @dataclass
-class PromptRLConfig(PromptKeys, MicroBatchKeys, BaseConfig):
+class PromptRLConfig(PromptKeys, EvalKeys, MicroBatchKeys, BaseConfig):
     # --- data and rewards (prompt_field, answer_field, answer_marker: PromptKeys) ---
     rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
     """Reward functions and weights: [{name: math|format|code|pkg.module:function, weight: w}]
@@ -55,8 +55,6 @@ class PromptRLConfig(PromptKeys, MicroBatchKeys, BaseConfig):
     when the tokenizer loads, before the model's weights)."""
     top_k: int = 0
     """Top-k sampling; 0 disables."""
-    eval_max_new_tokens: int = 64
-    """Generation budget for held-out greedy evaluation."""
     generation_batch_size: int = 0
     """Sequences per generation batch when sampling a step's rollouts (whole groups: rounded
     down to a multiple of group_size, at least one group); 0: all of a rank's sequences in one

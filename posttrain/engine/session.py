@@ -384,7 +384,7 @@ def check_rows(session: Session, kind: str, context: int | None,
                           f"{budget + new} tokens, over the model's context of {context}")
     checks = [(session.train_rows if kind in ("prompts", "code") else [], sources[0],
                "max_new_tokens", new, budget),
-              (session.eval_rows, sources[1], gen.eval_key, gen.eval_max_new_tokens, 0)]
+              (session.eval_rows, sources[1], "eval_max_new_tokens", gen.eval_max_new_tokens, 0)]
     for rows, source, key, n_new, cap in checks:
         if rows and context and n_new >= context:
             raise ConfigError(f"config key '{key}'={n_new}: leaves no room for a prompt in the "
