@@ -105,7 +105,7 @@ class BaseConfig:
     restart per row, attention kept within each row: sdpa per row or transformers' packed mask),
     for the learner's, the reference's and the old log-probs' forwards: no compute on padding.
     Same log-probs as padded (fp32 within 1e-5). Every trainer (PPO's critic, the RM's and
-    PRM's scorer too); refused in one line for a model whose attention cannot keep rows apart
+    PRM reward model too); refused in one line for a model whose attention cannot keep rows apart
     and with torch_compile (docs/performance.md)."""
     threads: int = 0
     """torch.set_num_threads; 0: torch's default (OMP_NUM_THREADS, else one per core) less the

@@ -1,4 +1,4 @@
-"""Verifiable rewards (formulas §10): math, format and code, their registry and scorer.
+"""Verifiable rewards (formulas §10): math, format and code, their registry and `Rewards`.
 
 Pure Python: this package never imports torch. ``math_reward`` needs ``math-verify``;
 ``code_reward`` runs programs in the sandbox of :mod:`posttrain.sandbox.jail`.

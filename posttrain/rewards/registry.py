@@ -1,4 +1,4 @@
-"""Named reward functions, their weighted sum, and a scorer that counts every failure.
+"""Named reward functions and `Rewards`: their weighted sum, which counts every failure.
 
 Call forms: :mod:`posttrain.rewards.contract`, docs/rewards.md. Built-in names: ``math``,
 ``format``, ``code``, learned, ``environment``, ``remote``, ``judge``; else ``"pkg.mod:fn"``.

@@ -1,4 +1,4 @@
-"""The one record that passes from sampler to scorer to learner.
+"""The one record that passes from sampler to rewards to learner.
 
 Notation: B prompts, G samples per prompt, N = B*G sequences, P prompt tokens (left padded),
 T completion tokens (right padded).

@@ -47,9 +47,9 @@ def _rows(cfg: SearchConfig) -> list[dict[str, Any]]:
 
 
 def check_verifiers(cfg: SearchConfig) -> None:
-    """The ORM / PRM directories hold scorers of their kind (config.json only), and beam search's
-    ``step_separator`` is a boundary of the PRM's saved split rule (else every partial solution
-    would be one step to the PRM)."""
+    """The ORM / PRM directories hold reward models of their kind (config.json only), and beam
+    search's ``step_separator`` is a boundary of the PRM's saved split rule (else every partial
+    solution would be one step to the PRM)."""
     configs = {}
     for key in ("orm", "prm"):
         path = getattr(cfg, key)

@@ -165,7 +165,7 @@ class PromptRLTrainer(Trainer):
         """Draw `n_prompts` prompts (every rank alike; `first`: how many this step drew
         before), sample this rank's share and score it.
 
-        Returns the rollout (`scores` [n] set, NaN where unscorable), the scorer's result
+        Returns the rollout (`scores` [n] set, NaN where unscorable), the rewards' result
         (`per_function`, `metrics`) and the seconds spent ({"gen", "score"})."""
         cfg, G = self.cfg, self.cfg.group_size
         if getattr(cfg, "async_rollouts", False):
@@ -210,7 +210,7 @@ class PromptRLTrainer(Trainer):
 
     def take_sampled(self) -> tuple[Rollout, Any, dict[str, float]]:
         """This step's scored groups from the sampler process (started at the first call) and
-        the `async/*` metrics of taking them, in the scorer result's metrics."""
+        the `async/*` metrics of taking them, in the rewards result's metrics."""
         cfg, step = self.cfg, self._step
         got, waited, queued = self.start_sampler().take(step)
         kept, dropped = fresh([got], step - 1, cfg.max_staleness)
