@@ -74,7 +74,7 @@ def instrument(trainer, clock: PhaseClock) -> None:
     """Wrap the trainer's collaborators so that each phase is timed."""
     import posttrain.engine.update as engine_mod
 
-    engine = trainer.sampler()
+    engine = trainer.sync_sampler()
     engine.generate = clock.wrap("sampling", engine.generate)
     trainer.policy_logprobs = clock.wrap("reference", trainer.policy_logprobs)  # old and ref
     trainer.micro_loss = clock.wrap("policy_fwd", trainer.micro_loss)  # forward + loss

@@ -90,7 +90,7 @@ def trainer_steps(model_dir: Path, root: Path, new: int, threads: int, steps: in
         "max_steps": 2 * steps + 1, "progress": False})
     trainer = GRPOTrainer(cfg)
     trainer.step(1)  # warm-up; builds the sampler copy
-    sampler = trainer.sampler()._copy  # the sampler's BF16SamplingCopy
+    sampler = trainer.sync_sampler()._copy  # the sampler's BF16SamplingCopy
     seconds: dict[str, list[float]] = {m: [] for m in MODES}
     for i in range(steps):
         for j, mode in enumerate(MODES):

@@ -239,7 +239,7 @@ class Trainer:
         """
         dump = None if when == "during" else f"eval_{when}.jsonl"
         if self.agent is not None:  # greedy episodes through the training sampler
-            self.session.sampler = self.sampler()
+            self.session.sampler = self.sync_sampler()
         return self.session.evaluate(self.model, dump=dump)
 
     def summary_fields(self) -> dict[str, Any]:
@@ -336,12 +336,19 @@ class Trainer:
 
     def sampler(self) -> Sampler:
         """The sampler rollouts are sampled with (`rollout_engine`; `posttrain.rollout.sampler`),
-        holding the policy's current weights. The `hf` sampler under `autocast_bf16` /
-        `bf16_compute` samples from a bf16 copy of the policy with its fp32 head, re-synced
-        whenever the weights changed, run without autocast; else from the policy itself."""
+        built on first use, with whatever weights it was last given (`sync_sampler`)."""
         if self._sampler is None:
             self._sampler = build_sampler(self.cfg, self.tokenizer, role="train", dist=self.dist,
                                         agent=self.agent)
+        return self._sampler
+
+    def sync_sampler(self) -> Sampler:
+        """The step before sampling: give the sampler the policy's current weights (a push only
+        when they changed since the last; on a vLLM sampler checked, `push_check`) and return
+        it. The `hf` sampler under `autocast_bf16` / `bf16_compute` samples from a bf16 copy of
+        the policy with its fp32 head, re-synced here, run without autocast; else from the
+        policy itself."""
+        self.sampler()
         target = getattr(self._sampler, "inner", self._sampler)  # episodes: the sampler inside
         pushes = getattr(target, "weights_version", None) != self._weights_version
         self._sampler.update_weights(self.model, self._weights_version)
@@ -507,7 +514,7 @@ class Trainer:
 
     def _evaluate(self, when: str) -> dict[str, Any]:
         if self.cfg.rollout_engine != "hf":  # evaluation samples with the training sampler
-            self.session.sampler = self.sampler()
+            self.session.sampler = self.sync_sampler()
         with self.gathered():
             return self.evaluate(when)
 

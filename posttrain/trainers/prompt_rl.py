@@ -177,7 +177,7 @@ class PromptRLTrainer(Trainer):
             seeds = [sequence_seed(cfg.seed, self._step, first + i, j)
                      for i in mine for j in range(G)]
             t0 = time.time()
-            sampler = self.sampler()  # hf under autocast_bf16: a synced bf16 copy
+            sampler = self.sync_sampler()  # hf under autocast_bf16: a synced bf16 copy
             prompts = [] if getattr(sampler, "renders_rows", False) else [
                 self.session.render(r["prompt"]) for r in rows]  # episodes render their own
             with self.gathered() if sampler.runs_policy else contextlib.nullcontext():
