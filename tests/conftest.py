@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n N`: N processes share the cores
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported, for every child
 
 import pytest
 

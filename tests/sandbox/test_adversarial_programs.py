@@ -47,13 +47,27 @@ SESSION_HELPERS = ("math_verify", "multiprocessing.resource_tracker")
 Python's multiprocessing starts at its first semaphore (async GRPO's sampler queues)."""
 
 
+_EARLIER: set[tuple[int, float]] = set()
+
+
+@pytest.fixture(autouse=True)
+def _children_before_the_test():
+    """Descendants alive when a test starts are not the test's: a session helper, or a pool an
+    earlier test left to the session in this process (a pytest-xdist worker runs many files)."""
+    _EARLIER.clear()
+    _EARLIER.update((p.pid, p.create_time()) for p in psutil.Process().children(recursive=True))
+    yield
+
+
 def _own_children() -> list[psutil.Process]:
-    """Our descendants except the session helpers (`SESSION_HELPERS`)."""
+    """Our descendants started during this test, except the session helpers (`SESSION_HELPERS`)."""
     kids = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if not any(h in " ".join(child.cmdline()) for h in SESSION_HELPERS) and \
-                    child.status() != psutil.STATUS_ZOMBIE:
+            earlier = (child.pid, child.create_time()) in _EARLIER
+            if earlier or child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if not any(h in " ".join(child.cmdline()) for h in SESSION_HELPERS):
                 kids.append(child)
         except psutil.NoSuchProcess:
             continue

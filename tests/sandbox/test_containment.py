@@ -15,7 +15,12 @@ import pytest
 
 from posttrain.rewards import SandboxLimits, SandboxUnavailableError, run_sandboxed
 from posttrain.sandbox import jail as sandbox_module
-from tests.sandbox.test_adversarial_programs import AS_ROOT, _own_children, mode
+from tests.sandbox.test_adversarial_programs import (
+    AS_ROOT,
+    _children_before_the_test,  # noqa: F401 (autouse: children alive before a test are not its)
+    _own_children,
+    mode,
+)
 
 __all__ = ["mode"]
 
