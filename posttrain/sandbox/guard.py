@@ -142,6 +142,7 @@ def guard_program(serving):
     refusal, events, frames, tracing = RefusedInProgram, _PROGRAM_EVENTS, _FRAME_ATTRIBUTES, \
         _TRACE_EVENTS
     is_proc_memory = _proc_memory_check()
+    _seal_collector()
 
     def hook(event, args):
         if event in events or event[:7] == "ctypes.":
@@ -159,6 +160,26 @@ def guard_program(serving):
             raise refusal(f"{event} of a process's memory")
 
     sys.addaudithook(hook)
+
+
+def _seal_collector():
+    """``gc.set_debug`` refused in the program process: with ``DEBUG_SAVEALL`` the collector
+    keeps every frame of a cycle in ``gc.garbage``, and a frame leads to its callers' (the
+    serving code's). Every builtin module is loaded first and ``_imp.create_builtin`` is
+    refused, so no fresh ``gc`` module (``del sys.modules['gc']``, ``importlib``, a loader's
+    ``create_module``) brings the function back; ``importlib.reload`` adds no functions."""
+    import _imp
+    import gc
+
+    for name in sys.builtin_module_names:
+        __import__(name)
+
+    def refused(name):
+        def refuse(*args, **kwargs):
+            raise RefusedInProgram(name)
+        return refuse
+
+    gc.set_debug, _imp.create_builtin = refused("gc.set_debug"), refused("_imp.create_builtin")
 
 
 def _proc_memory_check():
