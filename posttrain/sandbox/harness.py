@@ -23,10 +23,10 @@ import resource
 import select
 import signal
 import sys
-import threading  # noqa: F401 (here, not first in a program's thread: see _apart)
 import time
-from itertools import chain, islice, starmap
-from operator import methodcaller
+from _queue import SimpleQueue
+from _weakref import ref as weakref_ref
+from itertools import chain, starmap
 
 # <parent-only> (removed from the sandbox's source, which starts with wire's and judge's)
 from posttrain.sandbox.guard import guard_program
@@ -346,22 +346,19 @@ def _apart(steps, exit_now):
     main thread it cannot set a signal handler (Python runs those on the main thread only,
     with the frame they interrupt). This thread waits, without running Python, until that
     one ends: by ``exit_now(0)`` after serving, or by an exception (exit status 1, 3 for
-    ``MemoryError``), allocating nothing on its way out, so no finalizer of the program runs
-    on it. ``threading`` is loaded by the supervisor: loaded first in that thread, it would
-    take the thread's end-of-life lock for its main thread (a program that does this itself
-    holds its process until the test's timeout)."""
-    started, out, raised, memory_error = _thread.allocate_lock(), [], [], MemoryError
-    started.acquire()
-    steps = chain(starmap(_thread._set_sentinel, [()]),  # out[0]: unlocked when it ends
-                  map(methodcaller("acquire"), islice(iter(out), 1)),
-                  starmap(started.release, [()]), *steps)
+    ``MemoryError``), seen when a lock only the thread's own locals hold is freed with them;
+    it allocates nothing on its way out, so no finalizer of the program runs on it."""
+    ended, raised, memory_error = SimpleQueue(), [], MemoryError
+    marker, own = _thread.allocate_lock(), _thread._local()
+    _watch = weakref_ref(marker, ended.put)  # called when the thread's locals are freed
+    steps = chain(starmap(setattr, [(own, "marker", marker)]), *steps)
+    del marker
     sys.unraisablehook = raised.append  # how the thread's exception reaches us (or not)
     size = resource.getrlimit(resource.RLIMIT_STACK)[0]
     _thread.stack_size(size if 0 < size <= 1 << 30 else 0)  # the main thread's stack
-    _thread.start_new_thread(out.extend, (steps,))
+    _thread.start_new_thread(list().extend, (steps,))
     _thread.stack_size(0)
-    started.acquire()
-    out[0].acquire()  # released when the thread has ended
+    ended.get()
     exit_now(3 if raised and raised[0][0] is memory_error else 1)
 
 
