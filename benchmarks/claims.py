@@ -209,13 +209,13 @@ def kl_estimators(policy_dir: str, world: dict[str, str], n_prompts: int, seed: 
     from posttrain.data.prompts import render_prompt
     from posttrain.models import load_model_and_tokenizer
     from posttrain.rollout import SamplingParams
-    from posttrain.rollout.engine import model_engine
+    from posttrain.rollout.sampler import model_sampler
 
     policy, tok = load_model_and_tokenizer(policy_dir)
     ref, _ = load_model_and_tokenizer(world["sft"])
     rows = [json.loads(x) for x in Path(world["data"], "prompts.jsonl").read_text().splitlines()]
     prompts = [render_prompt(tok, r["prompt"]) for r in rows[-n_prompts:]]  # not trained on
-    out = model_engine(policy, tok).generate(
+    out = model_sampler(policy, tok).generate(
         prompts, group_size=8, params=SamplingParams(max_new_tokens=max_new_tokens,
                                                      temperature=1.0),
         generator=torch.Generator().manual_seed(seed))

@@ -3,10 +3,10 @@
     python benchmarks/multiturn_decode.py MODEL_DIR [--rows 64] [--repeats 3]
 
 MODEL_DIR: a tool-world model (`python -m posttrain.tasks.tool_world`, or a GRPO run on it).
-Every side samples the same held-out prompts at temperature 1 with the `hf` engine on the CPU
+Every side samples the same held-out prompts at temperature 1 with the `hf` sampler on the CPU
 (one thread), interleaved (one run of each side per repeat; reported: the best of each side,
 their ratios, and the median over repeats of each repeat's own ratio, steadier under load):
-`single_turn` with `tools=[]` (one completion, no tool); `multi_turn` through `AgentEngine` with
+`single_turn` with `tools=[]` (one completion, no tool); `multi_turn` through `AgentSampler` with
 the calculator, each turn continued on the KV cache of the last (only the tool answers are
 prefilled); `multi_turn_reprefill`, the same episodes with the cache dropped after every turn
 (each turn prefills the whole episode so far, as before the cache was carried). Each side is
@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 
-import posttrain.rollout.engine as engine_module
+import posttrain.rollout.sampler as sampler_module
 from posttrain.data import render_prompt
 from posttrain.models import load_model_and_tokenizer
-from posttrain.rollout.engine import HFEngine
-from posttrain.rollout.episodes import AgentEngine
+from posttrain.rollout.episodes import AgentSampler
 from posttrain.rollout.hf import SamplingParams, sample_turn
+from posttrain.rollout.sampler import HFSampler
 from posttrain.rollout.tools import AgentSpec
 from posttrain.tasks.tool_world import calculator
 
@@ -50,21 +50,21 @@ def main() -> None:
     model, tok = load_model_and_tokenizer(args.model)
     heldout = args.heldout or str(Path(args.model).parents[1] / "data" / "heldout.jsonl")
     rows = [json.loads(x) for x in Path(heldout).read_text().splitlines()][: args.rows]
-    inner = HFEngine(tok)
+    inner = HFSampler(tok)
     inner.update_weights(model, 0)
-    agent = AgentEngine(inner, AgentSpec({"calculator": calculator}, None, 2, 5.0))
+    agent = AgentSampler(inner, AgentSpec({"calculator": calculator}, None, 2, 5.0))
     params = SamplingParams(160, temperature=1.0)
 
-    def single(g: torch.Generator) -> Any:  # rendered here, as `AgentEngine` renders its own
+    def single(g: torch.Generator) -> Any:  # rendered here, as `AgentSampler` renders its own
         prompts = [render_prompt(tok, r["prompt"], "auto") for r in rows]
         return inner.generate(prompts, rows=rows, params=params, generator=g)
 
     def multi(g: torch.Generator, turn: Any = sample_turn) -> Any:
-        engine_module.sample_turn = turn
+        sampler_module.sample_turn = turn
         try:
             return agent.generate([], rows=rows, params=params, generator=g)
         finally:
-            engine_module.sample_turn = sample_turn
+            sampler_module.sample_turn = sample_turn
 
     sides = {"single_turn": single, "multi_turn": multi,
              "multi_turn_reprefill": lambda g: multi(g, reprefill_turn)}

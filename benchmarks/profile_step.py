@@ -74,11 +74,11 @@ def instrument(trainer, clock: PhaseClock) -> None:
     """Wrap the trainer's collaborators so that each phase is timed."""
     import posttrain.engine.update as engine_mod
 
-    engine = trainer.sampler()
+    engine = trainer.sync_sampler()
     engine.generate = clock.wrap("sampling", engine.generate)
     trainer.policy_logprobs = clock.wrap("reference", trainer.policy_logprobs)  # old and ref
     trainer.micro_loss = clock.wrap("policy_fwd", trainer.micro_loss)  # forward + loss
-    trainer.session.scorer.score = clock.wrap("scoring", trainer.session.scorer.score)
+    trainer.session.rewards.score = clock.wrap("scoring", trainer.session.rewards.score)
     engine_mod.step_groups = clock.wrap("optimizer", engine_mod.step_groups)
     backward = torch.Tensor.backward
     torch.Tensor.backward = lambda self, *a, **k: clock.wrap("backward", backward)(self, *a, **k)

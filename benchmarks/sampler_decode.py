@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from posttrain.models.bf16_copy import DECODE_ATTENTION, BF16Sampler
+from posttrain.models.bf16_copy import DECODE_ATTENTION, BF16SamplingCopy
 from posttrain.rollout import SamplingParams, generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -47,7 +47,7 @@ def main() -> None:
         vs_trl.build(root)
     model = AutoModelForCausalLM.from_pretrained(root / args.model)
     tok = AutoTokenizer.from_pretrained(root / args.model)
-    sampler = BF16Sampler(model)
+    sampler = BF16SamplingCopy(model)
     if sampler.model.config._attn_implementation != DECODE_ATTENTION:
         print("# note: this CPU keeps the bf16 cache by default (AMX, or not a CPU run)")
     rows = [json.loads(x) for x in (root / "prompts.jsonl").read_text().splitlines()][:8]
@@ -90,7 +90,7 @@ def trainer_steps(model_dir: Path, root: Path, new: int, threads: int, steps: in
         "max_steps": 2 * steps + 1, "progress": False})
     trainer = GRPOTrainer(cfg)
     trainer.step(1)  # warm-up; builds the sampler copy
-    sampler = trainer.sampler()._copy  # the engine's BF16Sampler
+    sampler = trainer.sync_sampler()._copy  # the sampler's BF16SamplingCopy
     seconds: dict[str, list[float]] = {m: [] for m in MODES}
     for i in range(steps):
         for j, mode in enumerate(MODES):

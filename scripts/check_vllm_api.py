@@ -1,6 +1,6 @@
 """Check the vLLM surface posttrain uses against a vLLM wheel's source, without importing it.
 
-The CPU tests run the vLLM engines against a stand-in (tests/rollout/fake_vllm.py); this script
+The CPU tests run the vLLM samplers against a stand-in (tests/rollout/fake_vllm.py); this script
 checks that every name the stand-in models exists in the real release with the same signature,
 fields, defaults and limits, by reading the wheel's Python files with `ast`:
 
@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from posttrain.rollout.vllm_engine import NEUTRAL  # noqa: E402
+from posttrain.rollout.vllm_sampler import NEUTRAL  # noqa: E402
 from tests.rollout import fake_vllm as fake  # noqa: E402
 
 PINNED = "0.33.0"
@@ -206,7 +206,7 @@ def check_engine_semantics(src: Source) -> list[str]:
     bad = []
     engine = src.cls("vllm/v1/engine/llm_engine.py", "LLMEngine")
     if any(isinstance(n, ast.FunctionDef) and n.name == "shutdown" for n in engine.body):
-        bad.append("LLMEngine has shutdown (the fake and VLLMColocateEngine.close assume not)")
+        bad.append("LLMEngine has shutdown (the fake and VLLMColocateSampler.close assume not)")
     teardown = ast.unparse(src.func(src.tree("vllm/distributed/parallel_state.py"),
                                     "destroy_distributed_environment"))
     if "torch.distributed.destroy_process_group()" not in teardown:

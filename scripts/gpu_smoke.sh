@@ -3,7 +3,7 @@
 # random Qwen2-shaped model with the real 151,936-token vocabulary (tied embeddings, q/k/v
 # biases), fp32 and bf16 autocast, checked beyond the exit code (scripts/smoke_checks.py:
 # finite losses, first-step KL < 1e-4, the sampler/learner gap, final/ reloads); a stop by
-# SIGTERM and a resume; torchrun data parallel and FSDP2; the vLLM engines when vLLM imports
+# SIGTERM and a resume; torchrun data parallel and FSDP2; the vLLM samplers when vLLM imports
 # (colocated, also with a tool; on 2 GPUs also 2 torchrun ranks each with its own engine, and
 # a `vllm serve` on 127.0.0.1 with the trainer on another GPU), at temperature 0.7 with the
 # sampler/learner gap bounded, every push verified, a clean exit and the samples shown to come
@@ -152,7 +152,7 @@ for trainer in "${DIST[@]}"; do
   done
 done
 
-# ---- the vLLM rollout engines ----------------------------------------------------------------
+# ---- the vLLM samplers ----------------------------------------------------------------
 # temperature 0.7: vLLM's log-probs must be the tempered ones (logprobs_mode), or the gap is
 # large; the mean |logp diff| is bounded (bf16 sampler vs learner); a gap of exactly 0 or no
 # "Initializing a V1 LLM engine" line means the samples did not come from vLLM; the server part
@@ -168,7 +168,7 @@ VLLM_PARTS=(vllm_colocate vllm_colocate_tools vllm_colocate_torchrun vllm_server
 if VLLM_ERR=$("$PY" -c "import vllm" 2>&1); then
   train vllm_colocate "${VLLM_RUN[@]}" --log-has "$VLLM_MARK" -- grpo "${VLLM_KEYS[@]}" \
     rollout_engine=vllm_colocate
-  # multi-turn tool episodes on the colocated engine (token-id requests per turn, each with its
+  # multi-turn tool episodes on the colocated sampler (token-id requests per turn, each with its
   # own budget): the path runs on the real vLLM with the same checks; a random model seldom
   # writes a call, so a second turn is shown only on the CPU (tests/rollout/test_vllm_episodes.py)
   train vllm_colocate_tools "${VLLM_RUN[@]}" --log-has "$VLLM_MARK" -- grpo "${VLLM_KEYS[@]}" \

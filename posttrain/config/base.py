@@ -27,9 +27,9 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
-from posttrain.config.engine import check_rollout_engine, engine_key_needs
 from posttrain.config.errors import ConfigError, check_table
-from posttrain.config.hints import note_shared_names, null_note, unknown_key_message
+from posttrain.config.hints import note_shared_names, null_note, renamed_key, unknown_key_message
+from posttrain.config.sampler import check_rollout_engine, sampler_key_needs
 
 TRACKERS = ("tensorboard", "trackio", "wandb")
 
@@ -105,7 +105,7 @@ class BaseConfig:
     restart per row, attention kept within each row: sdpa per row or transformers' packed mask),
     for the learner's, the reference's and the old log-probs' forwards: no compute on padding.
     Same log-probs as padded (fp32 within 1e-5). Every trainer (PPO's critic, the RM's and
-    PRM's scorer too); refused in one line for a model whose attention cannot keep rows apart
+    PRM reward model too); refused in one line for a model whose attention cannot keep rows apart
     and with torch_compile (docs/performance.md)."""
     threads: int = 0
     """torch.set_num_threads; 0: torch's default (OMP_NUM_THREADS, else one per core) less the
@@ -175,9 +175,9 @@ class BaseConfig:
     """Prompts per generation batch during evaluation."""
     rollout_engine: Literal["hf", "vllm_colocate", "vllm_server"] = "hf"
     """What samples completions (rollouts and held-out evaluation): hf, the built-in
-    transformers sampler (CPU and GPU); vllm_colocate, a vLLM engine in each trainer process
+    transformers sampler (CPU and GPU); vllm_colocate, a vLLM sampler in each trainer process
     that sleeps while the trainer trains; vllm_server, a `vllm serve` process elsewhere that
-    gets the weights over NCCL. The vLLM engines need CUDA and `pip install 'posttrain[vllm]'`
+    gets the weights over NCCL. The vLLM samplers need CUDA and `pip install 'posttrain[vllm]'`
     (docs/rollout.md)."""
     vllm_gpu_memory_utilization: float = 0.3
     """vllm_colocate: fraction of the GPU's memory vLLM may take (weights and KV cache); the
@@ -189,7 +189,7 @@ class BaseConfig:
     """vllm_colocate: longest prompt + completion vLLM reserves KV cache for; 0: the model's
     context."""
     vllm_push_check: float = 0.1
-    """vLLM engines: after every weight push, the mean |log-prob| gap between the sampler and
+    """vLLM samplers: after every weight push, the mean |log-prob| gap between the sampler and
     the learner on a probe may be at most this, else the run stops (a push that landed
     measures 0.001-0.007 with vLLM's bf16 weights; a stale head 0.2-0.4); 0 turns the check
     off (docs/rollout.md, "Verified weight pushes")."""
@@ -242,7 +242,7 @@ class BaseConfig:
 
     def key_needs(self) -> dict[str, tuple[bool, str]]:
         """Keys read only under another setting: key -> (that setting holds, the setting)."""
-        return engine_key_needs(self)
+        return sampler_key_needs(self)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -423,6 +423,7 @@ def _checked_values(sources: list[tuple[dict[str, Any], str]], hints: dict[str, 
     unknown = False
     for mapping, where in sources:
         for key, value in mapping.items():
+            key = renamed_key(key, valid, trainer)
             if key not in hints or key not in valid:
                 nested = _flat(value, f"{key}.") if isinstance(value, dict) and value else {
                     key: value}  # an empty mapping (`generation_kwargs: {}`) is named too

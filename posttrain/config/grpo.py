@@ -54,7 +54,7 @@ class GRPOConfig(PolicyGradientKeys, PromptRLConfig):
     # --- asynchronous rollouts (docs/async.md) ---
     async_rollouts: bool = False
     """Sample and score the coming steps' groups in a sampler process while the learner trains
-    (the `hf` engine, or a `vllm_server` it pushes each version to; a CPU learner, one process;
+    (the `hf` sampler, or a `vllm_server` it pushes each version to; a CPU learner, one process;
     multi-turn episodes too)."""
     max_staleness: int = 1
     """async_rollouts: learner steps a sample may lag the weights it trains (one step: one

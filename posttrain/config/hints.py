@@ -3,8 +3,8 @@ names that exist in both worlds with another meaning (docs/trainers.md "Names fr
 verl").
 
 A hint is per trainer (config class): it names the key with the same meaning in that trainer,
-or no key and what to do instead, never a look-alike (DPO's `max_new_tokens` is its held-out
-budget, not TRL's `max_completion_length`; PPO's `gamma` is the discount, not `simpo_gamma`).
+or no key and what to do instead, never a look-alike (SFT's `rewards` score held-out samples
+only, not TRL's `reward_funcs`). Keys renamed here are read under their new name, said in one line.
 tests/config/test_hint_meanings.py checks every hint against a table of meanings. Pure Python.
 """
 
@@ -26,7 +26,7 @@ TRL_NAMES: dict[str, str] = {
     "max_prompt_length": "max_prompt_len", "warmup_ratio": "warmup_steps",
     "gradient_accumulation_steps": "micro_batch_size", "use_vllm": "rollout_engine",
     "vllm_mode": "rollout_engine", "reward_model_path": "rewards", "judge": "rewards",
-    "simpo_gamma": "gamma", "cpo_alpha": "rpo_alpha", "num_completions_to_print":
+    "cpo_alpha": "rpo_alpha", "num_completions_to_print":
     "log_completions", "per_device_train_batch_size": "prompts_per_step",
     "vllm_importance_sampling_correction": "rollout_is",
     "vllm_importance_sampling_mode": "rollout_is", "vllm_importance_sampling_cap":
@@ -50,7 +50,6 @@ _NOTES: dict[str, str] = {
     "rollout.name": "rollout_engine (hf, vllm_colocate or vllm_server)",
     "reward_model_path": _REWARD_MODEL,
     "judge": f"{_REWARD_MODEL}: a scalar reward ranks the samples; there are no pairwise judges",
-    "simpo_gamma": "gamma (SimPO's target reward margin, with loss_type: simpo)",
     "cpo_alpha": "rpo_alpha (the chosen completion's NLL weight; CPO-SimPO is loss_type: simpo "
                  "with rpo_alpha)",
     "num_completions_to_print": "log_completions (samples of each step written and printed)",
@@ -65,7 +64,7 @@ _NOTES: dict[str, str] = {
                   "whole Dr. GRPO)"),
     "vllm_importance_sampling_correction": (
         "rollout_is (TRL's true is a vllm_importance_sampling_mode, the same names here: auto "
-        "is sequence_mask with a vLLM engine; false is rollout_is: none)"),
+        "is sequence_mask with a vLLM sampler; false is rollout_is: none)"),
     "vllm_importance_sampling_mode": "rollout_is (TRL's mode names: token_truncate, "
                                      "token_mask, sequence_truncate, sequence_mask)",
     "vllm_server_base_url": "vllm_server_host and vllm_server_port (TRL's http://HOST:PORT)",
@@ -94,24 +93,22 @@ VERL_NAMES: dict[str, str] = {
 # our keys that mean something else in some trainers (config classes) than the names hinted
 # to them: there those names get no key
 LOOK_ALIKES: dict[str, tuple[str, ...]] = {
-    "max_new_tokens": ("SFTConfig", "DPOConfig", "KTOConfig"),  # the held-out budget there
     "rewards": ("SFTConfig", "DPOConfig", "KTOConfig"),  # score held-out samples only
     "clip_eps_low": ("OnlineDPOConfig",), "clip_eps_high": ("OnlineDPOConfig",),  # no ratio
-    "gamma": ("PPOConfig",),  # the discount
     "batch_size": ("SearchConfig",),  # prompts per generation batch
     **{k: ("OnlineDPOConfig",) for k in ("dual_clip", "rollout_is", "rollout_is_cap")},
 }
 # what to do where a name has no key of its meaning (any other: docs/trainers.md)
 _NOT_CUT = ("rows are never truncated here: max_seq_len bounds prompt + completion (a longer row "
-            "is an error); max_new_tokens is only the held-out generation budget")
+            "is an error); eval_max_new_tokens is only the held-out generation budget")
 _NO_SCORER = ("this trainer trains on its rows' labels; rewards only score held-out samples "
               "(posttrain ppo / grpo / online_dpo take one)")
-_SIMPO = ("SimPO and CPO are `posttrain dpo loss_type=simpo` (gamma: the margin, rpo_alpha: the "
-          "NLL weight)")
+_SIMPO = ("SimPO and CPO are `posttrain dpo loss_type=simpo` (simpo_gamma: the margin, rpo_alpha: "
+          "the NLL weight)")
 _NO_KEY: dict[str, str] = {
     "max_completion_length": _NOT_CUT, "max_prompt_length": _NOT_CUT,
     "max_response_length": _NOT_CUT, "reward_model_path": _NO_SCORER, "judge": _NO_SCORER,
-    "simpo_gamma": _SIMPO, "cpo_alpha": _SIMPO,
+    "cpo_alpha": _SIMPO,
     "max_length": "GRPO, PPO and online DPO sequences are at most max_prompt_len + "
                   "max_new_tokens tokens",
 }
@@ -120,8 +117,8 @@ TRL_ONLY: dict[str, str] = {
     "vllm_model_impl": "vLLM picks its own implementation of the model (for vllm_server, start "
                        "`vllm serve` with --model-impl)",
     "weight_sync_steps": "the weights go to the sampler after every policy update (vLLM "
-                         "engines and async_rollouts alike; docs/async.md)",
-    "vllm_tensor_parallel_size": "vllm_colocate runs one engine per trainer process, on its "
+                         "samplers and async_rollouts alike; docs/async.md)",
+    "vllm_tensor_parallel_size": "vllm_colocate runs one sampler per trainer process, on its "
                                  "GPU; for tensor parallelism serve the model with `vllm serve "
                                  "--tensor-parallel-size N` and use rollout_engine: vllm_server",
     "min_p": "sampling takes temperature, top_p and top_k only",
@@ -135,6 +132,21 @@ TRL_ONLY: dict[str, str] = {
 CONFIG_COMMANDS = {"SFTConfig": "sft", "GRPOConfig": "grpo", "PPOConfig": "ppo",
                    "DPOConfig": "dpo", "KTOConfig": "kto", "OnlineDPOConfig": "online_dpo",
                    "RMConfig": "rm", "PRMConfig": "prm", "SearchConfig": "search"}
+# our keys renamed (issue 60: one word per thing) -> the new name, used where the old one is not
+# a key of the trainer and the new one is (`max_new_tokens` stays GRPO's, PPO's sampling budget)
+RENAMED: dict[str, str] = {"max_new_tokens": "eval_max_new_tokens", "gamma": "simpo_gamma"}
+
+
+def renamed_key(key: str, valid: list[str], trainer: str = "") -> str:
+    """`key` itself, or its new name where only that is valid (said in one line on stderr)."""
+    new = RENAMED.get(key)
+    if new is None or key in valid or new not in valid:
+        return key
+    print(f"posttrain: config key '{key}' is now '{new}' in posttrain "
+          f"{CONFIG_COMMANDS.get(trainer, trainer)}: read as '{new}'", file=sys.stderr)
+    return new
+
+
 # names that mean something else here than in TRL / verl: said once, when a config sets them
 SHARED_NAMES: dict[str, str] = {
     "generation_batch_size": (

@@ -30,9 +30,14 @@ class RowKeys(MicroBatchKeys):
 
 
 @dataclass
-class HeldOutKeys:
-    max_new_tokens: int = 64
-    """Generation budget for held-out greedy evaluation."""
+class EvalKeys:
+    eval_max_new_tokens: int = 64
+    """Generation budget for held-out greedy evaluation (every trainer that evaluates by
+    generating; `max_new_tokens` is the sampling budget of the trainers that sample)."""
+
+
+@dataclass
+class HeldOutKeys(EvalKeys):
     rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
     """Reward functions used to score held-out greedy samples (evaluation only)."""
 

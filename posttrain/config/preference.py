@@ -21,8 +21,8 @@ class DPOLossConfig(BetaKeys):
     label_smoothing: float = 0.0
     """Assumed label-noise rate s for cdpo / robust / simpo; sigmoid honours it too (then = cdpo,
     as in OpenRLHF; TRL 1.16's sigmoid ignores it: docs/algorithms.md)."""
-    gamma: float = 0.0
-    """SimPO's target reward margin (TRL's simpo_gamma; the paper uses 0.5-1.6 with beta 2-2.5);
+    simpo_gamma: float = 0.0
+    """SimPO's target reward margin (TRL's name too; the paper uses 0.5-1.6 with beta 2-2.5);
     the other losses take none (a nonzero value is refused)."""
     rpo_alpha: float = 0.0
     """Weight of the chosen completion's NLL (mean over its tokens) added to each pair's loss:
@@ -52,7 +52,7 @@ class PairsConfig(HeldOutKeys, RowKeys, BaseConfig):
 
     def validate(self) -> None:
         super().validate()
-        check_generation_budget(self, "max_new_tokens")
+        check_generation_budget(self, "eval_max_new_tokens")
         check_table(self, {
             "batch_size": (self.batch_size >= 1, "expected >= 1"),
             "micro_batch_size": (self.micro_batch_size >= 2,

@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from posttrain.config.base import BaseConfig, check_generation_budget, check_table, math_and_format
-from posttrain.config.keys import MicroBatchKeys, PromptKeys
+from posttrain.config.keys import EvalKeys, MicroBatchKeys, PromptKeys
 
 
 @dataclass
-class PromptRLConfig(PromptKeys, MicroBatchKeys, BaseConfig):
+class PromptRLConfig(PromptKeys, EvalKeys, MicroBatchKeys, BaseConfig):
     # --- data and rewards (prompt_field, answer_field, answer_marker: PromptKeys) ---
     rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
     """Reward functions and weights: [{name: math|format|code|pkg.module:function, weight: w}]
@@ -55,8 +55,6 @@ class PromptRLConfig(PromptKeys, MicroBatchKeys, BaseConfig):
     when the tokenizer loads, before the model's weights)."""
     top_k: int = 0
     """Top-k sampling; 0 disables."""
-    eval_max_new_tokens: int = 64
-    """Generation budget for held-out greedy evaluation."""
     generation_batch_size: int = 0
     """Sequences per generation batch when sampling a step's rollouts (whole groups: rounded
     down to a multiple of group_size, at least one group); 0: all of a rank's sequences in one
@@ -65,7 +63,7 @@ class PromptRLConfig(PromptKeys, MicroBatchKeys, BaseConfig):
     tools: list[str] = field(default_factory=list)
     """Tool functions `pkg.module:function` (typed, Google-style docstrings; TRL's `tools`) the
     model may call during a rollout; `python` is the built-in sandboxed Python tool. GRPO and
-    PPO, on every rollout engine (docs/agents.md)."""
+    PPO, on every sampler (docs/agents.md)."""
     environment: str | dict[str, str] = ""
     """`pkg.module:Class` (TRL's `environment_factory`), or {name: pkg.module:Class} picked by
     each row's `environment` field: one instance per rollout, `reset(**row)` before it, its
@@ -104,8 +102,8 @@ class PromptRLConfig(PromptKeys, MicroBatchKeys, BaseConfig):
                         "sequence_mask"] = "auto"
     """Importance correction of the sampler/learner log-prob gap: token_* weight each token by
     its ratio pi_old/q (truncate: capped at rollout_is_cap; mask: tokens above the cap leave the
-    loss), sequence_* the same with the sequence's ratio. auto: none with the hf engine (its gap
-    is still logged as rollout/*), sequence_mask (TRL's default) with a vLLM engine. Any mode
+    loss), sequence_* the same with the sequence's ratio. auto: none with the hf sampler (its gap
+    is still logged as rollout/*), sequence_mask (TRL's default) with a vLLM sampler. Any mode
     but none costs one no-grad learner forward per step for pi_old."""
     rollout_is_cap: float = 3.0
     """The ratio above which rollout_is truncates (min(r, cap)) or rejects."""
@@ -131,7 +129,7 @@ class PromptRLConfig(PromptKeys, MicroBatchKeys, BaseConfig):
         return bool(self.tools or self.environment)
 
     def rollout_correction(self) -> str:
-        """The `rollout_is` mode this run uses (`auto` resolved by the rollout engine)."""
+        """The `rollout_is` mode this run uses (`auto` resolved by the sampler)."""
         if self.rollout_is != "auto":
             return self.rollout_is
         return "none" if self.rollout_engine == "hf" else "sequence_mask"

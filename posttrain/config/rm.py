@@ -11,7 +11,7 @@ from posttrain.config.keys import RowKeys
 
 
 @dataclass
-class _ScorerConfig(RowKeys, BaseConfig):
+class _RewardModelConfig(RowKeys, BaseConfig):
     eval_size: int = 100_000
     """Held-out rows evaluated (all of `eval_data` by default)."""
     lr: float = 1e-4
@@ -26,7 +26,7 @@ class _ScorerConfig(RowKeys, BaseConfig):
 
 
 @dataclass
-class RMConfig(_ScorerConfig):
+class RMConfig(_RewardModelConfig):
     objective: Literal["bradley_terry", "binary"] = "bradley_terry"
     """Bradley-Terry on preference pairs, or binary correctness of single completions."""
     margin: float = 0.0
@@ -44,13 +44,13 @@ class RMConfig(_ScorerConfig):
 
 
 @dataclass
-class PRMConfig(_ScorerConfig):
+class PRMConfig(_RewardModelConfig):
     num_classes: Literal[2, 3] = 2
     """Step classes: 2 (bad / good; a neutral 0 label counts as good) or 3 (bad/neutral/good)."""
     step_separator: str = "\n"
     """Text appended after every step; the step's prediction is read at its last token."""
     step_split: str = "think"
-    """How the scorer splits a completion into steps: 'think' (each ';'-separated part of
+    """How the reward model splits a completion into steps: 'think' (each ';'-separated part of
     <think>...</think>, then the <answer> tag) or a literal delimiter such as '\\n'. Saved with
     the model."""
     soft_labels: bool = False

@@ -26,7 +26,7 @@ class SFTConfig(HeldOutKeys, RowKeys, BaseConfig):
 
     def validate(self) -> None:
         super().validate()
-        check_generation_budget(self, "max_new_tokens")
+        check_generation_budget(self, "eval_max_new_tokens")
         check_table(self, {
             "batch_size": (self.batch_size >= 1, "expected >= 1"),
             "max_seq_len": (self.max_seq_len >= 1, "expected >= 1"),

@@ -1,7 +1,7 @@
 """Padding accounting for `perf/pad_fraction`: padded positions / all positions the learner
 computes in a step.
 
-Every differentiated forward pass (the policy's, the critic's, a scorer's) reports its
+Every differentiated forward pass (the policy's, the critic's, a reward model's) reports its
 attention mask with `count_positions` after its all-padding columns are trimmed; no-grad passes
 (rollout, reference, old log-probs, evaluation) are not counted. The loop (`Trainer`) resets the
 count before a step and reads it after, summed over ranks. A packed pass reports a mask of ones.

@@ -9,7 +9,7 @@ stores its rule in config.json (``posttrain_prm.split``), and that rule is the o
 * any other string: a literal delimiter (``"\\n"``: one step per line, GSM8K / PRM800K style).
 
 Steps are stripped and blank ones skipped, so only a blank completion has no step; such a
-completion scores ``posttrain.models.scorers.EMPTY_SCORE`` (0.0) everywhere.
+completion scores ``posttrain.models.reward_models.EMPTY_SCORE`` (0.0) everywhere.
 More: docs/process_supervision.md, "Module notes", posttrain.data.steps.
 """
 

@@ -5,7 +5,7 @@ The learner decides everything that makes a run reproducible: the rows of step s
 order from the run's data order), their seeds, and the weights they are sampled with: version
 `needed_version(s)` = max(start, s - 1 - max_staleness), the learner's weights after that step.
 The spawned sampler process keeps a private copy of the policy, loads the version a job needs
-from shared memory before the job, samples with the `hf` engine or a `vllm_server` (pushed that
+from shared memory before the job, samples with the `hf` sampler or a `vllm_server` (pushed that
 version and verified against the copy first; multi-turn episodes too), runs the rewards and
 sends the scored rollout back. The learner pushes its weights after each step,
 once the job that needs the previous version has loaded it, so a job never sees other weights.
@@ -38,7 +38,7 @@ from posttrain.data import DataError
 from posttrain.engine.push_check import PushCheckError, check_push, probe_ids
 from posttrain.rewards.registry import ScoreResult
 from posttrain.rollout import Rollout, SamplingParams
-from posttrain.rollout.engine import build_engine
+from posttrain.rollout.sampler import build_sampler
 from posttrain.rollout.tools import python_mode
 from posttrain.rollout.vllm_server import ServerError
 
@@ -244,15 +244,15 @@ def _sampler_main(cfg: Any, agent: Any, reward_fns: dict[str, Any] | None, threa
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     torch.set_num_threads(threads)
     try:
-        from posttrain.engine.session import build_scorer
+        from posttrain.engine.session import build_rewards
         from posttrain.engine.values import prompt_values
 
         if (got := setup.get()) is None:  # the run ended before it sampled
             return
         tokenizer, skeleton, probe = got
         buffers, model = skeleton.state_dict(), copy.deepcopy(skeleton)
-        engine = build_engine(cfg, tokenizer, role="train", agent=agent)
-        scorer, _ = build_scorer(prompt_values(cfg).rewards, reward_fns)
+        engine = build_sampler(cfg, tokenizer, role="train", agent=agent)
+        scorer, _ = build_rewards(prompt_values(cfg).rewards, reward_fns)
         pusher = _Pusher(engine, tokenizer, probe, cfg.vllm_push_check)
         while (job := jobs.get()) is not None:
             results.put(_run_job(job, model, buffers, pusher, scorer, cfg, version, loaded,
@@ -278,7 +278,7 @@ class _Pusher:
 
     def push(self, model: torch.nn.Module, version: int) -> float | None:
         """Push `version` (nothing when the engine has it); the check's gap, or None."""
-        pushes = getattr(self.target, "version", None) != version
+        pushes = getattr(self.target, "weights_version", None) != version
         self.engine.update_weights(model, version)
         if not (pushes and hasattr(self.target, "probe_logprobs") and self.bound > 0):
             return None

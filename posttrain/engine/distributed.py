@@ -238,7 +238,7 @@ class Dist:
 
 _CREATED: list[Any] = []
 """The default process group when posttrain created it: the only one it destroys (a colocated
-vLLM engine creates its own when there is none, and its finalizer destroys that one)."""
+vLLM sampler creates its own when there is none, and its finalizer destroys that one)."""
 
 
 def close_process_group(finished: bool) -> None:

@@ -1,10 +1,10 @@
 """Every weight push verified: the sampler's log-probs of a probe against the learner's.
 
-After each push to a separate sampler (the vLLM engines) the sampler scores a fixed probe (the
+After each push to a separate sampler (the vLLM samplers) the sampler scores a fixed probe (the
 first training prompt and the sampler's greedy continuation of it, <= 32 tokens: text the model
 finds likely, where bf16 log-probs are close) with its prompt log-probs at temperature 1, and
 the learner scores the same ids in fp32. A mean absolute gap above `vllm_push_check`
-stops the run in one line naming the engine and the gap (`rollout/push_check_gap` is logged):
+stops the run in one line naming the sampler and the gap (`rollout/push_check_gap` is logged):
 a stale tied head, a communicator that sent nothing or a half-loaded server would otherwise
 go on sampling from other weights, with the importance correction quietly reweighting around
 it. Cost: one prompt-only request and one learner forward of the probe per push.

@@ -28,11 +28,11 @@ from posttrain.data.render_checks import check_prompt_lengths, check_renderable
 from posttrain.engine.values import RewardValues, RunValues
 from posttrain.models import apply_lora, load_model_and_tokenizer, load_tokenizer, model_context
 from posttrain.models.lora import check_lora_targets
-from posttrain.rewards.registry import RewardScorer, RewardSpec, validate_specs
+from posttrain.rewards.registry import Rewards, RewardSpec, validate_specs
 from posttrain.rollout import SamplingParams
 from posttrain.rollout.call_formats import check_call_format
-from posttrain.rollout.engine import Sampler, build_engine
 from posttrain.rollout.episodes import check_tool_template
+from posttrain.rollout.sampler import Sampler, build_sampler
 from posttrain.rollout.tools import check_environment_rows
 
 
@@ -43,13 +43,13 @@ class Session:
     tokenizer: Any
     train_rows: list[dict[str, Any]]
     eval_rows: list[dict[str, Any]]
-    scorer: RewardScorer | None = None
+    rewards: Rewards | None = None
     reward_names: list[str] = field(default_factory=list)
     dist: Any = None
     """The trainer's `Dist` under torchrun: evaluation is sharded by rank and gathered."""
     sampler: Sampler | None = None
     """What held-out evaluation samples with; None: one built from the config for the model
-    evaluated (`rollout_engine`; the trainer sets its own vLLM engine or episodes here)."""
+    evaluated (`rollout_engine`; the trainer sets its own vLLM sampler or episodes here)."""
     values: RunValues = field(default_factory=RunValues)
     """The trainer's values beyond `BaseConfig`'s keys (`posttrain.engine.values`)."""
 
@@ -74,7 +74,7 @@ class Session:
         reward (when one is configured); `reward_mean` the mean weighted score. `dump` names a
         JSONL file in out_dir that receives every prompt, completion and verdict.
         """
-        if not self.eval_rows or self.scorer is None:
+        if not self.eval_rows or self.rewards is None:
             return {}
         cfg = self.cfg
         rows = self.eval_rows[: cfg.eval_size]
@@ -113,15 +113,15 @@ class Session:
             list(range(len(rows))))
         per_row: list[tuple[int, str, float, float, float | None, float]] = []
         if mine:
-            engine = self.sampler or build_engine(cfg, self.tokenizer, role="eval", model=model)
-            if not engine.runs_policy:  # a vLLM engine loaded from `model`: kept for next time
-                self.sampler = engine
-            prompts = [] if getattr(engine, "renders_rows", False) else [
+            sampler = self.sampler or build_sampler(cfg, self.tokenizer, role="eval", model=model)
+            if not sampler.runs_policy:  # a vLLM sampler loaded from `model`: kept for next time
+                self.sampler = sampler
+            prompts = [] if getattr(sampler, "renders_rows", False) else [
                 self.render(rows[i]["prompt"]) for i in mine]  # episodes render their own
-            rollout = engine.generate(prompts, rows=[rows[i] for i in mine],
+            rollout = sampler.generate(prompts, rows=[rows[i] for i in mine],
                                       params=SamplingParams(max_new_tokens=max_new, greedy=True),
                                       batch_size=cfg.eval_batch_size)
-            result = self.scorer.score(rollout.completions,  # episodes: + messages, env
+            result = self.rewards.score(rollout.completions,  # episodes: + messages, env
                                        rollout.rows or [rows[i] for i in mine])
             fmt = result.per_function.get("format")
             lengths = rollout.response_mask.sum(1).tolist()
@@ -218,9 +218,9 @@ def _rows(cfg: BaseConfig, prompt_field: str, source: Any, kind: str, split: str
     return validate_rows(enumerate(rows, 1), kind, name, **opts)
 
 
-def build_scorer(rewards: RewardValues, reward_fns: dict[str, Any] | None
-                 ) -> tuple[RewardScorer | None, list[str]]:
-    """The scorer of `rewards:` (or of the list under `rewards.key`: `audit_rewards`; None when
+def build_rewards(rewards: RewardValues, reward_fns: dict[str, Any] | None
+                 ) -> tuple[Rewards | None, list[str]]:
+    """The rewards of `rewards:` (or of the list under `rewards.key`: `audit_rewards`; None when
     it is empty) and the reward names, in order; `reward_fns`: name -> function given in Python."""
     specs_raw, key = rewards.specs, rewards.key
     if not specs_raw:  # SFT / DPO with `rewards: []`: no greedy held-out scoring
@@ -235,15 +235,15 @@ def build_scorer(rewards: RewardValues, reward_fns: dict[str, Any] | None
         validate_specs(specs)
     except ValueError as err:
         raise ConfigError(f"config key {key!r}: {err}") from err
-    return (RewardScorer(specs, on_error=rewards.on_error, timeout_s=rewards.timeout_s),
+    return (Rewards(specs, on_error=rewards.on_error, timeout_s=rewards.timeout_s),
             [s.name for s in specs])
 
 
-def _needed_fields(scorer: RewardScorer | None, answer_field: str) -> dict[str, str]:
+def _needed_fields(fns: Rewards | None, answer_field: str) -> dict[str, str]:
     """Row field -> why it is needed, for every field a reward function requires; `answer` is
     read from `answer_field`, so that is the field every row must carry."""
     need: dict[str, str] = {}
-    for name, rewards in (scorer.needed_fields() if scorer else {}).items():
+    for name, rewards in (fns.needed_fields() if fns else {}).items():
         why = f"reward {', '.join(map(repr, rewards))} needs it"
         if name == "answer" and answer_field != "answer":
             name, why = answer_field, f"{why} as 'answer': answer_field={answer_field}"
@@ -268,11 +268,11 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
     if with_train:
         check_trackers(cfg)
     values = values or RunValues()
-    scorer, names = build_scorer(values.rewards, reward_fns)
+    rewards, names = build_rewards(values.rewards, reward_fns)
     if kind == "prompts" and "code" in names:
         kind = "code"  # code rows carry `tests`: validate them before any training starts
     answer_field, field_ = values.rows.answer_field, values.rows.prompt_field
-    need = _needed_fields(scorer, answer_field)  # every row carries what the rewards read
+    need = _needed_fields(rewards, answer_field)  # every row carries what the rewards read
     train_rows = (_rows(cfg, field_, train_data if train_data is not None else cfg.train_data,
                         kind, cfg.train_split,
                         require=need if kind in ("prompts", "code") else None)
@@ -311,7 +311,7 @@ def load_session(cfg: BaseConfig, kind: str, with_train: bool = True, *,
         _check_lora(cfg, model)
     if place:
         model.to(resolve_device(cfg.device))
-    return Session(cfg, model, _with_template(tokenizer, cfg), train_rows, eval_rows, scorer,
+    return Session(cfg, model, _with_template(tokenizer, cfg), train_rows, eval_rows, rewards,
                    names, values=values)
 
 
@@ -384,7 +384,7 @@ def check_rows(session: Session, kind: str, context: int | None,
                           f"{budget + new} tokens, over the model's context of {context}")
     checks = [(session.train_rows if kind in ("prompts", "code") else [], sources[0],
                "max_new_tokens", new, budget),
-              (session.eval_rows, sources[1], gen.eval_key, gen.eval_max_new_tokens, 0)]
+              (session.eval_rows, sources[1], "eval_max_new_tokens", gen.eval_max_new_tokens, 0)]
     for rows, source, key, n_new, cap in checks:
         if rows and context and n_new >= context:
             raise ConfigError(f"config key '{key}'={n_new}: leaves no room for a prompt in the "

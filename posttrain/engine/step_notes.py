@@ -33,7 +33,7 @@ class StepNotes:
 
     def rewards(self, step: int, errors: list[dict[str, Any]], n: int) -> None:
         """Reward errors by function (first time, or every step where most samples fail) and
-        samples no function scored (`function` None in the scorer's records)."""
+        samples no function scored (`function` None in the records of `Rewards`)."""
         by_fn: dict[Any, list[dict[str, Any]]] = {}
         for err in errors:
             by_fn.setdefault(err["function"], []).append(err)

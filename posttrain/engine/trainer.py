@@ -69,7 +69,7 @@ from posttrain.engine.update import CountFn, LossFn, OptimGroup, Plan, padded_st
 from posttrain.models.bf16_copy import BF16Copy
 from posttrain.models.loading import save_checkpoint
 from posttrain.ops.head_blocks import head_precision
-from posttrain.rollout.engine import Sampler, build_engine
+from posttrain.rollout.sampler import Sampler, build_sampler
 from posttrain.rollout.weights import lora_merged, named_weights
 
 
@@ -86,7 +86,7 @@ class Trainer:
     """Metrics shown next to the progress bar."""
     agent: Any = None
     """The tools and environment of multi-turn episodes (`posttrain.rollout.tools.AgentSpec`,
-    set by `validate`), or None: `build_engine` wraps the engine in an `AgentEngine`."""
+    set by `validate`), or None: `build_sampler` wraps the sampler in an `AgentSampler`."""
     count_metrics: ClassVar[frozenset[str]] = frozenset()
     """Step metrics that are this rank's counts (summed over ranks; every other key is a mean
     or, ending in ``_max`` / ``_min``, an extreme: `posttrain.engine.distributed.metric_kind`)."""
@@ -116,7 +116,7 @@ class Trainer:
         self.gen = set_seed(cfg.seed)  # CPU generator: data order and sampling seeds
         self.validate()
         if cfg.rollout_engine == "vllm_colocate":  # vLLM's own checks, before any model loads
-            from posttrain.rollout.vllm_engine import check_engine_args
+            from posttrain.rollout.vllm_sampler import check_engine_args
 
             try:
                 check_engine_args(cfg, self.dist.world)
@@ -238,8 +238,8 @@ class Trainer:
         (`accuracy`, `reward_mean`, ...), with per-sample dumps before and after.
         """
         dump = None if when == "during" else f"eval_{when}.jsonl"
-        if self.agent is not None:  # greedy episodes through the training engine
-            self.session.sampler = self.sampler()
+        if self.agent is not None:  # greedy episodes through the training sampler
+            self.session.sampler = self.sync_sampler()
         return self.session.evaluate(self.model, dump=dump)
 
     def summary_fields(self) -> dict[str, Any]:
@@ -314,7 +314,7 @@ class Trainer:
                before_step: Callable[[dict[str, float]], bool] | None = None
                ) -> dict[str, float]:
         """Every optimizer step of this trainer step through the one update
-        (`posttrain.engine.update.run_update`); the rollout engine sleeps meanwhile."""
+        (`posttrain.engine.update.run_update`); the sampler sleeps meanwhile."""
         if self._sampler is not None:
             self._sampler.sleep()
         out = run_update(plan, self.dist, counts, loss_fn,
@@ -335,15 +335,22 @@ class Trainer:
         return self.dist.gathered(self.model)
 
     def sampler(self) -> Sampler:
-        """The engine rollouts are sampled with (`rollout_engine`; `posttrain.rollout.engine`),
-        holding the policy's current weights. The `hf` engine under `autocast_bf16` /
-        `bf16_compute` samples from a bf16 copy of the policy with its fp32 head, re-synced
-        whenever the weights changed, run without autocast; else from the policy itself."""
+        """The sampler rollouts are sampled with (`rollout_engine`; `posttrain.rollout.sampler`),
+        built on first use, with whatever weights it was last given (`sync_sampler`)."""
         if self._sampler is None:
-            self._sampler = build_engine(self.cfg, self.tokenizer, role="train", dist=self.dist,
+            self._sampler = build_sampler(self.cfg, self.tokenizer, role="train", dist=self.dist,
                                         agent=self.agent)
-        target = getattr(self._sampler, "inner", self._sampler)  # episodes: the engine inside
-        pushes = getattr(target, "version", None) != self._weights_version
+        return self._sampler
+
+    def sync_sampler(self) -> Sampler:
+        """The step before sampling: give the sampler the policy's current weights (a push only
+        when they changed since the last; on a vLLM sampler checked, `push_check`) and return
+        it. The `hf` sampler under `autocast_bf16` / `bf16_compute` samples from a bf16 copy of
+        the policy with its fp32 head, re-synced here, run without autocast; else from the
+        policy itself."""
+        self.sampler()
+        target = getattr(self._sampler, "inner", self._sampler)  # episodes: the sampler inside
+        pushes = getattr(target, "weights_version", None) != self._weights_version
         self._sampler.update_weights(self.model, self._weights_version)
         if pushes and hasattr(target, "probe_logprobs") and self.cfg.vllm_push_check > 0:
             if self._probe is None:
@@ -354,7 +361,7 @@ class Trainer:
         return self._sampler
 
     def close_sampler(self) -> None:
-        """Release the rollout engine (a vLLM engine's GPU memory); rebuilt if used again."""
+        """Release the sampler (a vLLM sampler's GPU memory); rebuilt if used again."""
         if self._sampler is not None:
             self._sampler.close()
         self._sampler = None
@@ -482,7 +489,7 @@ class Trainer:
                 reset_gpu_peak(self.device)
                 with head_precision(cfg.head_precision):  # the fused LM head's arithmetic
                     metrics = padded_step(self.step, step, self.dist)
-                metrics |= self.push_metrics  # `rollout/push_check_gap` (vLLM engines)
+                metrics |= self.push_metrics  # `rollout/push_check_gap` (vLLM samplers)
                 self.push_metrics = {}
                 metrics["perf/step_seconds"] = time.time() - t0
                 metrics = self.dist.reduce_metrics(metrics, self.count_metrics)
@@ -506,8 +513,8 @@ class Trainer:
         return step
 
     def _evaluate(self, when: str) -> dict[str, Any]:
-        if self.cfg.rollout_engine != "hf":  # evaluation samples with the training engine
-            self.session.sampler = self.sampler()
+        if self.cfg.rollout_engine != "hf":  # evaluation samples with the training sampler
+            self.session.sampler = self.sync_sampler()
         with self.gathered():
             return self.evaluate(when)
 

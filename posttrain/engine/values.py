@@ -43,13 +43,12 @@ class RewardValues:
 class GenerationValues:
     """Token budgets and the sampling temperature. `max_new_tokens`: the sampling budget (None:
     nothing is sampled, no prompt is checked against a budget); `max_prompt_len`: 0 for none;
-    `eval_max_new_tokens`: greedy evaluation's budget, from config key `eval_key` (named in
-    messages); `temperature`: the sampling's, which the policy forward divides logits by."""
+    `eval_max_new_tokens`: greedy evaluation's budget (config key `eval_max_new_tokens` in
+    every trainer); `temperature`: the sampling's, which the policy forward divides logits by."""
 
     max_new_tokens: int | None = None
     max_prompt_len: int = 0
     eval_max_new_tokens: int = 64
-    eval_key: str = "max_new_tokens"
     temperature: float = 1.0
 
 
@@ -72,21 +71,20 @@ def prompt_values(cfg: PromptRLConfig) -> RunValues:
     return RunValues(RowValues(cfg.prompt_field, cfg.answer_field, cfg.answer_marker),
                      RewardValues(cfg.rewards, cfg.reward_on_error, cfg.reward_timeout_s),
                      GenerationValues(cfg.max_new_tokens, cfg.max_prompt_len,
-                                      cfg.eval_max_new_tokens, "eval_max_new_tokens",
-                                      cfg.temperature),
+                                      cfg.eval_max_new_tokens, cfg.temperature),
                      cfg.tool_schemas, cfg.tool_call_parser, cfg.micro_batch_size,
                      cfg.max_new_tokens)
 
 
 def completion_values(cfg: SFTConfig | PairsConfig) -> RunValues:
     """The values of a config whose rows carry completions (SFT, DPO, KTO): greedy held-out
-    evaluation with `max_new_tokens`, scored by `rewards`."""
+    evaluation with `eval_max_new_tokens`, scored by `rewards`."""
     return RunValues(rewards=RewardValues(cfg.rewards),
-                     generation=GenerationValues(cfg.max_new_tokens,
-                                                 eval_max_new_tokens=cfg.max_new_tokens),
+                     generation=GenerationValues(cfg.eval_max_new_tokens,
+                                                 eval_max_new_tokens=cfg.eval_max_new_tokens),
                      micro_batch_size=cfg.micro_batch_size, max_len=cfg.max_seq_len)
 
 
-def scorer_values(cfg: RMConfig | PRMConfig) -> RunValues:
+def reward_model_values(cfg: RMConfig | PRMConfig) -> RunValues:
     """The values of a reward or step-label model's config: only its largest forward."""
     return RunValues(micro_batch_size=cfg.micro_batch_size, max_len=cfg.max_seq_len)

@@ -1,4 +1,4 @@
-"""Models and tokenizers: loading by path or Hub name, LoRA, value heads, ORM/PRM scorers, and
+"""Models and tokenizers: loading by path or Hub name, LoRA, value heads, ORM/PRM reward models, and
 the model execution shared by the sampler and the learner (logits context, bf16 copies)."""
 
 from posttrain.models.loading import (

@@ -4,7 +4,7 @@
 Every copy holds the transformer body in bf16 around the source's own fp32 LM head (the hidden
 state is cast to fp32 before it); only parameters are cast. `sync()` copies the source's weights
 in: before every generation (sampler) and after every optimizer step (learner).
-- `BF16Sampler`: runs without autocast (activations and KV cache stay bf16); on a oneDNN bf16
+- `BF16SamplingCopy`: runs without autocast (activations and KV cache stay bf16); on a oneDNN bf16
   CPU its linear layers use pre-packed weights (bit-identical, checked once per process); on a
   CPU without AMX its KV cache is fp32 with fp32 decode attention (`fp32_decode_attention_pays`).
 - `BF16Copy` (learner / reference; Micikevicius et al. 2018, no loss scaling): bf16 gradients
@@ -25,7 +25,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from posttrain.models.logits import embeddings, patched_forward
 
-__all__ = ["DECODE_ATTENTION", "BF16Copy", "BF16Sampler", "bf16_copy_supported"]
+__all__ = ["DECODE_ATTENTION", "BF16Copy", "BF16SamplingCopy", "bf16_copy_supported"]
 
 DECODE_ATTENTION = "posttrain_fp32_kv"
 """The sampler copy's attention implementation on a CPU without AMX: sdpa in the KV cache's
@@ -109,7 +109,7 @@ class BF16Copy:
         self._pack()
 
 
-class BF16Sampler(BF16Copy):
+class BF16SamplingCopy(BF16Copy):
     """The sampler's copy: frozen, oneDNN-packed linears on the CPU, the model's own
     attention implementation."""
 

@@ -1,4 +1,4 @@
-"""Reward models: build, check, load and run outcome (ORM) and process (PRM) scorers.
+"""Reward models: build, check, load and run outcome (ORM) and process (PRM) reward models.
 
 Both are stock ``transformers`` heads on any causal LM, so ``from_pretrained`` loads what the
 trainers save with no code of ours:
@@ -8,8 +8,8 @@ trainers save with no code of ours:
 * PRM: ``AutoModelForTokenClassification`` with ``num_labels`` = 2 or 3, read at step-end
   positions only (Lightman et al. 2023; class layout: ``posttrain.ops.prm``).
 The PRM's step format is saved in its config.json under ``posttrain_prm``
-(``{"separator": "\\n", "split": "think", "num_classes": 2}``), so a scorer formats completions
-exactly as the trainer did. Notation: B sequences, T tokens, C classes, S steps.
+(``{"separator": "\\n", "split": "think", "num_classes": 2}``), so a reward model formats
+completions exactly as the trainer did. Notation: B sequences, T tokens, C classes, S steps.
 More: docs/reward_models.md, "Module notes", posttrain.models.reward.
 """
 
@@ -34,7 +34,7 @@ KINDS: dict[str, tuple[str, str]] = {
 PRM_META_KEY = "posttrain_prm"
 
 
-class ScorerError(ValueError):
+class RewardModelError(ValueError):
     """A path that is not a reward model of the kind asked for (raised before loading)."""
 
 
@@ -42,43 +42,43 @@ def _auto_class(kind: str) -> Any:
     from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
 
     if kind not in KINDS:
-        raise ValueError(f"unknown scorer kind {kind!r}; valid: {sorted(KINDS)}")
+        raise ValueError(f"unknown reward model kind {kind!r}; valid: {sorted(KINDS)}")
     return AutoModelForSequenceClassification if kind == "orm" else AutoModelForTokenClassification
 
 
-def check_scorer_dir(path: str | Path, kind: str) -> dict[str, Any]:
-    """Read ``path/config.json`` and check it holds a scorer of ``kind``; return the config.
+def check_reward_model_dir(path: str | Path, kind: str) -> dict[str, Any]:
+    """Read ``path/config.json`` and check it holds a reward model of ``kind``; return the config.
 
     Cheap (no weights read), so recipes fail before any model loads.
     """
     suffix, what = KINDS.get(kind, (None, None))
     if suffix is None:
-        raise ValueError(f"unknown scorer kind {kind!r}; valid: {sorted(KINDS)}")
+        raise ValueError(f"unknown reward model kind {kind!r}; valid: {sorted(KINDS)}")
     cfg_path = Path(path) / "config.json"
     if not Path(path).is_dir() or not cfg_path.is_file():
-        raise ScorerError(f"reward model path {str(path)!r}: expected a directory with "
+        raise RewardModelError(f"reward model path {str(path)!r}: expected a directory with "
                           f"config.json holding {what}")
     try:
         config = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as err:
-        raise ScorerError(f"{cfg_path}: not valid JSON ({err.msg})") from err
+        raise RewardModelError(f"{cfg_path}: not valid JSON ({err.msg})") from err
     archs = config.get("architectures") or []
     if not any(str(a).endswith(suffix) for a in archs):
-        raise ScorerError(f"reward model path {str(path)!r}: config.json architectures {archs} "
-                          f"is not {what} (expected a *{suffix} checkpoint)")
+        raise RewardModelError(f"reward model path {str(path)!r}: config.json architectures "
+                               f"{archs} is not {what} (expected a *{suffix} checkpoint)")
     labels = len(config.get("id2label") or {}) or config.get("num_labels", 2)
     if kind == "orm" and labels != 1:
-        raise ScorerError(f"reward model path {str(path)!r}: num_labels={labels}, an outcome "
+        raise RewardModelError(f"reward model path {str(path)!r}: num_labels={labels}, an outcome "
                           "reward model has exactly 1 (a scalar score)")
     if kind == "prm" and labels not in (2, 3):
-        raise ScorerError(f"reward model path {str(path)!r}: num_labels={labels}, a process "
+        raise RewardModelError(f"reward model path {str(path)!r}: num_labels={labels}, a process "
                           "reward model has 2 or 3 step classes")
     return config
 
 
-def build_scorer(base: str | Path | torch.nn.Module, kind: str, tokenizer: Any,
+def build_reward_model(base: str | Path | torch.nn.Module, kind: str, tokenizer: Any,
                  num_labels: int = 1, dtype: str = "float32", dropout: float = 0.0) -> Any:
-    """A scorer of ``kind`` whose decoder is ``base`` (a causal LM path or model object).
+    """A reward model of ``kind`` whose decoder is ``base`` (a causal LM path or model object).
 
     The decoder weights are copied; the head (``score``) is new. ``pad_token_id`` is set from
     the tokenizer so HF's own pooling also works when pad != EOS. ``dropout`` sets the PRM
@@ -119,9 +119,10 @@ def build_scorer(base: str | Path | torch.nn.Module, kind: str, tokenizer: Any,
     return model
 
 
-def load_scorer(path: str | Path, kind: str, dtype: str = "float32") -> tuple[Any, Any]:
-    """``(model, tokenizer)`` of a saved scorer; checks the kind first (see check_scorer_dir)."""
-    check_scorer_dir(path, kind)
+def load_reward_model(path: str | Path, kind: str, dtype: str = "float32") -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of a saved reward model; checks the kind first (see
+    check_reward_model_dir)."""
+    check_reward_model_dir(path, kind)
     tokenizer = load_tokenizer(path)
     try:
         model = _auto_class(kind).from_pretrained(str(path), dtype=resolve_dtype(dtype))
@@ -141,7 +142,7 @@ def prm_meta(model: Any) -> dict[str, Any]:
 
 def _decoder_hidden(model: Any, input_ids: Tensor, attention_mask: Tensor,
                     packing: bool = False) -> Tensor:
-    """Last hidden states [B, T, H] of the scorer's decoder (`packing`: the rows as one
+    """Last hidden states [B, T, H] of the reward model's decoder (`packing`: the rows as one
     sequence, `posttrain.models.packing`; 0 at padded positions)."""
     decoder = getattr(model, model.base_model_prefix)
     if packing:

@@ -1,4 +1,4 @@
-"""Verifiable rewards (formulas §10): math, format and code, their registry and scorer.
+"""Verifiable rewards (formulas §10): math, format and code, their registry and `Rewards`.
 
 Pure Python: this package never imports torch. ``math_reward`` needs ``math-verify``;
 ``code_reward`` runs programs in the sandbox of :mod:`posttrain.sandbox.jail`.
@@ -19,7 +19,7 @@ from posttrain.rewards.format import format_reward
 from posttrain.rewards.math import extract_answer, math_equal, math_reward
 from posttrain.rewards.registry import (
     BUILTIN_REWARDS,
-    RewardScorer,
+    Rewards,
     RewardSpec,
     ScoreResult,
     resolve_reward,
@@ -37,7 +37,7 @@ __all__ = [
     "BUILTIN_REWARDS",
     "CompareOptions",
     "RewardFunctionError",
-    "RewardScorer",
+    "Rewards",
     "RewardSpec",
     "SandboxLimits",
     "SandboxResult",

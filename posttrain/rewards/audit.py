@@ -24,7 +24,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from posttrain.rewards.registry import RewardScorer, RewardSpec
+from posttrain.rewards.registry import Rewards, RewardSpec
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ def run_audit(specs: Sequence[RewardSpec], rows: Sequence[dict[str, Any]]) -> di
             if text is not None:
                 texts.append(text)
                 where.append((i, name))
-    result = RewardScorer(list(specs), on_error="zero").score(texts, [rows[i] for i, _ in where])
+    result = Rewards(list(specs), on_error="zero").score(texts, [rows[i] for i, _ in where])
     failed = {e["index"] for e in result.errors if e["function"] is not None}
     score = {w: s for w, s in zip(where, result.scores, strict=True)}
     errors = {w: k in failed for k, w in enumerate(where)}

@@ -175,7 +175,7 @@ def code_rewards_batch(completions: Sequence[str],
 
     Each run is bounded by its own deadline, so the batch never waits on one stuck program for
     longer than that program's limit. One item that cannot be scored (a malformed test, an
-    error in the scorer) scores 0.0 with a logged error instead of failing the whole batch;
+    error in `Rewards`) scores 0.0 with a logged error instead of failing the whole batch;
     only :class:`~posttrain.rewards.errors.SandboxUnavailableError` (configuration) raises.
     """
     if len(completions) != len(tests_list):

@@ -1,4 +1,4 @@
-"""Exceptions shared by the reward functions and the scorer."""
+"""Exceptions shared by the reward functions and `Rewards` (their weighted sum)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from posttrain.core.errors import UserFunctionError
 class UnscorableError(ValueError):
     """The sample cannot be scored (e.g. its gold answer does not parse).
 
-    The scorer excludes such a sample (score ``nan``) and counts it under
+    `Rewards` excludes such a sample (score ``nan``) and counts it under
     ``reward/unscorable``; it is never turned into a silent 0.
     """
 

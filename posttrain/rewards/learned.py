@@ -1,15 +1,16 @@
 """Learned rewards: a trained ORM or PRM used anywhere a reward function is.
 
 Recipe entries: ``{name: reward_model, path: DIR}`` and ``{name: process_reward_model, path:
-DIR, aggregate: min}`` (extra keys go to the scorer). Each scorer loads its OWN model and
-tokenizer from ``path`` once per process (cached by path, device and dtype) and scores a batch
+DIR, aggregate: min}`` (extra keys go to the reward model). Each reward model loads its OWN model
+and tokenizer from ``path`` once per process (cached by path, device and dtype) and scores a batch
 without gradients; ``device: auto`` picks cuda when available; ``path`` is checked (a
 *ForSequenceClassification / *ForTokenClassification config.json) before any model loads.
 * ``reward_model``: the ORM's scalar score (a logit; ``transform: sigmoid`` maps it to (0, 1)).
 * ``process_reward_model``: the PRM's step scores aggregated (``aggregate``: ``min`` by default,
   ``prod``, ``last``, ``mean``), steps cut by the PRM's saved rule.
-Both are the library's one scorer (:mod:`posttrain.models.scorers`), so a PRM scores the same
-here as in process supervision and search. torch is imported only when a scorer is built.
+Both are the library's one reward-model path (:mod:`posttrain.models.reward_models`), so a PRM
+scores the same here as in process supervision and search. torch is imported only when a
+reward model is built.
 More: docs/rewards.md, "Module notes", posttrain.rewards.learned.
 """
 
@@ -30,28 +31,29 @@ def reward_model_reward(completions: Sequence[str], rows: Sequence[dict[str, Any
                         path: str, transform: str = "raw", device: str = "auto",
                         dtype: str = "float32") -> list[float]:
     """Batched ORM reward: the scalar score of each completion (see the module doc)."""
-    from posttrain.models.scorers import get_scorer
+    from posttrain.models.reward_models import get_reward_model
 
-    return get_scorer(path, "orm", device, dtype).score(_prompts(rows), completions, transform)
+    orm = get_reward_model(path, "orm", device, dtype)
+    return orm.score(_prompts(rows), completions, transform)
 
 
 def process_reward_model_reward(completions: Sequence[str], rows: Sequence[dict[str, Any]], *,
                                 path: str, aggregate: str | None = None, device: str = "auto",
                                 dtype: str = "float32") -> list[float]:
     """Batched PRM reward: aggregated step scores of each completion (see the module doc);
-    ``aggregate=None`` is the scorer's default (``min``)."""
-    from posttrain.models.scorers import DEFAULT_AGGREGATE, get_scorer
+    ``aggregate=None`` is the reward model's default (``min``)."""
+    from posttrain.models.reward_models import DEFAULT_AGGREGATE, get_reward_model
 
-    return get_scorer(path, "prm", device, dtype).score(_prompts(rows), completions,
+    return get_reward_model(path, "prm", device, dtype).score(_prompts(rows), completions,
                                                         aggregate or DEFAULT_AGGREGATE)
 
 
 def _validate(kind: str, choices: dict[str, str | None]) -> Any:
     """The recipe check of a learned reward; ``choices`` maps each allowed key to the name of
-    its valid values in ``posttrain.models.scorers`` (None: any value)."""
+    its valid values in ``posttrain.models.reward_models`` (None: any value)."""
     def check(kwargs: dict[str, Any]) -> None:
-        from posttrain.models import scorers
-        from posttrain.models.reward import check_scorer_dir
+        from posttrain.models import reward_models
+        from posttrain.models.reward import check_reward_model_dir
 
         name = "reward_model" if kind == "orm" else "process_reward_model"
         unknown = sorted(set(kwargs) - set(choices) - {"path"})
@@ -62,11 +64,11 @@ def _validate(kind: str, choices: dict[str, str | None]) -> Any:
             raise ValueError(f"reward {name!r}: key 'path' is required (a directory saved by "
                              f"`posttrain {'rm' if kind == 'orm' else 'prm'}`)")
         for key, attr in choices.items():
-            valid = getattr(scorers, attr) if attr else None
+            valid = getattr(reward_models, attr) if attr else None
             if valid is not None and key in kwargs and kwargs[key] not in valid:
                 raise ValueError(f"reward {name!r}: {key}={kwargs[key]!r}; valid: {list(valid)}")
         try:
-            check_scorer_dir(kwargs["path"], kind)
+            check_reward_model_dir(kwargs["path"], kind)
         except ValueError as err:
             raise ValueError(f"reward {name!r}: {err}") from err
 

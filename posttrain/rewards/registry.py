@@ -1,10 +1,10 @@
-"""Named reward functions, their weighted sum, and a scorer that counts every failure.
+"""Named reward functions and `Rewards`: their weighted sum, which counts every failure.
 
 Call forms: :mod:`posttrain.rewards.contract`, docs/rewards.md. Built-in names: ``math``,
 ``format``, ``code``, learned, ``environment``, ``remote``, ``judge``; else ``"pkg.mod:fn"``.
 Entry keys other than ``name``/``weight``/``kwargs`` become keyword arguments (unknown ones
 refused); row fields go by parameter name (``RewardSpec.kwargs`` win over a row's field).
-``RewardScorer.score``: the weighted sum per sample over the functions that score it (``None``:
+``Rewards.score``: the weighted sum per sample over the functions that score it (``None``:
 not scored; no function scores it: 0, counted in ``reward/unscored``; :class:`UnscorableError`:
 ``nan``, excluded and counted), per-function values, metrics and error records. Other errors and
 NaN / infinite values are counted and recorded; ``on_error``: ``auto`` raises
@@ -211,7 +211,7 @@ def call_arguments(fn: RewardFn, spec: RewardSpec, row: dict[str, Any], index: i
     return kwargs
 
 
-class RewardScorer:
+class Rewards:
     """Weighted sum of named reward functions over a batch, run on a thread pool."""
 
     def __init__(self, specs: Sequence[RewardSpec | str], on_error: str = "auto",

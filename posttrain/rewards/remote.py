@@ -7,7 +7,7 @@ OpenRLHF's key, is read too), one value per sample. A connection error, a timeou
 and 5xx are retried `retries` times with backoff (0.5 s doubling); at most `max_in_flight`
 requests of a call are open at once; a chunk that still fails, or answers in another shape, is
 an error of each of its samples (`reward_on_error`). Latency and retries are drained into the
-step's metrics by the scorer (`reward/<name>/latency_s_mean`, ...). Stdlib only (urllib).
+step's metrics by `Rewards` (`reward/<name>/latency_s_mean`, ...). Stdlib only (urllib).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Multi-turn episodes with tools and environments on every rollout engine (docs/agents.md).
+"""Multi-turn episodes with tools and environments on every sampler (docs/agents.md).
 
 An episode: the prompt (tools' schemas through the chat template, the environment's `reset`
 text appended to the last user message) -> the model samples a turn until a stop id -> the
@@ -25,6 +25,7 @@ from posttrain.core.errors import UserFunctionError
 from posttrain.core.runtime import sequence_seed
 from posttrain.data.prompts import as_messages, render_prompt, uses_template
 from posttrain.rollout.call_formats import answer_text, detect_format
+from posttrain.rollout.completion import cut_at_stop
 from posttrain.rollout.hf import SamplingParams
 from posttrain.rollout.record import Rollout, pad_id
 from posttrain.rollout.tools import (
@@ -36,9 +37,8 @@ from posttrain.rollout.tools import (
     parse_tool_calls,
     tool_schemas,
 )
-from posttrain.rollout.vllm_convert import cut_at_stop
 
-__all__ = ["AGENT_COUNTS", "AgentEngine", "Episode", "ToolFailureError", "agent_keys",
+__all__ = ["AGENT_COUNTS", "AgentSampler", "Episode", "ToolFailureError", "agent_keys",
            "check_failing_tools", "episode_metrics", "render_episode", "tool_turn_text"]
 
 AGENT_COUNTS = frozenset({"agent/episodes", "agent/tool_calls", "agent/tool_errors/",
@@ -134,15 +134,15 @@ def check_tool_template(tokenizer: Any, chat_template: str, tool_schemas: str) -
                          "tool_schemas: none for a model that knows its tools (docs/agents.md)")
 
 
-class AgentEngine:
-    """The rollout-engine protocol over an `hf` or vLLM engine, sampling multi-turn episodes.
+class AgentSampler:
+    """The sampler protocol over an `hf` or vLLM sampler, sampling multi-turn episodes.
 
     `generate` renders each episode's prompt from its row (`renders_rows`: the callers pass no
     rendered prompts), with the tools' schemas, the environment's `reset` text, `chat_template`
     and `system_prompt`, and returns a `Rollout` whose `rows` carry the episode (`messages`,
     `environments`: the instance or None) for the reward functions and whose `episodes` hold
     each episode's counts (`episode_metrics`). Each turn is one `sample_ids` call of the inner
-    engine (`hf` carries its KV cache from turn to turn; vLLM's prefix cache does the same)."""
+    sampler (`hf` carries its KV cache from turn to turn; vLLM's prefix cache does the same)."""
 
     renders_rows = True
 
@@ -151,7 +151,7 @@ class AgentEngine:
                  tool_call_parser: str = "auto") -> None:
         if not hasattr(inner, "sample_ids"):
             raise ValueError(f"config key 'rollout_engine': multi-turn tool rollouts run on the "
-                             f"hf and vLLM engines, not {getattr(inner, 'name', inner)!r}")
+                             f"hf and vLLM samplers, not {getattr(inner, 'name', inner)!r}")
         self.inner, self.spec = inner, spec
         self.chat_template, self.system_prompt = chat_template, system_prompt
         self.show_schemas = tool_schemas == "template"
@@ -159,8 +159,8 @@ class AgentEngine:
         self.tokenizer = inner.tokenizer
         self.call_format = detect_format(self.tokenizer, tool_call_parser)
 
-    def update_weights(self, model: torch.nn.Module, version: int) -> None:
-        self.inner.update_weights(model, version)
+    def update_weights(self, model: torch.nn.Module, weights_version: int) -> None:
+        self.inner.update_weights(model, weights_version)
 
     def sleep(self) -> None:
         self.inner.sleep()

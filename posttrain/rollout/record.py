@@ -1,4 +1,4 @@
-"""The one record that passes from sampler to scorer to learner.
+"""The one record that passes from sampler to rewards to learner.
 
 Notation: B prompts, G samples per prompt, N = B*G sequences, P prompt tokens (left padded),
 T completion tokens (right padded).
@@ -77,7 +77,7 @@ class Rollout:
                        model_tokens: list[list[bool]] | None = None,
                        episodes: list[dict[str, Any]] | None = None,
                        texts: list[str] | None = None) -> Rollout:
-        """The one way token lists become a `Rollout` (every engine, every episode loop).
+        """The one way token lists become a `Rollout` (every sampler, every episode loop).
 
         N group-contiguous sequences: `prompts` (N id lists, left padded to P),
         `completions` and their `logprobs` (right padded to T with `pad_token_id` / 0),

@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 
-from posttrain.config.engine import vllm_cpu_build
+from posttrain.config.sampler import vllm_cpu_build
 from posttrain.rollout.vllm_server import amx_tiles
 
 __all__ = ["LOG_ENV", "serve_command", "main"]

@@ -1,4 +1,4 @@
-"""The `vllm_server` rollout engine: a `vllm serve` process reached over HTTP.
+"""The `vllm_server` sampler: a `vllm serve` process reached over HTTP.
 
 Requests go to `/v1/completions` as token ids (one per sequence, its seed); weights go over an
 NCCL group with the server's workers (`posttrain.rollout.vllm_worker.WeightReceiver`), or
@@ -28,11 +28,11 @@ from typing import Any
 
 import torch
 
-from posttrain.rollout.vllm_convert import Completion
-from posttrain.rollout.vllm_engine import NEUTRAL, _import_vllm, _model_dir, _Sampler, _stops
+from posttrain.rollout.completion import Completion
+from posttrain.rollout.vllm_sampler import NEUTRAL, _import_vllm, _model_dir, _stops, _VLLMSampler
 from posttrain.rollout.weights import DEFAULT_BUCKET_BYTES, iter_weights
 
-__all__ = ["ServerError", "VLLMServerEngine", "amx_tiles", "cpu_server_dtype_problem",
+__all__ = ["ServerError", "VLLMServerSampler", "amx_tiles", "cpu_server_dtype_problem",
            "server_choice"]
 
 
@@ -58,7 +58,7 @@ def cpu_server_dtype_problem(vllm_config: dict[str, Any], amx: bool) -> str | No
     return None
 
 
-class VLLMServerEngine(_Sampler):
+class VLLMServerSampler(_VLLMSampler):
     """A `vllm serve` process reached over HTTP; weights over NCCL (see the module doc)."""
 
     name = "vllm_server"
@@ -74,7 +74,7 @@ class VLLMServerEngine(_Sampler):
         self.barrier = barrier
         """Every torchrun rank's barrier (None: one process): no rank samples before rank 0
         has pushed the weights."""
-        self.version: int | None = None
+        self.weights_version: int | None = None
         self.via_file = not torch.cuda.is_available()
         """No CUDA: weights go through a file in shared memory (same machine), not NCCL."""
         self._comm: Any = None
@@ -87,7 +87,7 @@ class VLLMServerEngine(_Sampler):
 
     @classmethod
     def from_config(cls, cfg: Any, tokenizer: Any, *, role: str = "eval", dist: Any = None,
-                    model: Any = None) -> VLLMServerEngine:
+                    model: Any = None) -> VLLMServerSampler:
         if torch.cuda.is_available():  # the NCCL group needs vLLM's communicator here too
             _import_vllm(cls.name)
         path = _model_dir(cfg, cls.name)
@@ -185,12 +185,12 @@ class VLLMServerEngine(_Sampler):
                 comm.destroy()
 
     # ---- weights ------------------------------------------------------------------------------
-    def update_weights(self, model: torch.nn.Module, version: int) -> None:
+    def update_weights(self, model: torch.nn.Module, weights_version: int) -> None:
         """Rank 0 sends every bucket to the server's workers (NCCL; on a CPU, one safetensors
         file in shared memory that the workers reload); under FSDP2 every rank iterates (each
         parameter's `full_tensor()` is a collective) and only rank 0 sends. Every server-side
         error of a push is raised here with the server's message."""
-        if version == self.version:
+        if weights_version == self.weights_version:
             return
         sharded = any(hasattr(p, "full_tensor") for p in model.parameters())
         if self.is_main and self.via_file:
@@ -205,7 +205,7 @@ class VLLMServerEngine(_Sampler):
             self._post("/reset_prefix_cache")
         if self.barrier is not None:  # the other ranks wait for the push before sampling
             self.barrier()
-        self.version = version
+        self.weights_version = weights_version
 
     def _push_file(self, model: torch.nn.Module) -> None:
         """The CPU path (no NCCL): every weight, the tied head under its own name too, in one
@@ -299,24 +299,24 @@ class _Background:
 class _Request:
     """A `/collective_rpc` request in the background while `run(block)` talks to the workers
     (NCCL). Either's error is raised as soon as it comes (the server's answer first), and a
-    request or block still running after the engine's timeout (a worker that never joins or
+    request or block still running after the sampler's timeout (a worker that never joins or
     died mid-transfer) is a `ServerError` naming the server's log: never a hang."""
 
-    def __init__(self, engine: VLLMServerEngine, rpc: dict[str, Any]) -> None:
-        self.engine, self.method = engine, rpc["method"]
-        self.request = _Background(lambda: engine._post("/collective_rpc", rpc))
+    def __init__(self, sampler: VLLMServerSampler, rpc: dict[str, Any]) -> None:
+        self.sampler, self.method = sampler, rpc["method"]
+        self.request = _Background(lambda: sampler._post("/collective_rpc", rpc))
 
     def run(self, block: Callable[[], Any]) -> None:
         work = _Background(block)
-        deadline = time.monotonic() + self.engine.timeout
+        deadline = time.monotonic() + self.sampler.timeout
         while not (self.request.done.is_set() and work.done.is_set()):
             for job in (self.request, work):
                 if job.error is not None:
                     raise job.error
             if time.monotonic() > deadline:
-                raise self.engine.error(
+                raise self.sampler.error(
                     f"the weight transfer ({self.method}) did not end within "
-                    f"vllm_server_timeout={self.engine.timeout:g} s: a worker that never "
+                    f"vllm_server_timeout={self.sampler.timeout:g} s: a worker that never "
                     "joined the weight group, or a server that died during the push")
             self.request.done.wait(0.02)
         for job in (self.request, work):

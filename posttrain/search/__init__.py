@@ -1,12 +1,12 @@
 """Test-time search with verifiers: best-of-N, (weighted) majority vote, PRM beam search.
 
 See ``docs/search.md``. Scorers are small callables (:mod:`posttrain.search.scorers`), so a
-trained ORM/PRM (the library's one scorer, :mod:`posttrain.models.scorers`), a rule or a test
-fake plug in the same way.
+trained ORM/PRM (the library's one reward-model path, :mod:`posttrain.models.reward_models`), a
+rule or a test fake plug in the same way.
 """
 
 from posttrain.data.steps import split_steps
-from posttrain.models.scorers import aggregate_scores
+from posttrain.models.reward_models import aggregate_scores
 from posttrain.search.beam import BeamResult, Candidate, PolicyProposer, prm_beam_search
 from posttrain.search.measure import (
     Samples,

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import torch
 
-from posttrain.models.scorers import DEFAULT_AGGREGATE, outcome_from_steps
+from posttrain.models.reward_models import DEFAULT_AGGREGATE, outcome_from_steps
 from posttrain.search.scorers import StepScorer, step_splitter
 
 STEP_SEPARATOR = "; "
@@ -162,20 +162,20 @@ class PolicyProposer:
 
     @torch.no_grad()
     def __call__(self, contexts: Sequence[tuple[Any, str]], n: int) -> list[list[Candidate]]:
-        from posttrain.rollout.engine import model_engine
         from posttrain.rollout.hf import SamplingParams
+        from posttrain.rollout.sampler import model_sampler
 
         tok = self.tokenizer
         eos = tok.eos_token_id
         params = SamplingParams(max_new_tokens=self.max_step_tokens,
                                 temperature=self.temperature, top_p=self.top_p)
-        engine = model_engine(self.model, tok, self.autocast)
+        sampler = model_sampler(self.model, tok, self.autocast)
         out: list[list[Candidate]] = []
         per_batch = max(1, self.batch_size // n)
         for start in range(0, len(contexts), per_batch):
             chunk = contexts[start:start + per_batch]
             texts = [self.render(p) + prefix for p, prefix in chunk]
-            rollout = engine.generate(texts, group_size=n, params=params,
+            rollout = sampler.generate(texts, group_size=n, params=params,
                                       stop_ids=[eos, *self.stop_ids], generator=self.generator)
             comp, resp, decoded = rollout.completion_ids, rollout.response_mask, rollout.completions
             lengths = resp.sum(1).tolist()

@@ -24,7 +24,7 @@ from posttrain.core.io import write_summary
 from posttrain.core.runtime import set_seed, setup_threads
 from posttrain.data.render_checks import check_renderable
 from posttrain.data.steps import THINK, split_steps
-from posttrain.models.reward import PRM_META_KEY, ScorerError, check_scorer_dir
+from posttrain.models.reward import PRM_META_KEY, RewardModelError, check_reward_model_dir
 
 
 def _rows(cfg: SearchConfig) -> list[dict[str, Any]]:
@@ -47,9 +47,9 @@ def _rows(cfg: SearchConfig) -> list[dict[str, Any]]:
 
 
 def check_verifiers(cfg: SearchConfig) -> None:
-    """The ORM / PRM directories hold scorers of their kind (config.json only), and beam search's
-    ``step_separator`` is a boundary of the PRM's saved split rule (else every partial solution
-    would be one step to the PRM)."""
+    """The ORM / PRM directories hold reward models of their kind (config.json only), and beam
+    search's ``step_separator`` is a boundary of the PRM's saved split rule (else every partial
+    solution would be one step to the PRM)."""
     configs = {}
     for key in ("orm", "prm"):
         path = getattr(cfg, key)
@@ -58,8 +58,8 @@ def check_verifiers(cfg: SearchConfig) -> None:
         if not Path(path).exists():
             raise ConfigError(f"config key '{key}'={path!r}: directory not found")
         try:
-            configs[key] = check_scorer_dir(path, key)
-        except ScorerError as err:
+            configs[key] = check_reward_model_dir(path, key)
+        except RewardModelError as err:
             raise ConfigError(f"config key '{key}': {err}") from err
     if "prm" in configs and "beam" in cfg.methods:
         rule = (configs["prm"].get(PRM_META_KEY) or {}).get("split", THINK)
@@ -71,7 +71,7 @@ def check_verifiers(cfg: SearchConfig) -> None:
 
 def run_search(cfg: SearchConfig) -> dict[str, Any]:
     from posttrain.models.loading import load_model_and_tokenizer
-    from posttrain.rollout.engine import build_engine
+    from posttrain.rollout.sampler import build_sampler
     from posttrain.search import evaluate_selection, prm_outcome, sample_solutions, score_samples
     from posttrain.search.verifiers import load_orm_scorer, load_prm_scorer
 
@@ -96,13 +96,13 @@ def run_search(cfg: SearchConfig) -> dict[str, Any]:
         outcome["prm"] = prm_outcome(prm_steps, cfg.aggregate)
     summary: dict[str, Any] = {"problems": len(rows), "methods": {}}
     if any(m != "beam" for m in cfg.methods):
-        engine = build_engine(cfg, tok, role="eval", model=policy)  # `rollout_engine`
+        sampler = build_sampler(cfg, tok, role="eval", model=policy)  # `rollout_engine`
         samples = sample_solutions(  # 3
             policy, tok, rows, max(cfg.n), max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature, top_p=cfg.top_p, batch_size=cfg.batch_size,
             generator=gen, autocast=cfg.autocast_bf16, template=cfg.chat_template,
-            engine=engine)
-        engine.close()
+            sampler=sampler)
+        sampler.close()
         scores = {name: score_samples(samples, fn, cfg.batch_size) for name, fn in outcome.items()}
         sel = evaluate_selection(samples, sorted(set(cfg.n)), scores)  # 4
         weight_by = "prm" if "prm" in scores else "orm"

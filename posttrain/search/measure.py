@@ -23,7 +23,7 @@ import torch
 
 from posttrain.rewards.errors import UnscorableError
 from posttrain.rewards.math import math_equal
-from posttrain.rollout.engine import Sampler
+from posttrain.rollout.sampler import Sampler
 from posttrain.search.scorers import OutcomeScorer
 from posttrain.search.select import answers_of, best_of_n, majority_vote, weighted_vote
 
@@ -63,17 +63,17 @@ def sample_solutions(model: torch.nn.Module | None, tokenizer: Any,
                      temperature: float = 1.0, top_p: float = 1.0, batch_size: int = 512,
                      generator: torch.Generator | None = None, autocast: bool = False,
                      prompt_field: str = "prompt", answer_field: str = "answer",
-                     template: str = "auto", engine: Sampler | None = None) -> Samples:
+                     template: str = "auto", sampler: Sampler | None = None) -> Samples:
     """Sample ``n`` completions per row (``{prompt, answer}``) with the policy; prompts are
-    rendered under `template` (the `chat_template` rule, posttrain.data.prompts). `engine`
-    samples them (`posttrain.rollout.engine`); None: the `hf` engine on `model`."""
+    rendered under `template` (the `chat_template` rule, posttrain.data.prompts). `sampler`
+    samples them (`posttrain.rollout.sampler`); None: the `hf` sampler on `model`."""
     from posttrain.data.prompts import render_prompt
     from posttrain.rollout import SamplingParams
-    from posttrain.rollout.engine import HFEngine
+    from posttrain.rollout.sampler import HFSampler
 
-    if engine is None:
-        engine = HFEngine(tokenizer, autocast=autocast)
-        engine.update_weights(model, 0)
+    if sampler is None:
+        sampler = HFSampler(tokenizer, autocast=autocast)
+        sampler.update_weights(model, 0)
     prompts = [r[prompt_field] for r in rows]
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     completions: list[list[str]] = []
@@ -81,7 +81,7 @@ def sample_solutions(model: torch.nn.Module | None, tokenizer: Any,
     per_call = max(1, batch_size // n)
     for start in range(0, len(prompts), per_call):
         chunk = prompts[start:start + per_call]
-        out = engine.generate([render_prompt(tokenizer, p, template) for p in chunk],
+        out = sampler.generate([render_prompt(tokenizer, p, template) for p in chunk],
                               group_size=n, params=params, generator=generator,
                               batch_size=batch_size)
         lengths = out.response_mask.sum(1).tolist()

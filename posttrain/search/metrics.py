@@ -1,14 +1,15 @@
 """Verifier quality on the policy's own samples: ORM pair accuracy and AUC, PRM step metrics.
 
-ROC AUC and the bad-step metrics are the library's ones (:mod:`posttrain.models.scorer_metrics`,
-also used by ``posttrain rm`` / ``posttrain prm``); here over [P][N] lists of P problems.
+ROC AUC and the bad-step metrics are the library's ones
+(:mod:`posttrain.models.reward_model_metrics`, also used by ``posttrain rm`` / ``posttrain prm``);
+here over [P][N] lists of P problems.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from posttrain.models.scorer_metrics import roc_auc, step_metrics
+from posttrain.models.reward_model_metrics import roc_auc, step_metrics
 
 __all__ = ["pair_accuracy", "pooled_auc", "step_metrics"]
 

@@ -7,8 +7,8 @@ Two small protocols, so any verifier plugs in (a trained ORM or PRM, a rule, a f
 * :class:`StepScorer`: ``(prompts, steps) -> list[list[float]]``, batched: for each solution,
   one score per step (the PRM's probability that the step is correct).
 
-A trained PRM is the library's one :class:`posttrain.models.scorers.ProcessScorer`; a step
-scorer becomes an outcome scorer with :func:`prm_outcome`, which splits, scores and aggregates
+A trained PRM is the library's one :class:`posttrain.models.reward_models.ProcessRewardModel`; a
+step scorer becomes an outcome scorer with :func:`prm_outcome`, which splits, scores and aggregates
 exactly as that scorer does (so search ranks by the score a PRM reward would give).
 """
 
@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from posttrain.data.steps import THINK, split_steps
-from posttrain.models.scorers import AGGREGATIONS, DEFAULT_AGGREGATE, outcome_from_steps
+from posttrain.models.reward_models import AGGREGATIONS, DEFAULT_AGGREGATE, outcome_from_steps
 
 
 class OutcomeScorer(Protocol):
@@ -39,7 +39,8 @@ def step_splitter(step_scorer: Any) -> Callable[[str], list[str]]:
 
 def prm_outcome(step_scorer: StepScorer, aggregate: str = DEFAULT_AGGREGATE) -> OutcomeScorer:
     """An outcome scorer from a step scorer: split into steps, score, aggregate
-    (``posttrain.models.scorers.outcome_from_steps``; a completion without a step scores 0)."""
+    (``posttrain.models.reward_models.outcome_from_steps``; a completion without a step scores
+    0)."""
     if aggregate not in AGGREGATIONS:
         raise ValueError(f"aggregate={aggregate!r}; valid: {list(AGGREGATIONS)}")
     split = step_splitter(step_scorer)

@@ -82,17 +82,17 @@ def pass_rates(model: Any, tokenizer: Any, rows: list[dict[str, Any]], *,
     import torch
 
     from posttrain.data import render_prompt
-    from posttrain.rewards import RewardScorer, RewardSpec
+    from posttrain.rewards import Rewards, RewardSpec
     from posttrain.rollout import SamplingParams
-    from posttrain.rollout.engine import model_engine
+    from posttrain.rollout.sampler import model_sampler
 
     params = SamplingParams(max_new_tokens=max_new_tokens, greedy=temperature is None,
                             temperature=temperature or 1.0)
     gen = torch.Generator().manual_seed(seed)
     prompts = [render_prompt(tokenizer, r["prompt"]) for r in rows]
-    rollout = model_engine(model, tokenizer).generate(prompts, rows=rows, params=params,
+    rollout = model_sampler(model, tokenizer).generate(prompts, rows=rows, params=params,
                                                       generator=gen, batch_size=batch_size)
-    result = RewardScorer([RewardSpec(**spec) for spec in CODE_REWARD]).score(
+    result = Rewards([RewardSpec(**spec) for spec in CODE_REWARD]).score(
         rollout.completions, rows)
     n = len(rows)
     out = {"pass_rate": sum(v >= 1.0 for v in result.per_function["code"]) / n,

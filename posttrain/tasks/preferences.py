@@ -177,7 +177,7 @@ def onpolicy_pairs(
     from posttrain.data.prompts import render_prompt
     from posttrain.rewards.math import math_reward
     from posttrain.rollout import SamplingParams
-    from posttrain.rollout.engine import model_engine
+    from posttrain.rollout.sampler import model_sampler
 
     if samples < 2:
         raise ValueError(f"on-policy pairs need samples >= 2 per prompt, got {samples}")
@@ -189,11 +189,11 @@ def onpolicy_pairs(
     rows: list[dict[str, Any]] = []
     stats = {"prompts": float(n_prompts), "all_correct": 0.0, "all_wrong": 0.0, "correct": 0.0}
     chunk = max(1, batch_size // samples)
-    engine = model_engine(model, tokenizer)
+    sampler = model_sampler(model, tokenizer)
     for start in range(0, n_prompts, chunk):
         part = chosen_problems[start : start + chunk]
         prompts = [render_prompt(tokenizer, p.text) for p in part]
-        rollout = engine.generate(prompts, group_size=samples, params=params, generator=gen,
+        rollout = sampler.generate(prompts, group_size=samples, params=params, generator=gen,
                                   batch_size=batch_size)
         for i, problem in enumerate(part):
             group = range(i * samples, (i + 1) * samples)

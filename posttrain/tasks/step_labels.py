@@ -103,7 +103,7 @@ def sample_completions(model: Any, tokenizer: Any, prompts: list[str], samples: 
     import torch
 
     from posttrain.rollout import SamplingParams
-    from posttrain.rollout.engine import model_engine
+    from posttrain.rollout.sampler import model_sampler
 
     gen = torch.Generator().manual_seed(seed)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
@@ -111,9 +111,9 @@ def sample_completions(model: Any, tokenizer: Any, prompts: list[str], samples: 
     texts: list[str] = []
     truncated: list[bool] = []
     chunk = max(1, batch_size // samples)
-    engine = model_engine(model, tokenizer)
+    sampler = model_sampler(model, tokenizer)
     for start in range(0, len(rendered), chunk):
-        out = engine.generate(rendered[start:start + chunk], group_size=samples,
+        out = sampler.generate(rendered[start:start + chunk], group_size=samples,
                               params=params, generator=gen, batch_size=batch_size)
         texts += out.completions
         truncated += [bool(t) for t in out.truncated]

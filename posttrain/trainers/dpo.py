@@ -65,7 +65,7 @@ def preference_loss(cfg: Any, policy: dict[str, Tensor],
     chosen, rejected = policy[f"chosen_{kind}"], policy[f"rejected_{kind}"]  # [n], [n]
     loss, metrics = dpo_loss(chosen, rejected, *(ref or (None, None)), beta=cfg.beta,
                              loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing,
-                             gamma=cfg.gamma)  # [n]
+                             gamma=cfg.simpo_gamma)  # [n]
     if cfg.rpo_alpha > 0:  # RPO: + alpha * NLL of the chosen completion (token mean)
         nll = -policy["chosen_mean"]  # [n]
         loss = loss + cfg.rpo_alpha * nll  # [n]
@@ -103,8 +103,9 @@ class DPOTrainer(Trainer):
         if cfg.batch_size % self.dist.world:
             raise ConfigError(f"config key 'batch_size'={cfg.batch_size}: must be a multiple "
                               f"of the {self.dist.world} torchrun processes")
-        if getattr(cfg, "gamma", 0.0) and not self.needs.margin:
-            raise ConfigError(f"config key 'gamma'={cfg.gamma}: loss_type={cfg.loss_type} takes "
+        if getattr(cfg, "simpo_gamma", 0.0) and not self.needs.margin:
+            raise ConfigError(f"config key 'simpo_gamma'={cfg.simpo_gamma}: loss_type="
+                              f"{cfg.loss_type} takes "
                               "no target margin (simpo does)")
         source = getattr(cfg, "eval_pref_data", "")  # KTO has none
         self.eval_rows = (load_rows(source, kind="preferences", split=cfg.eval_split)

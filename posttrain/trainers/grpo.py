@@ -360,7 +360,7 @@ class GRPOTrainer(PromptRLTrainer):
         if self.dist.is_main:
             print(all_rejected_warning(
                 self.name, self._step, self.cfg, "no update this step. The sampler and the "
-                "learner disagree: check the rollout engine's weights and precision, or raise "
+                "learner disagree: check the sampler's weights and precision, or raise "
                 "rollout_is_cap."), file=sys.stderr)
         return {"train/skipped_empty_batch": 1.0}
 

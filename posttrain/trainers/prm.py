@@ -10,7 +10,7 @@ One step: 1 next batch of rows -> 2 class logits at every position -> 3 the loss
 normalised by the steps of the whole optimizer step, backward per micro-batch, clip, step.
 Held-out metrics: ``step_accuracy``, ``bad_f1`` / ``bad_precision`` / ``bad_recall``,
 ``first_error_accuracy``, ``solution_auc``. The step format is saved in config.json
-(``posttrain_prm``) for the scorer (``posttrain.models.scorers``).
+(``posttrain_prm``) for the reward model (``posttrain.models.reward_models``).
 More: docs/process_supervision.md, "Module notes", posttrain.trainers.prm.
 """
 
@@ -26,17 +26,17 @@ from posttrain.config import PRMConfig
 from posttrain.data import DataError, load_rows, render_prompt, validate_rows
 from posttrain.engine.trainer import Trainer
 from posttrain.engine.update import shard_plan
-from posttrain.engine.values import scorer_values
+from posttrain.engine.values import reward_model_values
 from posttrain.models.loading import load_tokenizer
 from posttrain.models.reward import (
     PRM_META_KEY,
-    build_scorer,
+    build_reward_model,
     encode_steps,
     pad_right,
     token_logits,
 )
-from posttrain.models.scorer_metrics import step_metrics
-from posttrain.models.scorers import aggregate_scores
+from posttrain.models.reward_model_metrics import step_metrics
+from posttrain.models.reward_models import aggregate_scores
 from posttrain.ops import prm_step_loss, step_scores_from_logits
 
 
@@ -61,7 +61,7 @@ class PRMTrainer(Trainer):
     name = "prm"
     supports_packing = True
     config_class = PRMConfig
-    run_values = staticmethod(scorer_values)
+    run_values = staticmethod(reward_model_values)
     data_kind = "steps"
     progress_keys = ("loss/prm", "train/step_accuracy")
     cfg: PRMConfig
@@ -77,14 +77,15 @@ class PRMTrainer(Trainer):
     def load_model(self) -> tuple[Any, Any]:
         cfg = self.cfg
         tok = load_tokenizer(cfg.model)
-        return build_scorer(cfg.model, "prm", tok, num_labels=cfg.num_classes, dtype=cfg.dtype,
-                            dropout=cfg.classifier_dropout), tok
+        return build_reward_model(cfg.model, "prm", tok, num_labels=cfg.num_classes,
+                                  dtype=cfg.dtype, dropout=cfg.classifier_dropout), tok
 
     def setup(self) -> None:
-        """A causal LM object becomes a scorer; the step format is recorded; rows tokenized."""
+        """A causal LM object becomes a reward model; the step format is recorded; rows
+        tokenized."""
         cfg = self.cfg
         if not hasattr(self.model, "score"):  # Python API: a causal LM object
-            self.model = build_scorer(self.model, "prm", self.tokenizer,
+            self.model = build_reward_model(self.model, "prm", self.tokenizer,
                                       num_labels=cfg.num_classes, dropout=cfg.classifier_dropout)
             self.model.to(self.device)
         setattr(self.model.config, PRM_META_KEY, {"separator": cfg.step_separator,

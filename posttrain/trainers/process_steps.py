@@ -7,7 +7,7 @@ sampled completion, where each step ends and a score per step, from a *step scor
         -> list[(char_ends: list[int], scores: list[float])]  # one pair per completion
 
 `char_ends[j]`: the character offset (exclusive) where step `j` ends. :class:`PRMStepScorer`
-(``process_reward_model: DIR``) runs the library's one scorer with the PRM's OWN saved step
+(``process_reward_model: DIR``) runs the library's one PRM path with the PRM's OWN saved step
 rule; ``package.module:name`` loads any other callable (or zero-argument factory) of that shape.
 :func:`step_tensors` maps character ends to sampled-token positions; the LAST step extends to
 the last counted token (EOS included); a stepless completion gets one step of ``EMPTY_SCORE``.
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posttrain.models.scorers import EMPTY_SCORE, get_scorer
+from posttrain.models.reward_models import EMPTY_SCORE, get_reward_model
 
 StepScorer = Callable[[Sequence[Any], Sequence[str]], list[tuple[list[int], list[float]]]]
 
@@ -34,7 +34,7 @@ class PRMStepScorer:
     """Step ends and P(good) per step from a PRM saved by ``posttrain prm``."""
 
     def __init__(self, path: str, device: str = "auto", dtype: str = "float32") -> None:
-        self.prm = get_scorer(path, "prm", device, dtype)
+        self.prm = get_reward_model(path, "prm", device, dtype)
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[str]
                  ) -> list[tuple[list[int], list[float]]]:
@@ -58,10 +58,10 @@ def check_process_reward_model(spec: str) -> None:
     if is_target(spec):
         _load_target(spec)
         return
-    from posttrain.models.reward import check_scorer_dir
+    from posttrain.models.reward import check_reward_model_dir
 
     try:
-        check_scorer_dir(spec, "prm")
+        check_reward_model_dir(spec, "prm")
     except ValueError as err:
         raise ValueError(f"{key}: {err}") from err
 

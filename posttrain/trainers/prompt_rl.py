@@ -1,5 +1,5 @@
 """What the prompt-sampling RL trainers (GRPO, PPO) share: the prompt draw, seeded sampling
-through the rollout engine, scoring, and the reward metrics over every rank.
+through the sampler, scoring, and the reward metrics over every rank.
 
 Randomness and torchrun (docs/distributed.md): prompts are drawn in the same global order on
 every rank, each rank takes every `world`-th prompt with all its G samples, and sample j of the
@@ -25,19 +25,19 @@ from posttrain.core.device import resolve_device
 from posttrain.core.runtime import sequence_seed
 from posttrain.engine.async_rollout import AsyncSampler, Job, Sampled, fresh, needed_version
 from posttrain.engine.distributed import weighted
-from posttrain.engine.session import build_scorer
+from posttrain.engine.session import build_rewards
 from posttrain.engine.step_notes import StepNotes, completion_samples
 from posttrain.engine.trainer import Trainer
 from posttrain.engine.values import RewardValues, prompt_values
 from posttrain.rewards.registry import ScoreResult
 from posttrain.rollout import Rollout, SamplingParams
-from posttrain.rollout.engine import on_device
 from posttrain.rollout.episodes import (
     AGENT_COUNTS,
     agent_keys,
     check_failing_tools,
     episode_metrics,
 )
+from posttrain.rollout.sampler import on_device
 from posttrain.rollout.tools import AgentSpec
 
 
@@ -73,7 +73,7 @@ class PromptRLTrainer(Trainer):
             self._validate_agent()
         audit = RewardValues(self.cfg.audit_rewards, self.cfg.reward_on_error,
                              self.cfg.reward_timeout_s, "audit_rewards")
-        self.audit_scorer = build_scorer(audit, None)[0]  # checked now
+        self.audit_fns = build_rewards(audit, None)[0]  # checked now
         if getattr(self.cfg, "async_rollouts", False):
             try:  # what the sampler process is sent, checked before any model loads
                 pickle.dumps((self.reward_fns, self.agent))
@@ -144,7 +144,7 @@ class PromptRLTrainer(Trainer):
         n = len(rollout.completions)
         idx = sorted({i * n // min(n, self.cfg.audit_samples) for i in
                       range(min(n, self.cfg.audit_samples))})
-        got = self.audit_scorer.score([rollout.completions[i] for i in idx],
+        got = self.audit_fns.score([rollout.completions[i] for i in idx],
                                       [rollout.rows[i] for i in idx])
         self.session.log_reward_errors([{**e, "audit": True} for e in got.errors])
         pairs = [(result.scores[i], a) for i, a in zip(idx, got.scores, strict=True)
@@ -165,7 +165,7 @@ class PromptRLTrainer(Trainer):
         """Draw `n_prompts` prompts (every rank alike; `first`: how many this step drew
         before), sample this rank's share and score it.
 
-        Returns the rollout (`scores` [n] set, NaN where unscorable), the scorer's result
+        Returns the rollout (`scores` [n] set, NaN where unscorable), the rewards' result
         (`per_function`, `metrics`) and the seconds spent ({"gen", "score"})."""
         cfg, G = self.cfg, self.cfg.group_size
         if getattr(cfg, "async_rollouts", False):
@@ -177,15 +177,15 @@ class PromptRLTrainer(Trainer):
             seeds = [sequence_seed(cfg.seed, self._step, first + i, j)
                      for i in mine for j in range(G)]
             t0 = time.time()
-            engine = self.sampler()  # hf under autocast_bf16: a synced bf16 copy
-            prompts = [] if getattr(engine, "renders_rows", False) else [
+            sampler = self.sync_sampler()  # hf under autocast_bf16: a synced bf16 copy
+            prompts = [] if getattr(sampler, "renders_rows", False) else [
                 self.session.render(r["prompt"]) for r in rows]  # episodes render their own
-            with self.gathered() if engine.runs_policy else contextlib.nullcontext():
-                rollout = engine.generate(prompts, group_size=G, rows=rows,
+            with self.gathered() if sampler.runs_policy else contextlib.nullcontext():
+                rollout = sampler.generate(prompts, group_size=G, rows=rows,
                                           params=self.sampling, seeds=seeds,
                                           batch_size=cfg.generation_batch_size)
             t1 = time.time()
-            result = self.session.scorer.score(rollout.completions, rollout.rows)
+            result = self.session.rewards.score(rollout.completions, rollout.rows)
             seconds = {"gen": t1 - t0, "score": time.time() - t1}
         rollout = on_device(rollout, self.device, cfg.rollout_engine)  # vLLM's: on the CPU
         rollout.scores = torch.tensor(result.scores, dtype=torch.float32)  # [n]
@@ -210,7 +210,7 @@ class PromptRLTrainer(Trainer):
 
     def take_sampled(self) -> tuple[Rollout, Any, dict[str, float]]:
         """This step's scored groups from the sampler process (started at the first call) and
-        the `async/*` metrics of taking them, in the scorer result's metrics."""
+        the `async/*` metrics of taking them, in the rewards result's metrics."""
         cfg, step = self.cfg, self._step
         got, waited, queued = self.start_sampler().take(step)
         kept, dropped = fresh([got], step - 1, cfg.max_staleness)

@@ -1,4 +1,4 @@
-"""Outcome reward model (ORM): a causal LM turned into a scalar scorer.
+"""Outcome reward model (ORM): a causal LM turned into a scalar reward model.
 
 ``AutoModelForSequenceClassification`` (one label) on the policy's decoder; the score is read at
 the last real token of ``render(prompt) + completion + turn end`` (one end token, `closed_ids`).
@@ -28,16 +28,16 @@ from posttrain.data import DataError, load_rows, render_prompt, validate_rows
 from posttrain.data.prompts import TemplateError, closed_ids, render_completion
 from posttrain.engine.trainer import Trainer
 from posttrain.engine.update import shard_plan
-from posttrain.engine.values import scorer_values
+from posttrain.engine.values import reward_model_values
 from posttrain.models.loading import load_tokenizer
 from posttrain.models.reward import (
-    build_scorer,
+    build_reward_model,
     last_positions,
     pad_right,
     position_scores,
     sequence_scores,
 )
-from posttrain.models.scorer_metrics import roc_auc
+from posttrain.models.reward_model_metrics import roc_auc
 from posttrain.ops import bradley_terry_loss, token_outcome_loss
 
 KIND = {"bradley_terry": "preferences", "binary": "outcomes"}
@@ -80,11 +80,11 @@ def completion_starts(tokenizer: Any, rows: list[dict[str, Any]],
 
 
 class RewardModelTrainer(Trainer):
-    """Bradley-Terry or binary-correctness training of a scalar scorer."""
+    """Bradley-Terry or binary-correctness training of a scalar reward model."""
 
     name = "rm"
     config_class = RMConfig
-    run_values = staticmethod(scorer_values)
+    run_values = staticmethod(reward_model_values)
     progress_keys = ("loss/rm", "train/accuracy")
     supports_fsdp = False  # scores are read from the decoder under the root module's group
     supports_packing = True
@@ -104,13 +104,14 @@ class RewardModelTrainer(Trainer):
 
     def load_model(self) -> tuple[Any, Any]:
         tok = load_tokenizer(self.cfg.model)
-        return build_scorer(self.cfg.model, "orm", tok, num_labels=1, dtype=self.cfg.dtype), tok
+        return build_reward_model(self.cfg.model, "orm", tok, num_labels=1,
+                                  dtype=self.cfg.dtype), tok
 
     def setup(self) -> None:
-        """A causal LM object becomes a scorer; rows are checked and tokenized."""
+        """A causal LM object becomes a reward model; rows are checked and tokenized."""
         cfg = self.cfg
         if not hasattr(self.model, "score"):  # Python API: a causal LM object
-            self.model = build_scorer(self.model, "orm", self.tokenizer, num_labels=1)
+            self.model = build_reward_model(self.model, "orm", self.tokenizer, num_labels=1)
             self.model.to(self.device)
         rows = validate_rows(enumerate(self.session.train_rows, 1), self.data_kind, cfg.train_data)
         _check_margins(rows, cfg.train_data)

@@ -148,7 +148,7 @@ def test_a_whole_config_yaml_with_its_defaults_is_accepted(tmp_path):
     assert build_config(GRPOConfig, path) == cfg
 
 
-# ---- issue 58 item 3: async_rollouts with a vLLM engine ---------------------------------------
+# ---- issue 58 item 3: async_rollouts with a vLLM sampler ---------------------------------------
 @pytest.mark.parametrize(("keys", "needle"), [
     ({"rollout_engine": "vllm_colocate"}, "'rollout_engine'='vllm_colocate': not implemented with "
      "async_rollouts (the sampler process runs hf or talks to a vllm_server)"),
@@ -156,10 +156,10 @@ def test_a_whole_config_yaml_with_its_defaults_is_accepted(tmp_path):
      "async_rollouts (a mid-run evaluation would push the learner's weights to the server"),
 ])
 def test_async_with_a_vllm_engine_refuses_what_it_does_not_cover(keys, needle, monkeypatch):
-    from posttrain.config import engine as engine_checks
+    from posttrain.config import sampler as sampler_checks
 
-    monkeypatch.setattr(engine_checks, "vllm_available", lambda: True)
-    monkeypatch.setattr(engine_checks, "vllm_cpu_build", lambda: True)
+    monkeypatch.setattr(sampler_checks, "vllm_available", lambda: True)
+    monkeypatch.setattr(sampler_checks, "vllm_cpu_build", lambda: True)
     with pytest.raises(ConfigError) as err:
         _build(GRPOConfig, async_rollouts=True, **keys)
     assert needle in str(err.value) and "\n" not in str(err.value)

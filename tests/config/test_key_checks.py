@@ -15,7 +15,16 @@ import pytest
 
 import posttrain
 from posttrain.cli import main
-from posttrain.config import ConfigError, GRPOConfig, build_config
+from posttrain.config import (
+    ConfigError,
+    DPOConfig,
+    GRPOConfig,
+    PPOConfig,
+    RMConfig,
+    SFTConfig,
+    build_config,
+)
+from posttrain.config.preference import KTOConfig, OnlineDPOConfig
 from posttrain.data.prompts import render_prompt
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
@@ -95,6 +104,28 @@ def test_a_shared_name_is_explained_the_first_time(capsys, monkeypatch):
     assert err.count("generation_batch_size is posttrain's") == 1
     assert "prompts_per_step * group_size" in err
 
+
+# ---- issue 60 item 2: keys renamed to one word per thing; the old names keep working -----------
+@pytest.mark.parametrize("cls, old, new", [(SFTConfig, "max_new_tokens", "eval_max_new_tokens"),
+                                           (DPOConfig, "max_new_tokens", "eval_max_new_tokens"),
+                                           (KTOConfig, "max_new_tokens", "eval_max_new_tokens"),
+                                           (DPOConfig, "gamma", "simpo_gamma"),
+                                           (OnlineDPOConfig, "gamma", "simpo_gamma")])
+def test_a_renamed_key_is_read_under_its_new_name_in_one_line(capsys, cls, old, new):
+    cfg = build_config(cls, overrides={**BASE, old: 7})
+    assert getattr(cfg, new) == 7 and not hasattr(cfg, old)
+    err = [x for x in capsys.readouterr().err.splitlines() if "is now" in x]
+    assert len(err) == 1 and f"config key '{old}' is now '{new}'" in err[0], err
+
+
+def test_a_key_of_the_same_name_keeps_its_meaning_where_it_is_one(capsys):
+    """GRPO's `max_new_tokens` is its sampling budget, PPO's `gamma` its discount: not renamed;
+    a reward model has neither budget, so the old name is still an unknown key there."""
+    assert build_config(GRPOConfig, overrides={**BASE, "max_new_tokens": 7}).max_new_tokens == 7
+    assert build_config(PPOConfig, overrides={**BASE, "gamma": 0.5}).gamma == 0.5
+    assert "is now" not in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="unknown config key 'max_new_tokens'"):
+        build_config(RMConfig, overrides={**BASE, "max_new_tokens": 7})
 
 # ---- item 10: lora_target_modules all-linear, names checked -----------------------------------
 def test_all_linear_is_accepted_as_a_string_and_reaches_peft():

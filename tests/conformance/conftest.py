@@ -45,7 +45,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # asynchronous rollouts (docs/async.md): a sampler process, groups one step behind
     "grpo_async": ("grpo", {"async_rollouts": True, "max_staleness": 1}),
     # SimPO: the DPO trainer with a reference-free loss (no reference loaded or precomputed)
-    "dpo_simpo": ("dpo", {"loss_type": "simpo", "beta": 2.0, "gamma": 0.5}),
+    "dpo_simpo": ("dpo", {"loss_type": "simpo", "beta": 2.0, "simpo_gamma": 0.5}),
 }
 CASES = sorted(TRAINERS) + sorted(VARIANTS)
 RL = [c for c in CASES if c in ("grpo", "ppo") or VARIANTS.get(c, ("",))[0] in ("grpo", "ppo")]

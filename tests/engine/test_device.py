@@ -1,7 +1,7 @@
-"""Every trainer that samples takes the engine's rollout onto its own device, in one place
-(`posttrain.rollout.engine.on_device`, called by `PromptRLTrainer.sample_prompts`): vLLM builds
+"""Every trainer that samples takes the sampler's rollout onto its own device, in one place
+(`posttrain.rollout.sampler.on_device`, called by `PromptRLTrainer.sample_prompts`): vLLM builds
 its rollouts on the CPU while the policy is on the GPU. On a CPU machine the only other device is
-`meta`: a rollout there (no data, cannot be moved) must be refused in one line naming the engine
+`meta`: a rollout there (no data, cannot be moved) must be refused in one line naming the sampler
 before any trainer math touches it."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from posttrain.config import GRPOConfig, PPOConfig, build_config
-from posttrain.rollout.engine import ENGINES, on_device
 from posttrain.rollout.record import Rollout
+from posttrain.rollout.sampler import SAMPLERS, on_device
 from posttrain.trainers.grpo import GRPOTrainer
 from posttrain.trainers.ppo import PPOTrainer
 from tests.rollout.doubles import Wrapped
@@ -21,14 +21,14 @@ SAMPLING_TRAINERS = {"grpo": (GRPOConfig, GRPOTrainer), "ppo": (PPOConfig, PPOTr
 
 
 def _elsewhere(monkeypatch, device: str) -> None:
-    """Register an `hf` engine whose training rollouts come back on `device`."""
-    real = ENGINES["hf"]
+    """Register an `hf` sampler whose training rollouts come back on `device`."""
+    real = SAMPLERS["hf"]
 
     def factory(cfg, tok, *, role="eval", **kw):
         inner = real(cfg, tok, role=role, **kw)
         return Wrapped(inner, lambda r: r.to(device)) if role == "train" else inner
 
-    monkeypatch.setitem(ENGINES, "hf", factory)
+    monkeypatch.setitem(SAMPLERS, "hf", factory)
 
 
 @pytest.mark.parametrize("command", sorted(SAMPLING_TRAINERS))
@@ -41,7 +41,7 @@ def test_a_rollout_on_another_device_is_refused(command, toy_world, tmp_path, mo
         "max_steps": 1, "progress": False, "threads": 1, "eval_size": 0, "report_to": []})
     with pytest.raises(ValueError) as err:
         trainer(cfg).train()
-    assert str(err.value) == ("config key 'rollout_engine'=hf: the engine returned its rollout "
+    assert str(err.value) == ("config key 'rollout_engine'=hf: the sampler returned its rollout "
                               "on ['meta'], tensors without data; the trainer needs them on cpu")
 
 

@@ -56,15 +56,15 @@ CASES = {  # config keys set away from their defaults -> what the trainer's valu
              lambda v: (v.rows.prompt_field, v.rows.answer_field, v.rows.answer_marker,
                         v.rewards.specs, v.rewards.on_error, v.rewards.timeout_s,
                         v.generation.max_new_tokens, v.generation.max_prompt_len,
-                        v.generation.eval_max_new_tokens, v.generation.eval_key,
+                        v.generation.eval_max_new_tokens,
                         v.generation.temperature, v.tool_schemas, v.tool_call_parser,
                         v.micro_batch_size, v.max_len),
              ("q", "a", "####", [{"name": "math", "weight": 1.0}], "zero", 5.0, 9, 11, 13,
-              "eval_max_new_tokens", 0.7, "none", "hermes", 3, 9)),
-    "sft": ({"max_new_tokens": 7, "max_seq_len": 99, "micro_batch_size": 5, "rewards": []},
+              0.7, "none", "hermes", 3, 9)),
+    "sft": ({"eval_max_new_tokens": 7, "max_seq_len": 99, "micro_batch_size": 5, "rewards": []},
             lambda v: (v.generation.max_new_tokens, v.generation.eval_max_new_tokens,
-                       v.generation.eval_key, v.rewards.specs, v.micro_batch_size, v.max_len),
-            (7, 7, "max_new_tokens", [], 5, 99)),
+                       v.rewards.specs, v.micro_batch_size, v.max_len),
+            (7, 7, [], 5, 99)),
     "rm": ({"max_seq_len": 77, "micro_batch_size": 4},
            lambda v: (v.generation.max_new_tokens, v.rewards.specs, v.micro_batch_size,
                       v.max_len), (None, [], 4, 77)),
@@ -80,11 +80,12 @@ def test_values_carry_the_configs_keys(command: str) -> None:
 
 @pytest.mark.parametrize("command", sorted(TRAINERS))
 def test_every_trainer_whose_config_has_more_keys_builds_values(command: str) -> None:
-    """A trainer whose config has keys the values read (`max_new_tokens`, `max_seq_len`,
-    `rewards`) builds its own values; only a bare config leaves the defaults."""
+    """A trainer whose config has keys the values read (`max_new_tokens`,
+    `eval_max_new_tokens`, `max_seq_len`, `rewards`) builds its own values; only a bare config
+    leaves the defaults."""
     cls = trainer_class(command)
     names = {f.name for f in dataclasses.fields(cls.config_class)}
-    if names & {"max_new_tokens", "max_seq_len", "rewards"}:
+    if names & {"max_new_tokens", "eval_max_new_tokens", "max_seq_len", "rewards"}:
         assert cls.run_values is not Trainer.run_values, command
         assert isinstance(cls.run_values(cls.config_class()), RunValues)
 
@@ -93,11 +94,11 @@ def test_every_trainer_whose_config_has_more_keys_builds_values(command: str) ->
                                  RMConfig(), PRMConfig()], ids=lambda c: type(c).__name__)
 def test_values_of_each_config_at_its_defaults(cfg: BaseConfig) -> None:
     """What engine/ used to read by probing, at the defaults: the evaluation budget is
-    `eval_max_new_tokens` where the config has it, else `max_new_tokens`, else 64."""
+    `eval_max_new_tokens` in every config that evaluates by generating, else 64."""
     command = {"SFTConfig": "sft", "DPOConfig": "dpo", "KTOConfig": "kto",
                "OnlineDPOConfig": "online_dpo", "RMConfig": "rm", "PRMConfig": "prm"}
     v = trainer_class(command[type(cfg).__name__]).run_values(cfg)
-    probe = getattr(cfg, "eval_max_new_tokens", getattr(cfg, "max_new_tokens", 64))
+    probe = getattr(cfg, "eval_max_new_tokens", 64)
     assert v.generation.eval_max_new_tokens == probe
     assert v.generation.temperature == getattr(cfg, "temperature", 1.0)
     assert v.max_len == (getattr(cfg, "max_seq_len", None) or getattr(cfg, "max_new_tokens",
@@ -107,9 +108,7 @@ def test_values_of_each_config_at_its_defaults(cfg: BaseConfig) -> None:
 
 # ---- every config key declared once; a re-declaration only to change a default ----------------
 TWO_THINGS = {  # one key name, two different things (issue 60 item 2 gives each its own word)
-    "max_new_tokens": ("HeldOutKeys", "PromptKeys"),  # evaluation budget / sampling budget
     "rewards": ("HeldOutKeys", "PromptRLConfig"),  # held-out scoring only / trained on
-    "gamma": ("DPOLossConfig", "PPOConfig"),  # SimPO's margin / GAE's discount
     "loss_type": ("DPOLossConfig", "KTOConfig"),  # two losses' own sets of choices
     "batch_size": ("RowKeys", "SearchConfig"),  # rows per optimizer step / per generation
     "step_separator": ("PRMConfig", "SearchConfig"),  # after each labelled step / beam stop

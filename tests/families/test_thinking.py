@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from posttrain.rewards import format_reward, math_reward
-from posttrain.rollout.episodes import AgentEngine
+from posttrain.rollout.episodes import AgentSampler
 from posttrain.rollout.hf import SamplingParams
 from posttrain.rollout.tools import AgentSpec, tool_schemas
 from posttrain.trainers.grpo import GRPOTrainer
@@ -44,7 +44,7 @@ def test_thinking_before_a_call_stays_as_the_template_keeps_it(family_builder):
     turn = "<think>\nI should add.\n</think>\n\n" + NATIVE["qwen3"]
     stop = ids(tok, turn)[-1]
     inner = Scripted(tok, [ids(tok, turn), ids(tok, "5") + [stop]], [stop])
-    eng = AgentEngine(inner, AgentSpec({"add": add}, None, 2, 5.0))
+    eng = AgentSampler(inner, AgentSpec({"add": add}, None, 2, 5.0))
     r = eng.generate(rows=[{"prompt": "2+3?"}], params=SamplingParams(256, greedy=True))
     assert r.episodes[0]["calls"] == 1 and r.episodes[0]["errors"] == {}
     msgs = [{"role": "user", "content": "2+3?"},

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from posttrain.rollout.call_formats import DS, FORMATS, check_call_format, detect_format
-from posttrain.rollout.episodes import AgentEngine, takes_tools
+from posttrain.rollout.episodes import AgentSampler, takes_tools
 from posttrain.rollout.hf import SamplingParams
 from posttrain.rollout.tools import AgentSpec, ToolCall, parse_tool_calls
 
@@ -76,7 +76,7 @@ def ids(tok: Any, text: str) -> list[int]:
 
 
 class Scripted:
-    """An inner rollout engine whose every episode writes the scripted turns in order."""
+    """An inner sampler whose every episode writes the scripted turns in order."""
 
     name, runs_policy = "scripted", False
 
@@ -131,7 +131,7 @@ def test_a_scripted_call_runs_and_its_answer_is_the_templates_tokens(family, fam
     final = ids(tok, "It is 5.") + [stop]
     inner = Scripted(tok, [ids(tok, NATIVE[family]), final], [stop])
     show = "template" if takes_tools(tok) else "none"
-    eng = AgentEngine(inner, AgentSpec({"add": add}, None, 2, 5.0), tool_schemas=show)
+    eng = AgentSampler(inner, AgentSpec({"add": add}, None, 2, 5.0), tool_schemas=show)
     r = eng.generate(rows=[{"prompt": "2+3?"}], params=SamplingParams(512, greedy=True))
     ep = r.episodes[0]
     assert (ep["calls"], ep["errors"], ep["turns"], ep["cut"]) == (1, {}, 2, None)
@@ -248,7 +248,7 @@ def test_a_real_response_template_is_read_by_transformers_in_an_episode(family_b
     assert detect_format(tok) == "response_template"
     call = ids(tok, NATIVE["qwen3"])
     inner = Scripted(tok, [call, ids(tok, "5<|im_end|>")], call[-1:])
-    r = AgentEngine(inner, AgentSpec({"add": add}, None, 2, 5.0)).generate(
+    r = AgentSampler(inner, AgentSpec({"add": add}, None, 2, 5.0)).generate(
         rows=[{"prompt": "2+3?"}], params=SamplingParams(256, greedy=True))
     assert (r.episodes[0]["calls"], r.episodes[0]["errors"]) == (1, {})
     assert inner.seen[1][0][-len(ids(tok, ANSWER["qwen3"])):] == ids(tok, ANSWER["qwen3"])

@@ -10,8 +10,8 @@ import json
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from posttrain.rollout.engine import ENGINES
 from posttrain.rollout.episodes import render_episode, takes_tools
+from posttrain.rollout.sampler import SAMPLERS
 from posttrain.rollout.tools import tool_schemas
 from posttrain.tasks.families import FAMILIES
 from posttrain.trainers.grpo import GRPOTrainer
@@ -38,11 +38,11 @@ def test_grpo_with_a_tool_on_a_real_family(name, family_builder, tmp_path, monke
     lm.generation_config = model.generation_config  # the family's end ids stop its turns
 
     def factory(cfg, tokenizer, *, role="eval", dist=None, model=None):
-        engine = ScriptedHF(tokenizer)
-        engine.script_model = lm
-        return engine
+        sampler = ScriptedHF(tokenizer)
+        sampler.script_model = lm
+        return sampler
 
-    monkeypatch.setitem(ENGINES, "hf", factory)
+    monkeypatch.setitem(SAMPLERS, "hf", factory)
     rows = [{"prompt": PROMPT, "answer": "5"}] * 2
     t = GRPOTrainer(model=model, tokenizer=tok, train_data=rows, eval_data=rows[:1],
                     tools=[add], rewards=["math"], group_size=2, prompts_per_step=2,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from posttrain.rewards.registry import RewardScorer, RewardSpec, environment_reward
+from posttrain.rewards.registry import Rewards, RewardSpec, environment_reward
 
 _LIVE = {"now": 0, "most": 0}
 
@@ -31,14 +31,14 @@ async def batched_async(completions: list[str], answer: list[str]) -> list[float
 
 def test_async_per_sample_rewards_are_awaited_together() -> None:
     _LIVE.update(now=0, most=0)
-    result = RewardScorer([RewardSpec("slow", fn=slow_len)], max_workers=1).score(
+    result = Rewards([RewardSpec("slow", fn=slow_len)], max_workers=1).score(
         ["a", "bb", "ccc", "dddd"], [{}] * 4)
     assert result.scores == [1.0, 2.0, 3.0, 4.0] and not result.errors
     assert _LIVE["most"] == 4  # all four in flight at once, with a single worker thread
 
 
 def test_an_async_reward_past_the_timeout_is_an_error_of_that_sample() -> None:
-    scorer = RewardScorer([RewardSpec("hang", fn=hangs_on_b)], on_error="zero", timeout_s=0.2)
+    scorer = Rewards([RewardSpec("hang", fn=hangs_on_b)], on_error="zero", timeout_s=0.2)
     result = scorer.score(["a", "b", "c"], [{}] * 3)
     assert result.scores == [1.0, 0.0, 1.0]
     (err,) = result.errors
@@ -46,7 +46,7 @@ def test_an_async_reward_past_the_timeout_is_an_error_of_that_sample() -> None:
 
 
 def test_a_batched_async_reward_and_an_async_get_reward() -> None:
-    result = RewardScorer([RewardSpec("b", fn=batched_async)]).score(
+    result = Rewards([RewardSpec("b", fn=batched_async)]).score(
         ["7", "8"], [{"answer": "7"}, {"answer": "7"}])
     assert result.scores == [1.0, 0.0]
 
@@ -59,7 +59,7 @@ def test_a_batched_async_reward_and_an_async_get_reward() -> None:
         def get_reward(self) -> float:
             return 0.25
 
-    scorer = RewardScorer(["environment"])
+    scorer = Rewards(["environment"])
     rows = [{"environments": e} for e in (Env(), Plain(), object())]
     got = scorer.score(["x"] * 3, rows)
     assert got.per_function["environment"][:2] == [0.5, 0.25]

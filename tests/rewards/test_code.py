@@ -8,7 +8,7 @@ import pytest
 
 from posttrain.rewards import (
     RewardFunctionError,
-    RewardScorer,
+    Rewards,
     RewardSpec,
     SandboxLimits,
     SandboxUnavailableError,
@@ -111,7 +111,7 @@ def test_strict_refuses_without_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_scorer_never_zeroes_a_refused_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sandbox_module, "_BWRAP_OK", {True: "no bwrap", False: "no bwrap"})
-    scorer = RewardScorer([RewardSpec("code", kwargs={"mode": "strict"})], on_error="zero")
+    scorer = Rewards([RewardSpec("code", kwargs={"mode": "strict"})], on_error="zero")
     with pytest.raises(RewardFunctionError, match="needs bubblewrap"):
         scorer.score([GOOD], [{"tests": TESTS}])
 

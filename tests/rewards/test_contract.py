@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from posttrain.rewards import RewardFunctionError, RewardScorer, RewardSpec, validate_specs
+from posttrain.rewards import RewardFunctionError, Rewards, RewardSpec, validate_specs
 from posttrain.rewards.contract import BATCHED, PER_SAMPLE, ROWS, call_style
 
 
@@ -65,14 +65,14 @@ def test_trl_batched_function_is_called_once_with_lists():
         return [1.0, 2.0]
 
     rows = [{"prompt": "q1", "answer": "7", "id": 1}, {"prompt": "q2", "answer": "8", "id": 2}]
-    result = RewardScorer([RewardSpec("spy", fn=spy)]).score(["a", "bb"], rows)
+    result = Rewards([RewardSpec("spy", fn=spy)]).score(["a", "bb"], rows)
     assert calls == [(["a", "bb"], ["q1", "q2"], {"answer": ["7", "8"], "id": [1, 2]})]
     assert result.scores == [1.0, 2.0]
 
 
 def test_trl_batched_values_and_named_fields():
     rows = [{"prompt": "q1", "answer": "7"}, {"prompt": "q2", "answer": "8"}]
-    scorer = RewardScorer([RewardSpec("len", 1.0, fn=trl_length),
+    scorer = Rewards([RewardSpec("len", 1.0, fn=trl_length),
                            RewardSpec("fields", 2.0, fn=trl_with_fields),
                            RewardSpec("flag", 1.0, fn=flagged)])
     result = scorer.score(["7", "xx"], rows)
@@ -86,7 +86,7 @@ def test_trl_batched_values_and_named_fields():
 def test_none_means_not_applicable():
     # sample 0 ("ab"): only_short applies (1.0); sample 1 ("abcd"): no function applies, so it
     # scores 0 as in TRL (kept, not unscorable), counted in reward/unscored and recorded
-    result = RewardScorer([RewardSpec("short", fn=only_short)]).score(
+    result = Rewards([RewardSpec("short", fn=only_short)]).score(
         ["ab", "abcd"], [{"prompt": "p"}, {"prompt": "p"}])
     assert result.scores == [1.0, 0.0]
     assert result.metrics["reward/unscorable"] == 0.0 and result.metrics["reward/unscored"] == 1.0
@@ -101,7 +101,7 @@ def short_or_none(completion: str) -> float | None:  # the per-sample form of `o
 def test_none_sums_the_other_functions_as_trl_does():
     # per-sample and batched None alike: "does not score this sample", never an error;
     # sample 1: short=None, len=4 (weight 0.5) -> 2.0; sample 0: 1 + 0.5 * 2 = 2.0
-    scorer = RewardScorer([RewardSpec("short", fn=short_or_none),
+    scorer = Rewards([RewardSpec("short", fn=short_or_none),
                            RewardSpec("short_b", fn=only_short),
                            RewardSpec("len", 0.5, fn=trl_length)])
     result = scorer.score(["ab", "abcd"], [{"prompt": "p"}, {"prompt": "p"}])
@@ -122,13 +122,13 @@ def nan_batched(completions, **kwargs):
 @pytest.mark.parametrize("fn", [nan_for_x, nan_batched])
 def test_a_nan_reward_is_an_error_with_its_sample(fn):
     rows = [{"prompt": "p"}] * 4
-    result = RewardScorer([RewardSpec("r", fn=fn)]).score(["a", "b", "c", "xyz"], rows)
+    result = Rewards([RewardSpec("r", fn=fn)]).score(["a", "b", "c", "xyz"], rows)
     assert result.scores == [1.0, 1.0, 1.0, 0.0]  # scored 0 like any error, the group is kept
     assert result.metrics["reward/errors/r"] == 1.0
     (err,) = result.errors
     assert err["index"] == 3 and err["completion"] == "xyz" and "nan" in err["error"]
     with pytest.raises(RewardFunctionError):  # most of a batch NaN: the run stops (auto)
-        RewardScorer([RewardSpec("r", fn=fn)]).score(["x", "xx", "xxx", "a"], rows)
+        Rewards([RewardSpec("r", fn=fn)]).score(["x", "xx", "xxx", "a"], rows)
 
 
 def test_unknown_entry_key_is_refused_with_did_you_mean():
@@ -146,7 +146,7 @@ def test_unknown_entry_key_is_refused_with_did_you_mean():
 
 
 def test_needed_fields():
-    scorer = RewardScorer(["math", "format", RewardSpec("sol", fn=trl_needs_solution),
+    scorer = Rewards(["math", "format", RewardSpec("sol", fn=trl_needs_solution),
                            RewardSpec("p", kwargs={"answer": "1"}, fn=per_sample),
                            RewardSpec("rows", fn=rows_form)])
     # math needs `answer`; per_sample gets it from its entry; format and rows_form need nothing
@@ -170,11 +170,11 @@ def test_trainer_state_in_a_signature_is_named_not_a_missing_column():
     assert "'trainer_state' is TRL's TrainerState" in message and "trainer_state=None" in message
     assert "\n" not in message and "column" not in message
     validate_specs([RewardSpec("cur", fn=trl_curriculum_default)])  # a default: never needed
-    assert RewardScorer([RewardSpec("cur", fn=trl_curriculum_default)]).needed_fields() == {}
+    assert Rewards([RewardSpec("cur", fn=trl_curriculum_default)]).needed_fields() == {}
 
 
 def test_a_reward_failing_on_most_samples_stops_the_run():
-    scorer = RewardScorer([RewardSpec("broken", fn=always_fails), "format"])
+    scorer = Rewards([RewardSpec("broken", fn=always_fails), "format"])
     with pytest.raises(RewardFunctionError) as err:
         scorer.score(["first\nsample", "second"], [{}, {}])
     message = str(err.value)
@@ -182,7 +182,7 @@ def test_a_reward_failing_on_most_samples_stops_the_run():
     assert "'first\\nsample'" in message and "reward_on_error: zero" in message
     assert "\n" not in message and err.value.completion == "first\nsample"
     # zero keeps the old behaviour: scored 0, counted
-    zero = RewardScorer([RewardSpec("broken", fn=always_fails)], on_error="zero")
+    zero = Rewards([RewardSpec("broken", fn=always_fails)], on_error="zero")
     result = zero.score(["a", "b"], [{}, {}])
     assert result.scores == [0.0, 0.0] and result.metrics["reward/errors/broken"] == 2.0
 
@@ -193,7 +193,7 @@ def test_a_few_failures_are_counted_not_raised():
             raise ValueError("bad sample")
         return 1.0
 
-    result = RewardScorer([RewardSpec("some", fn=sometimes)]).score(
+    result = Rewards([RewardSpec("some", fn=sometimes)]).score(
         ["bad", "ok", "ok"], [{}, {}, {}])
     assert result.scores == [0.0, 1.0, 1.0] and result.metrics["reward/errors/some"] == 1.0
 
@@ -204,10 +204,10 @@ def test_trl_function_called_per_sample_would_have_failed_everywhere():
         return 1.0  # not a list
 
     with pytest.raises(RewardFunctionError, match="must return a list"):
-        RewardScorer([RewardSpec("wrong", fn=wrong)]).score(["a", "b"], [{}, {}])
+        Rewards([RewardSpec("wrong", fn=wrong)]).score(["a", "b"], [{}, {}])
 
 
 def test_raise_keeps_the_sample_in_the_message():
-    scorer = RewardScorer([RewardSpec("broken", fn=always_fails)], on_error="raise")
+    scorer = Rewards([RewardSpec("broken", fn=always_fails)], on_error="raise")
     with pytest.raises(RewardFunctionError, match=r"sample 0: KeyError.*completion: 'boom'"):
         scorer.score(["boom"], [{}])

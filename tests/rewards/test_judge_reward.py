@@ -10,7 +10,7 @@ import time
 import pytest
 
 from posttrain.rewards import RewardFunctionError, judge
-from posttrain.rewards.registry import RewardScorer, RewardSpec, validate_specs
+from posttrain.rewards.registry import Rewards, RewardSpec, validate_specs
 from tests.rewards.http_stub import serve
 
 RESPONSE_RE = re.compile(r"<response-([0-9a-f]{16})>\n(.*)\n</response-\1>", re.DOTALL)
@@ -38,9 +38,9 @@ def _fresh_cache(monkeypatch):
     monkeypatch.setattr(judge, "CACHE", judge._Cache())
 
 
-def _scorer(url: str, on_error: str = "auto", **keys) -> RewardScorer:
+def _scorer(url: str, on_error: str = "auto", **keys) -> Rewards:
     entry = {"name": "judge", "url": url, "model": "m", "rubric": "Count the sevens.", **keys}
-    return RewardScorer([RewardSpec.from_dict(entry)], on_error=on_error)
+    return Rewards([RewardSpec.from_dict(entry)], on_error=on_error)
 
 
 def test_scores_are_the_judges_over_max_score_from_an_openai_request() -> None:

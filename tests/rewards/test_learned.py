@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from posttrain.models.loading import save_checkpoint
-from posttrain.models.reward import PRM_META_KEY, build_scorer
-from posttrain.models.scorers import ProcessScorer, aggregate_scores, get_scorer
-from posttrain.rewards.registry import RewardScorer, RewardSpec, validate_specs
+from posttrain.models.reward import PRM_META_KEY, build_reward_model
+from posttrain.models.reward_models import ProcessRewardModel, aggregate_scores, get_reward_model
+from posttrain.rewards.registry import Rewards, RewardSpec, validate_specs
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
 
@@ -26,8 +26,8 @@ def scorers(tmp_path_factory) -> dict[str, str]:
     lm = build_tiny_llama(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
     save_checkpoint(lm, tok, root / "lm")
     torch.manual_seed(0)
-    save_checkpoint(build_scorer(lm, "orm", tok), tok, root / "orm")
-    prm = build_scorer(lm, "prm", tok, num_labels=2)
+    save_checkpoint(build_reward_model(lm, "orm", tok), tok, root / "orm")
+    prm = build_reward_model(lm, "prm", tok, num_labels=2)
     setattr(prm.config, PRM_META_KEY, {"separator": "\n", "split": "think"})
     save_checkpoint(prm, tok, root / "prm")
     return {"lm": str(root / "lm"), "orm": str(root / "orm"), "prm": str(root / "prm")}
@@ -66,7 +66,7 @@ def test_batched_scores_match_one_by_one(scorers):
              RewardSpec.from_dict({"name": "process_reward_model", "path": scorers["prm"],
                                    "aggregate": "min"}),
              RewardSpec("math")]
-    scorer = RewardScorer(specs)
+    scorer = Rewards(specs)
     rows = [{"prompt": PROMPT, "answer": "57"}] * 2
     result = scorer.score([GOOD, BAD], rows)
     alone = [scorer.score([c], rows[:1]) for c in (GOOD, BAD)]
@@ -81,8 +81,9 @@ def test_batched_scores_match_one_by_one(scorers):
 
 
 def test_process_scorer_step_scores_and_aggregation(scorers):
-    prm = get_scorer(scorers["prm"], "prm")
-    assert isinstance(prm, ProcessScorer) and get_scorer(scorers["prm"], "prm") is prm  # cached
+    prm = get_reward_model(scorers["prm"], "prm")
+    assert isinstance(prm, ProcessRewardModel)
+    assert get_reward_model(scorers["prm"], "prm") is prm  # cached
     assert prm.split(GOOD) == ["12+7=19", "19*3=57", "<answer>57</answer>"]
     steps = prm.step_scores([PROMPT, PROMPT], [GOOD, BAD])
     assert [len(s) for s in steps] == [3, 3]

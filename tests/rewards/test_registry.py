@@ -13,7 +13,7 @@ import pytest
 from posttrain.rewards import (
     BUILTIN_REWARDS,
     RewardFunctionError,
-    RewardScorer,
+    Rewards,
     RewardSpec,
     format_reward,
     math_reward,
@@ -91,7 +91,7 @@ def test_duplicate_and_empty_specs() -> None:
 
 
 def test_weighted_sum_and_metrics() -> None:
-    scorer = RewardScorer([RewardSpec("math", 1.0), RewardSpec("format", 2.0)])
+    scorer = Rewards([RewardSpec("math", 1.0), RewardSpec("format", 2.0)])
     completions = ["<think>r</think><answer>3</answer>", "<answer>4</answer>", "\\boxed{3}"]
     rows = [{"answer": "3", "prompt": "p"}] * 3
     result = scorer.score(completions, rows)
@@ -108,7 +108,7 @@ def test_weighted_sum_and_metrics() -> None:
 
 
 def test_user_function_gets_fields_by_name(user_module: str) -> None:
-    scorer = RewardScorer([f"{user_module}:length_reward", f"{user_module}:everything_reward"])
+    scorer = Rewards([f"{user_module}:length_reward", f"{user_module}:everything_reward"])
     rows = [{"target_len": 3, "answer": "x"}, {"target_len": 5, "answer": "y"}]
     result = scorer.score(["abc", "abc"], rows)
     assert result.per_function[f"{user_module}:length_reward"] == [1.0, 0.0]
@@ -117,19 +117,19 @@ def test_user_function_gets_fields_by_name(user_module: str) -> None:
 
 
 def test_spec_kwargs_are_passed() -> None:
-    scorer = RewardScorer([RewardSpec("math", kwargs={"timeout_s": 3.0})])
+    scorer = Rewards([RewardSpec("math", kwargs={"timeout_s": 3.0})])
     assert scorer.score(["<answer>2</answer>"], [{"answer": "2"}]).scores == [1.0]
 
 
 def test_missing_field_is_a_clear_error() -> None:
-    scorer = RewardScorer(["math"])
+    scorer = Rewards(["math"])
     with pytest.raises(ValueError, match=r"'math': sample 1 has no field\(s\) \['answer'\]"):
         scorer.score(["a", "b"], [{"answer": "1"}, {"tests": []}])
 
 
 def test_errors_are_counted_and_recorded(user_module: str) -> None:
     name = f"{user_module}:exploding_reward"
-    scorer = RewardScorer([name, "format"], on_error="zero")
+    scorer = Rewards([name, "format"], on_error="zero")
     result = scorer.score(["fine", "boom here", "boom again"], [{}, {}, {}])
     assert result.per_function[name] == [0.5, 0.0, 0.0]
     assert result.scores == [0.5, 0.0, 0.0]
@@ -140,7 +140,7 @@ def test_errors_are_counted_and_recorded(user_module: str) -> None:
 
 
 def test_on_error_raise_names_function_and_sample(user_module: str) -> None:
-    scorer = RewardScorer([f"{user_module}:exploding_reward"], on_error="raise")
+    scorer = Rewards([f"{user_module}:exploding_reward"], on_error="raise")
     with pytest.raises(RewardFunctionError, match=r"exploding_reward' failed on sample 1") as info:
         scorer.score(["fine", "boom"], [{}, {}])
     assert info.value.index == 1
@@ -149,11 +149,11 @@ def test_on_error_raise_names_function_and_sample(user_module: str) -> None:
 
 def test_bad_on_error() -> None:
     with pytest.raises(ValueError, match=r"unknown on_error 'ignore'; valid values"):
-        RewardScorer(["math"], on_error="ignore")
+        Rewards(["math"], on_error="ignore")
 
 
 def test_unscorable_samples_are_nan_and_counted() -> None:
-    scorer = RewardScorer(["math", "format"])
+    scorer = Rewards(["math", "format"])
     rows = [{"answer": "3"}, {"answer": "}{"}, {"answer": ""}]
     result = scorer.score(["<answer>3</answer>"] * 3, rows)
     assert result.scores[0] == 1.0
@@ -164,7 +164,7 @@ def test_unscorable_samples_are_nan_and_counted() -> None:
 
 
 def test_code_counters_in_metrics() -> None:
-    scorer = RewardScorer(["code"], max_workers=2)
+    scorer = Rewards(["code"], max_workers=2)
     completions = ["def f(x):\n    return x + 1", "def f(x):\n    return x", "def f(:"]
     rows = [{"tests": ["assert f(1) == 2"]}] * 3
     result = scorer.score(completions, rows)

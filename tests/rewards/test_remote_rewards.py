@@ -9,7 +9,7 @@ import time
 import pytest
 
 from posttrain.rewards import remote
-from posttrain.rewards.registry import RewardScorer, RewardSpec, validate_specs
+from posttrain.rewards.registry import Rewards, RewardSpec, validate_specs
 from tests.rewards.http_stub import serve
 
 
@@ -23,8 +23,8 @@ def _fast_backoff(monkeypatch):
     monkeypatch.setattr(remote, "BACKOFF_S", 0.01)
 
 
-def _scorer(url: str, on_error: str = "auto", **keys) -> RewardScorer:
-    return RewardScorer([RewardSpec.from_dict({"name": "remote", "url": url, **keys})],
+def _scorer(url: str, on_error: str = "auto", **keys) -> Rewards:
+    return Rewards([RewardSpec.from_dict({"name": "remote", "url": url, **keys})],
                         on_error=on_error)
 
 

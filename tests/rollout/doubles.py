@@ -1,8 +1,8 @@
-"""Engine test doubles, registered through `posttrain.rollout.engine.register_engine`.
+"""Sampler test doubles, registered through `posttrain.rollout.sampler.register_sampler`.
 
     from tests.rollout.doubles import shifted_hf
-    monkeypatch.setitem(ENGINES, "hf", shifted_hf(0.1))   # or register_engine("hf", ...)
-    GRPOTrainer(cfg).train()  # rollouts' `logprobs` are the hf engine's + 0.1 on counted tokens
+    monkeypatch.setitem(SAMPLERS, "hf", shifted_hf(0.1))   # or register_sampler("hf", ...)
+    GRPOTrainer(cfg).train()  # rollouts' `logprobs` are the hf sampler's + 0.1 on counted tokens
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from posttrain.rollout.engine import ENGINES, Sampler
 from posttrain.rollout.record import Rollout
+from posttrain.rollout.sampler import SAMPLERS, Sampler
 
 
 class Wrapped:
-    """An engine that forwards to `inner` and changes its rollouts with `edit` (training role
+    """A sampler that forwards to `inner` and changes its rollouts with `edit` (training role
     only: held-out evaluation is left as it is); `calls` records every generate's keywords."""
 
     name = "hf"
@@ -25,7 +25,7 @@ class Wrapped:
         self.inner, self.edit = inner, edit
         self.runs_policy = inner.runs_policy
         self.calls: list[dict[str, Any]] = []
-        self.raw_logprobs: list[torch.Tensor] = []  # the inner engine's, before `edit`
+        self.raw_logprobs: list[torch.Tensor] = []  # the inner sampler's, before `edit`
 
     def generate(self, prompts: list[str], **kw: Any) -> Rollout:
         self.calls.append({"n_prompts": len(prompts), **kw})
@@ -33,8 +33,8 @@ class Wrapped:
         self.raw_logprobs.append(rollout.logprobs.clone())
         return self.edit(rollout)
 
-    def update_weights(self, model: torch.nn.Module, version: int) -> None:
-        self.inner.update_weights(model, version)
+    def update_weights(self, model: torch.nn.Module, weights_version: int) -> None:
+        self.inner.update_weights(model, weights_version)
 
     def sleep(self) -> None:
         self.inner.sleep()
@@ -47,10 +47,10 @@ class Wrapped:
 
 
 def shifted_hf(shift: float, built: list[Wrapped] | None = None, real: Any = None) -> Any:
-    """A factory for `rollout_engine: hf` whose training engine adds `shift` to the sampler's
+    """A factory for `rollout_engine: hf` whose training sampler adds `shift` to the sampler's
     log-probs of the counted tokens (a known sampler/learner gap); `built` collects the
-    engines it makes; `real` is the factory wrapped (default: the registered hf one)."""
-    real = real or ENGINES["hf"]
+    samplers it makes; `real` is the factory wrapped (default: the registered hf one)."""
+    real = real or SAMPLERS["hf"]
 
     def add(r: Rollout) -> Rollout:
         r.logprobs = r.logprobs + shift * r.response_mask.float()
@@ -60,9 +60,9 @@ def shifted_hf(shift: float, built: list[Wrapped] | None = None, real: Any = Non
         inner = real(cfg, tokenizer, role=role, **kw)
         if role != "train":
             return inner
-        engine = Wrapped(inner, add)
+        sampler = Wrapped(inner, add)
         if built is not None:
-            built.append(engine)
-        return engine
+            built.append(sampler)
+        return sampler
 
     return factory

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from transformers import LlamaConfig
 
-from posttrain.rollout.engine import HFEngine
+from posttrain.rollout.sampler import HFSampler
 
 
 class ScriptLM(torch.nn.Module):
@@ -31,8 +31,8 @@ class ScriptLM(torch.nn.Module):
         return SimpleNamespace(logits=logits.scatter(-1, nxt[..., None], 50.0))
 
 
-class ScriptedHF(HFEngine):
-    """The `hf` engine, but sampling from `script_model` whatever policy it is handed."""
+class ScriptedHF(HFSampler):
+    """The `hf` sampler, but sampling from `script_model` whatever policy it is handed."""
 
     script_model: torch.nn.Module | None = None
 

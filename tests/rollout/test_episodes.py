@@ -10,17 +10,17 @@ import time
 import pytest
 import torch
 
-import posttrain.rollout.engine as rollout_engine
 import posttrain.rollout.episodes as episodes
-from posttrain.rollout.engine import HFEngine
+import posttrain.rollout.sampler as sampler_module
 from posttrain.rollout.episodes import (
-    AgentEngine,
+    AgentSampler,
     ToolFailureError,
     check_failing_tools,
     episode_metrics,
     tool_turn_text,
 )
 from posttrain.rollout.hf import SamplingParams, sample_tokens
+from posttrain.rollout.sampler import HFSampler
 from posttrain.rollout.tools import AgentSpec, ToolCall, ToolResult, parse_tool_calls
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
@@ -66,23 +66,23 @@ def answer(text: str) -> str:
     return f"<tool_response>{text}</tool_response>\n"
 
 
-def engine(script: str, tools: list, *, factory: object = None, turns: int = 3,
-           timeout: float = 0.5) -> AgentEngine:
+def sampler(script: str, tools: list, *, factory: object = None, turns: int = 3,
+           timeout: float = 0.5) -> AgentSampler:
     inner = ScriptedHF(TOK)
     inner.script_model = ScriptLM(ids(TOK, script), len(TOK))
     inner.update_weights(inner.script_model, 0)
     spec = AgentSpec({f.__name__: f for f in tools}, factory, turns, timeout)
-    return AgentEngine(inner, spec)
+    return AgentSampler(inner, spec)
 
 
-def run(eng: AgentEngine, prompt: str = "Q", n: int = 1, budget: int = 300, **kw: object):
+def run(eng: AgentSampler, prompt: str = "Q", n: int = 1, budget: int = 300, **kw: object):
     return eng.generate([], rows=[{"prompt": prompt, **kw}], group_size=n,
                         params=SamplingParams(budget, greedy=True))
 
 
 def test_token_in_token_out_and_masks_golden() -> None:
     m1, t1, m2 = call("add", a=2, b=3), answer("5"), "<answer>5</answer></s>"
-    r = run(engine("<s>Q\n" + m1 + t1 + m2, [add]), n=2)
+    r = run(sampler("<s>Q\n" + m1 + t1 + m2, [add]), n=2)
     want = ids(TOK, m1) + ids(TOK, t1) + ids(TOK, m2)
     n1, nt, n2 = len(ids(TOK, m1)), len(ids(TOK, t1)), len(ids(TOK, m2))
     # one id per character; </s> and the reasoning tags are one id each:
@@ -120,7 +120,7 @@ def test_rewards_read_what_the_model_wrote_not_the_tools_answers() -> None:
     from posttrain.rewards import math_reward
 
     m1, m2 = call("leak", x="q") + "", "no idea</s>"
-    r = run(engine("<s>Q\n" + m1 + answer("<answer>5</answer>") + m2, [leak]))
+    r = run(sampler("<s>Q\n" + m1 + answer("<answer>5</answer>") + m2, [leak]))
     assert [m["role"] for m in r.rows[0]["messages"]] == ["user", "assistant", "tool",
                                                            "assistant"]
     assert r.rows[0]["messages"][2]["content"] == "<answer>5</answer>"
@@ -159,9 +159,9 @@ def test_episodes_on_the_carried_cache_equal_reprefilling_each_turn(monkeypatch)
         lambda m, a, kw: positions.append(int(kw["position_ids"].max())), with_kwargs=True)
     monkeypatch.setattr(episodes, "parse_tool_calls", lambda tok, text, **kw: []
                         if len(text) % 5 == 0 else [ToolCall("add", {"a": len(text), "b": 1})])
-    inner = HFEngine(TOK)
+    inner = HFSampler(TOK)
     inner.update_weights(model, 0)
-    eng = AgentEngine(inner, AgentSpec({"add": add}, None, 3, 5.0))
+    eng = AgentSampler(inner, AgentSpec({"add": add}, None, 3, 5.0))
     rows = [{"prompt": p} for p in ["12+7", "3*41", "abcd", "wxyz"]]  # one length
 
     def sample() -> tuple[object, int]:
@@ -171,7 +171,7 @@ def test_episodes_on_the_carried_cache_equal_reprefilling_each_turn(monkeypatch)
         return r, max(positions)
 
     ours, ours_pos = sample()
-    monkeypatch.setattr(rollout_engine, "sample_turn", reprefill_turn)
+    monkeypatch.setattr(sampler_module, "sample_turn", reprefill_turn)
     ref, ref_pos = sample()
     assert torch.equal(ours.completion_ids, ref.completion_ids)
     for key in ("response_mask", "completion_mask", "truncated", "prompt_ids"):
@@ -195,7 +195,7 @@ def test_episodes_on_the_carried_cache_equal_reprefilling_each_turn(monkeypatch)
 ])
 def test_every_failure_kind_is_a_tool_message_and_a_counter(turn: str, kind: str,
                                                             message: str) -> None:
-    eng = engine("<s>Q\n" + turn + "x" * 400, [add, boom, slow])
+    eng = sampler("<s>Q\n" + turn + "x" * 400, [add, boom, slow])
     r = run(eng, budget=len(ids(TOK, turn)) + 250)
     ep = r.episodes[0]
     assert ep["errors"] == {kind: 1} and ep["turns"] == 2  # the episode went on
@@ -210,10 +210,10 @@ def test_every_failure_kind_is_a_tool_message_and_a_counter(turn: str, kind: str
 
 def test_turn_and_length_limits_cut_episodes() -> None:
     m1, t1 = call("add", a=2, b=3), answer("5")
-    r = run(engine("<s>Q\n" + (m1 + t1) * 4, [add], turns=1))
+    r = run(sampler("<s>Q\n" + (m1 + t1) * 4, [add], turns=1))
     assert r.episodes[0]["cut"] == "turns" and r.episodes[0]["turns"] == 2
     assert not bool(r.truncated[0])
-    r = run(engine("<s>Q\n" + m1 + t1 + "y" * 300, [add]), budget=150)
+    r = run(sampler("<s>Q\n" + m1 + t1 + "y" * 300, [add]), budget=150)
     assert r.episodes[0]["cut"] == "length" and bool(r.truncated[0])
     assert r.completion_mask[0].sum() <= 150
     counts, means = episode_metrics(r.episodes)
@@ -247,7 +247,7 @@ def test_stateful_environment_one_instance_per_rollout() -> None:
     c1, c2 = call("step", by=3), call("step", by=3)
     script = "<s>Q start=4\n" + c1 + answer("7") + c2 + answer("10") + "<answer>10</answer></s>"
     Counter.resets = 0
-    r = run(engine(script, [], factory=Counter), n=3, start=4)
+    r = run(sampler(script, [], factory=Counter), n=3, start=4)
     assert Counter.resets == 3  # reset once per rollout, with the row
     envs = [row["environments"] for row in r.rows]
     assert len({id(e) for e in envs}) == 3 and [e.total for e in envs] == [10, 10, 10]

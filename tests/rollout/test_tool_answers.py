@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from posttrain.rewards.registry import RewardScorer, RewardSpec, environment_reward
+from posttrain.rewards.registry import Rewards, RewardSpec, environment_reward
 from posttrain.rollout import tools
-from posttrain.rollout.episodes import AgentEngine, check_failing_tools
+from posttrain.rollout.episodes import AgentSampler, check_failing_tools
 from posttrain.rollout.hf import SamplingParams
 from posttrain.rollout.tools import AgentSpec, ToolCall, call_tools
 from posttrain.sandbox import SandboxResult, SandboxUnavailableError, run_sandboxed
@@ -87,7 +87,7 @@ def test_a_closed_episode_scores_the_lowest_finished_score() -> None:
     # through the scorer: the closed episode (wrong and timed out on purpose) never beats the
     # finished wrong one
     rows = [{"environments": e, "environment_closed": c} for e, c in zip(envs, closed, strict=True)]
-    scores = RewardScorer([RewardSpec("environment")]).score(["a"] * 4, rows).scores
+    scores = Rewards([RewardSpec("environment")]).score(["a"] * 4, rows).scores
     assert scores[2] <= min(scores[i] for i in (0, 1, 3))
 
 
@@ -96,7 +96,7 @@ def test_a_timed_out_environment_call_marks_the_episode_closed() -> None:
     inner = ScriptedHF(TOK)
     inner.script_model = ScriptLM(ids(TOK, "<s>Q\n" + t1 + "x" * 400), len(TOK))
     inner.update_weights(inner.script_model, 0)
-    r = AgentEngine(inner, AgentSpec({}, Slow, 1, 0.2)).generate(
+    r = AgentSampler(inner, AgentSpec({}, Slow, 1, 0.2)).generate(
         [], rows=[{"prompt": "Q"}], group_size=1,
         params=SamplingParams(len(ids(TOK, t1)) + 150, greedy=True))
     assert r.rows[0]["environments"] is None and r.rows[0]["environment_closed"] is True

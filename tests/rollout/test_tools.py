@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from posttrain.config import GRPOConfig
-from posttrain.rollout.episodes import AgentEngine, tool_turn_text
+from posttrain.rollout.episodes import AgentSampler, tool_turn_text
 from posttrain.rollout.hf import SamplingParams
 from posttrain.rollout.tools import AgentSpec, ToolCall, call_tools, parse_tool_calls
 from posttrain.tasks.tokenizer import build_char_tokenizer
@@ -50,7 +50,7 @@ def episode(turn: str, spec: AgentSpec, budget: int = 0, **row: object):  # noqa
     inner = ScriptedHF(TOK)
     inner.script_model = ScriptLM(ids(TOK, "<s>Q\n" + turn + "</s>" + "x" * 2000), len(TOK))
     inner.update_weights(inner.script_model, 0)
-    eng = AgentEngine(inner, spec)
+    eng = AgentSampler(inner, spec)
     r = eng.generate([], rows=[{"prompt": "Q", **row}], group_size=1,
                      params=SamplingParams(budget or len(ids(TOK, turn)) + 1500, greedy=True))
     return r.episodes[0], [m for m in r.rows[0]["messages"] if m["role"] == "tool"]
@@ -183,7 +183,7 @@ def test_a_later_turn_never_touches_an_environment_whose_call_timed_out() -> Non
     inner = ScriptedHF(TOK)
     inner.script_model = ScriptLM(ids(TOK, "<s>Q\n" + t1 + a1 + t2 + "x" * 400), len(TOK))
     inner.update_weights(inner.script_model, 0)
-    eng = AgentEngine(inner, AgentSpec({}, Slow, 3, 0.2))
+    eng = AgentSampler(inner, AgentSpec({}, Slow, 3, 0.2))
     r = eng.generate([], rows=[{"prompt": "Q"}], group_size=1,
                      params=SamplingParams(len(ids(TOK, t1 + a1 + t2)) + 150, greedy=True))
     tool = [m["content"] for m in r.rows[0]["messages"] if m["role"] == "tool"]

@@ -1,7 +1,7 @@
-"""The colocated vLLM engine against a stand-in built to vLLM 0.33's surface
+"""The colocated vLLM sampler against a stand-in built to vLLM 0.33's surface
 (tests/rollout/fake_vllm.py): built from the config, weights pushed under names the checkpoint
 has, sleep / wake as vLLM does them, the trainer's RNG and process group left alone, and a GRPO
-run end to end. No `Tensor.cuda` patching: on the CPU the engine's device is the CPU."""
+run end to end. No `Tensor.cuda` patching: on the CPU the sampler's device is the CPU."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 
 from posttrain.config import GRPOConfig, build_config
 from posttrain.models.loading import save_checkpoint
-from posttrain.rollout import SamplingParams, generate, vllm_engine
+from posttrain.rollout import SamplingParams, generate, vllm_sampler
 from posttrain.rollout.weights import iter_weights
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
@@ -37,28 +37,28 @@ def world(tmp_path_factory) -> dict:
     return {"model": model, "tok": tok, "dir": str(root / "model"), "data": str(data)}
 
 
-def _engine(world, **kw) -> vllm_engine.VLLMColocateEngine:
+def _engine(world, **kw) -> vllm_sampler.VLLMColocateSampler:
     cfg = GRPOConfig(model=world["dir"], rollout_engine="vllm_colocate", **kw)
-    return vllm_engine.VLLMColocateEngine.from_config(cfg, world["tok"])
+    return vllm_sampler.VLLMColocateSampler.from_config(cfg, world["tok"])
 
 
 def test_weights_sleep_and_sampling_follow_vllm(world, vllm):
     model, tok = world["model"], world["tok"]
-    engine = _engine(world)
-    llm = engine.llm
+    sampler = _engine(world)
+    llm = sampler.llm
     assert llm.kwargs["logprobs_mode"] == "processed_logprobs" and llm.sleep_mode
-    assert engine.device == torch.device("cpu")
-    engine.update_weights(model, 3)
-    engine.update_weights(model, 3)  # unchanged version: nothing pushed
+    assert sampler.device == torch.device("cpu")
+    sampler.update_weights(model, 3)
+    sampler.update_weights(model, 3)  # unchanged version: nothing pushed
     assert llm.log == [("reset_prefix_cache",)]
     for name, t in (p for b in iter_weights(model) for p in b):  # every name known, loaded
         assert torch.equal(llm.model.tensors[name], t.to(llm.model.tensors[name].dtype)), name
-    engine.sleep()
-    engine.update_weights(model, 4)  # wakes the weights only: the scheduler stays paused
+    sampler.sleep()
+    sampler.update_weights(model, 4)  # wakes the weights only: the scheduler stays paused
     assert llm.log[1:] == [("sleep", 1), ("wake_up", ("weights",)), ("reset_prefix_cache",)]
     assert llm.paused and llm.sleeping_tags == {"kv_cache"}
     seeds = [10, 11, 12, 13, 14, 15]
-    r = engine.generate(PROMPTS, group_size=2, seeds=seeds, batch_size=4,
+    r = sampler.generate(PROMPTS, group_size=2, seeds=seeds, batch_size=4,
                         params=SamplingParams(max_new_tokens=4, temperature=0.7))
     assert llm.log[4:] == [("wake_up", ("kv_cache",)), ("generate", 4), ("generate", 2)]
     assert not llm.paused
@@ -70,31 +70,31 @@ def test_weights_sleep_and_sampling_follow_vllm(world, vllm):
     assert torch.equal(r.prompt_ids, generate(model, tok, PROMPTS, group_size=2,
                                               params=SamplingParams(max_new_tokens=1)).prompt_ids)
     with pytest.raises(ValueError, match="without truncation"):
-        engine.generate(PROMPTS, params=SamplingParams(top_k=3))
+        sampler.generate(PROMPTS, params=SamplingParams(top_k=3))
 
 
 def test_the_fake_holds_vllms_line(world, vllm):
     """What the fake refuses, as vLLM 0.33 does: unknown weight names, unknown LLM keywords,
     a temperature above 2, sampling while paused; wake_up(None) wakes everything."""
-    engine = _engine(world)
+    sampler = _engine(world)
     with pytest.raises(ValueError, match="no module or parameter named 'lm_head.bias'"):
-        engine._load([("lm_head.bias", torch.zeros(3))])
+        sampler._load([("lm_head.bias", torch.zeros(3))])
     with pytest.raises(TypeError, match="unexpected keyword"):
         vllm.LLM(world["dir"], enable_prefix_caching_typo=True)
     with pytest.raises(ValueError, match="temperature"):
         vllm.SamplingParams(temperature=2.5)
-    engine.llm.sleep(level=1)
+    sampler.llm.sleep(level=1)
     with pytest.raises(RuntimeError, match="paused"):
-        engine.llm.generate([{"prompt_token_ids": [1]}], vllm.SamplingParams())
-    assert engine.llm.wake_up(None) is True and not engine.llm.paused
+        sampler.llm.generate([{"prompt_token_ids": [1]}], vllm.SamplingParams())
+    assert sampler.llm.wake_up(None) is True and not sampler.llm.paused
 
 
 def test_wake_empties_the_cuda_cache_first(world, vllm, monkeypatch):
-    engine = _engine(world)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: engine.llm.log.append(("empty",)))
-    engine.sleep()
-    engine.wake()
-    assert engine.llm.log == [("sleep", 1), ("empty",), ("wake_up", ("weights", "kv_cache"))]
+    sampler = _engine(world)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: sampler.llm.log.append(("empty",)))
+    sampler.sleep()
+    sampler.wake()
+    assert sampler.llm.log == [("sleep", 1), ("empty",), ("wake_up", ("weights", "kv_cache"))]
 
 
 def test_building_the_engine_keeps_the_trainers_rng(world, vllm):
@@ -111,7 +111,7 @@ def test_building_the_engine_keeps_the_trainers_rng(world, vllm):
 
 def test_close_keeps_the_trainers_process_group(world, vllm, tmp_path):
     """vLLM's finalizer destroys the default process group; a group the trainer made before the
-    engine must outlive `close` (the final barriers still use it); without one the engine is
+    sampler must outlive `close` (the final barriers still use it); without one the sampler is
     released for good."""
     alone = _engine(world)
     ref = weakref.ref(alone.llm)
@@ -121,13 +121,13 @@ def test_close_keeps_the_trainers_process_group(world, vllm, tmp_path):
     torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0,
                                          world_size=1)
     try:
-        engine = _engine(world)
-        llm = engine.llm
-        engine.close()
+        sampler = _engine(world)
+        llm = sampler.llm
+        sampler.close()
         del llm
         gc.collect()
         assert torch.distributed.is_initialized()  # the trainer's group is still there
-        kept = vllm_engine._KEPT[-1]
+        kept = vllm_sampler._KEPT[-1]
         assert kept.paused and kept.sleeping_tags == {"weights", "kv_cache"}  # asleep
         torch.distributed.barrier()
     finally:

@@ -1,4 +1,4 @@
-"""Multi-turn episodes on the vLLM engines (posttrain/rollout/episodes.py over vllm_engine.py),
+"""Multi-turn episodes on the vLLM samplers (posttrain/rollout/episodes.py over vllm_sampler.py),
 against the stand-ins built to vLLM 0.33's surface (tests/rollout/fake_vllm.py) with a scripted
 model: each turn continues from token ids (never text), each request's `max_tokens` is its
 episode's own remaining budget, the tool tokens are in the sequence but out of the loss and
@@ -14,8 +14,8 @@ import torch
 from posttrain.core.runtime import sequence_seed
 from posttrain.models.loading import save_checkpoint
 from posttrain.ops.importance import IS_MODES, rollout_metrics, rollout_weights
-from posttrain.rollout import SamplingParams, vllm_engine, vllm_server
-from posttrain.rollout.episodes import AgentEngine
+from posttrain.rollout import SamplingParams, vllm_sampler, vllm_server
+from posttrain.rollout.episodes import AgentSampler
 from posttrain.rollout.tools import AgentSpec
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
@@ -49,9 +49,9 @@ def scripts() -> list[list[int]]:
     return [ids(TOK, f"<s>{q}\n" + "".join(parts)) for q, parts in TURNS.items()]
 
 
-def agent(inner) -> AgentEngine:
+def agent(inner) -> AgentSampler:
     spec = AgentSpec({"add": add}, None, 3, 1.0)
-    return AgentEngine(inner, spec)
+    return AgentSampler(inner, spec)
 
 
 def episodes(inner, temperature: float = 0.7):
@@ -106,7 +106,7 @@ def test_colocated_engine_runs_episodes_from_token_ids(world, vllm):
     from posttrain.config import GRPOConfig
 
     cfg = GRPOConfig(model=world["dir"], rollout_engine="vllm_colocate")
-    inner = vllm_engine.VLLMColocateEngine.from_config(cfg, TOK)
+    inner = vllm_sampler.VLLMColocateSampler.from_config(cfg, TOK)
     inner.llm.scripts = scripts()
     r = episodes(inner)
     check_episodes(r)
@@ -126,7 +126,7 @@ def test_colocated_engine_runs_episodes_from_token_ids(world, vllm):
 def test_server_engine_runs_episodes_from_token_ids(world):
     with fake_vllm.FakeServer(world["dir"], generation_config=CHECKPOINT_DEFAULTS,
                               scripts=scripts()) as server:
-        inner = vllm_server.VLLMServerEngine(server.url, TOK, [TOK.eos_token_id],
+        inner = vllm_server.VLLMServerSampler(server.url, TOK, [TOK.eos_token_id],
                                              group_host="127.0.0.1", group_port=51217,
                                              timeout=10)
         r = episodes(inner)
@@ -147,7 +147,7 @@ def test_greedy_episodes_have_no_sampler_logprobs(world, vllm):
     from posttrain.config import GRPOConfig
 
     cfg = GRPOConfig(model=world["dir"], rollout_engine="vllm_colocate")
-    inner = vllm_engine.VLLMColocateEngine.from_config(cfg, TOK)
+    inner = vllm_sampler.VLLMColocateSampler.from_config(cfg, TOK)
     inner.llm.scripts = scripts()
     r = agent(inner).generate([], rows=[{"prompt": q} for q in TURNS],
                               params=SamplingParams(BUDGET, greedy=True))
@@ -163,7 +163,7 @@ def test_importance_weights_ignore_tool_tokens(world, vllm):
     weight or a metric; on model tokens the token modes are min(exp(old - q), cap) (golden)."""
     from posttrain.config import GRPOConfig
 
-    inner = vllm_engine.VLLMColocateEngine.from_config(
+    inner = vllm_sampler.VLLMColocateSampler.from_config(
         GRPOConfig(model=world["dir"], rollout_engine="vllm_colocate"), TOK)
     inner.llm.scripts = scripts()
     r = episodes(inner)
@@ -205,10 +205,10 @@ def test_grpo_trains_tool_episodes_on_the_colocated_engine(world, vllm, tmp_path
                     eval_max_new_tokens=200, eval_size=1, max_steps=1, progress=False,
                     report_to=[], threads=1, out_dir=str(tmp_path / "run"), temperature=0.7)
     t.defer_truncated_weights = False  # the weights at step 3, to look at them here
-    engine = t.sampler()
-    engine.inner.llm.scripts = [ids(TOK, script)]
+    sampler = t.sampler()
+    sampler.inner.llm.scripts = [ids(TOK, script)]
     rollout, metrics = t.rollout_step()
-    assert engine.name == "vllm_colocate" and not engine.runs_policy
+    assert sampler.name == "vllm_colocate" and not sampler.runs_policy
     assert Counter.calls == [3, 3] * 2 and metrics["reward/environment_mean"] == 1.0
     assert metrics["agent/tool_calls"] == 4.0 and metrics["agent/turns_mean"] == 3.0
     assert rollout.completion_ids[0].tolist() == ids(TOK, script)[len(ids(TOK, "<s>Q start=4\n")):]

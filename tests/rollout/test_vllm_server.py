@@ -1,4 +1,4 @@
-"""The server engine against a stand-in for `vllm serve` 0.33 on 127.0.0.1
+"""The server sampler against a stand-in for `vllm serve` 0.33 on 127.0.0.1
 (tests/rollout/fake_vllm.py `FakeServer`): requests carry every sampling field the server would
 otherwise take from generation_config.json, the log-prob mode is checked at start, and under
 torchrun no rank samples before rank 0 has pushed the weights. The NCCL transfer itself needs
@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import pytest
 
 from posttrain.config import GRPOConfig
-from posttrain.config import engine as engine_checks
+from posttrain.config import sampler as sampler_checks
 from posttrain.models.loading import save_checkpoint
 from posttrain.rollout import SamplingParams
-from posttrain.rollout.vllm_server import VLLMServerEngine
+from posttrain.rollout.vllm_server import VLLMServerSampler
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
 from tests.rollout import fake_vllm
@@ -36,17 +36,17 @@ def world(tmp_path_factory) -> dict:
     return {"model": model, "tok": tok, "dir": str(root / "model")}
 
 
-def _engine(server: fake_vllm.FakeServer, tok, **kw) -> VLLMServerEngine:
-    return VLLMServerEngine(server.url, tok, [tok.eos_token_id], group_host="127.0.0.1",
+def _engine(server: fake_vllm.FakeServer, tok, **kw) -> VLLMServerSampler:
+    return VLLMServerSampler(server.url, tok, [tok.eos_token_id], group_host="127.0.0.1",
                             group_port=51216, timeout=10, **kw)
 
 
 def test_requests_are_neutral_whatever_the_checkpoint_says(world):
     tok = world["tok"]
     with fake_vllm.FakeServer(world["dir"], generation_config=CHECKPOINT_DEFAULTS) as server:
-        engine = _engine(server, tok)
+        sampler = _engine(server, tok)
         seeds = [3, 4, 5, 6]
-        r = engine.generate(["ab", "c"], group_size=2, seeds=seeds,
+        r = sampler.generate(["ab", "c"], group_size=2, seeds=seeds,
                             params=SamplingParams(max_new_tokens=5, temperature=0.7))
     assert len(server.resolved) == 4
     assert sorted(sp.seed for sp in server.resolved) == seeds
@@ -103,8 +103,8 @@ def test_no_rank_samples_before_the_push_ends(world, monkeypatch):
     with fake_vllm.FakeServer(world["dir"]) as server:
         main = _engine(server, world["tok"])
         other = _engine(server, world["tok"], is_main=False)
-        for engine in (main, other):
-            engine.barrier = barrier.wait
+        for sampler in (main, other):
+            sampler.barrier = barrier.wait
 
         def send(bucket):
             time.sleep(0.1)  # NCCL broadcasts take a while
@@ -130,13 +130,13 @@ def test_no_rank_samples_before_the_push_ends(world, monkeypatch):
 
 def test_from_config_waits_on_the_trainers_barrier(world, monkeypatch):
     fake_vllm.install(monkeypatch)
-    monkeypatch.setattr(engine_checks, "vllm_available", lambda: True)
-    monkeypatch.setattr(engine_checks, "_cuda", lambda: True)
+    monkeypatch.setattr(sampler_checks, "vllm_available", lambda: True)
+    monkeypatch.setattr(sampler_checks, "_cuda", lambda: True)
     with fake_vllm.FakeServer(world["dir"]) as server:
         port = int(server.url.rsplit(":", 1)[1])
         cfg = GRPOConfig(model=world["dir"], rollout_engine="vllm_server", vllm_server_port=port)
         dist = SimpleNamespace(enabled=True, is_main=False, barrier=lambda: None)
-        engine = VLLMServerEngine.from_config(cfg, world["tok"], dist=dist)
-        assert engine.barrier is dist.barrier and not engine.is_main
-        alone = VLLMServerEngine.from_config(cfg, world["tok"])
+        sampler = VLLMServerSampler.from_config(cfg, world["tok"], dist=dist)
+        assert sampler.barrier is dist.barrier and not sampler.is_main
+        alone = VLLMServerSampler.from_config(cfg, world["tok"])
         assert alone.barrier is None and alone.is_main

@@ -20,7 +20,7 @@ import torch
 from posttrain.cli import main
 from posttrain.models.loading import save_checkpoint
 from posttrain.rollout import SamplingParams
-from posttrain.rollout.vllm_server import ServerError, VLLMServerEngine
+from posttrain.rollout.vllm_server import ServerError, VLLMServerSampler
 from posttrain.rollout.vllm_worker import WeightReceiver
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
@@ -39,11 +39,11 @@ def world(tmp_path_factory) -> dict:
     return {"model": model, "tok": tok, "dir": str(root / "model")}
 
 
-def _engine(server: fake_vllm.FakeServer, tok, timeout: float = 1.0) -> VLLMServerEngine:
-    engine = VLLMServerEngine(server.url, tok, [tok.eos_token_id], group_host="127.0.0.1",
+def _engine(server: fake_vllm.FakeServer, tok, timeout: float = 1.0) -> VLLMServerSampler:
+    sampler = VLLMServerSampler(server.url, tok, [tok.eos_token_id], group_host="127.0.0.1",
                               group_port=51216, timeout=timeout)
-    engine.log = "/var/log/vllm.log"  # what `posttrain vllm-serve --log` makes the worker report
-    return engine
+    sampler.log = "/var/log/vllm.log"  # what `posttrain vllm-serve --log` makes the worker report
+    return sampler
 
 
 def _one_line(err: pytest.ExceptionInfo, *needles: str) -> str:
@@ -55,9 +55,9 @@ def _one_line(err: pytest.ExceptionInfo, *needles: str) -> str:
 
 def test_a_stopped_server_is_one_error_at_the_next_request(world):
     with fake_vllm.FakeServer(world["dir"]) as server:
-        engine = _engine(server, world["tok"])
+        sampler = _engine(server, world["tok"])
     with pytest.raises(ServerError) as err:  # the server is gone: connection refused
-        engine.sample_ids([[1, 2]], SamplingParams(4, temperature=1.0), engine.stops, seeds=[1])
+        sampler.sample_ids([[1, 2]], SamplingParams(4, temperature=1.0), sampler.stops, seeds=[1])
     _one_line(err, "POST /v1/completions failed", "the server stopped or does not answer")
 
 
@@ -66,11 +66,11 @@ def test_a_silent_server_is_one_error_within_the_timeout(world):
     with socket.socket() as silent, fake_vllm.FakeServer(world["dir"]) as server:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
-        engine = _engine(server, world["tok"])
-        engine.base_url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        sampler = _engine(server, world["tok"])
+        sampler.base_url = f"http://127.0.0.1:{silent.getsockname()[1]}"
         start = time.monotonic()
         with pytest.raises(ServerError) as err:
-            engine.update_weights(world["model"], 1)  # the CPU push: one POST of the file
+            sampler.update_weights(world["model"], 1)  # the CPU push: one POST of the file
         assert time.monotonic() - start < 5
     _one_line(err, "POST /collective_rpc: no answer within vllm_server_timeout=1 s")
 
@@ -88,11 +88,11 @@ def test_a_server_dying_during_the_push_is_one_error(world):
             conn.close()
 
         threading.Thread(target=die, daemon=True).start()
-        engine = _engine(server, world["tok"], timeout=30)
-        engine.base_url = f"http://127.0.0.1:{dying.getsockname()[1]}"
+        sampler = _engine(server, world["tok"], timeout=30)
+        sampler.base_url = f"http://127.0.0.1:{dying.getsockname()[1]}"
         start = time.monotonic()
         with pytest.raises(ServerError) as err:
-            engine.update_weights(world["model"], 1)
+            sampler.update_weights(world["model"], 1)
         assert time.monotonic() - start < 5  # not the 30 s timeout
     _one_line(err, "POST /collective_rpc failed (", "the server stopped or does not answer")
 
@@ -128,7 +128,7 @@ def test_a_weight_group_that_never_forms_ends_within_the_timeout(world, monkeypa
     (their request hangs), or that answered the join with an error at once."""
     _nccl(monkeypatch, lambda **kw: NEVER.wait())
     with fake_vllm.FakeServer(world["dir"]) as server:
-        engine = _engine(server, world["tok"])
+        sampler = _engine(server, world["tok"])
 
         def post(path, body=None):
             if body and body.get("method") == "weight_group_rank":
@@ -137,10 +137,10 @@ def test_a_weight_group_that_never_forms_ends_within_the_timeout(world, monkeypa
                 raise ServerError("vllm_server at X: POST /collective_rpc -> 500 address in use")
             NEVER.wait()
 
-        monkeypatch.setattr(engine, "_post", post)
+        monkeypatch.setattr(sampler, "_post", post)
         start = time.monotonic()
         with pytest.raises(ServerError) as err:
-            engine._init_group()
+            sampler._init_group()
         took = time.monotonic() - start
     if server_side == "refuses":  # the server's answer, without waiting for the timeout
         assert took < 0.5 and "500 address in use" in str(err.value)
@@ -175,13 +175,13 @@ def test_a_second_run_on_one_server_closes_the_first_runs_group(monkeypatch):
 
 def test_the_engine_closes_its_group_on_the_server(world, monkeypatch):
     with fake_vllm.FakeServer(world["dir"]) as server:
-        engine = _engine(server, world["tok"])
-        engine._comm = comm = types.SimpleNamespace(destroyed=False)
+        sampler = _engine(server, world["tok"])
+        sampler._comm = comm = types.SimpleNamespace(destroyed=False)
         comm.destroy = lambda: setattr(comm, "destroyed", True)
-        engine.close()
-        engine.close()  # once
+        sampler.close()
+        sampler.close()  # once
     assert server.calls.count(("/collective_rpc", {"method": "close_weight_group"})) == 1
-    assert comm.destroyed and engine._comm is None
+    assert comm.destroyed and sampler._comm is None
 
 
 def test_the_command_line_says_a_server_error_in_one_line(monkeypatch, capsys, tmp_path):

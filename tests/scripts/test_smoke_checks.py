@@ -87,7 +87,7 @@ def test_gap_bound_and_engine_log(tmp_path):
     with pytest.raises(sc.CheckFailed, match="did not come from a separate engine"):
         sc.check_gap_bound(_rows({"loss/p": 0.0, "rollout/logprob_abs_diff": 0.0}), 0.05)
     with pytest.raises(sc.CheckFailed, match="never printed 'Initializing a V1 LLM engine'"):
-        sc.run_checked(tmp_path, [sys.executable, "-c", "print('hf engine')"], kl=False,
+        sc.run_checked(tmp_path, [sys.executable, "-c", "print('hf sampler')"], kl=False,
                        gap=False, metrics=False, reload=False,
                        log_has="Initializing a V1 LLM engine")
 

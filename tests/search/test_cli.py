@@ -10,7 +10,7 @@ import torch
 
 from posttrain.cli import main
 from posttrain.models.loading import save_checkpoint
-from posttrain.models.reward import build_scorer
+from posttrain.models.reward import build_reward_model
 from posttrain.tasks.arithmetic import heldout_rows, write_jsonl
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
@@ -24,8 +24,8 @@ def world(tmp_path_factory):
                           seed=0)
     save_checkpoint(lm, tok, root / "policy")
     torch.manual_seed(0)
-    save_checkpoint(build_scorer(lm, "orm", tok, num_labels=1), tok, root / "orm")
-    prm = build_scorer(lm, "prm", tok, num_labels=2)
+    save_checkpoint(build_reward_model(lm, "orm", tok, num_labels=1), tok, root / "orm")
+    prm = build_reward_model(lm, "prm", tok, num_labels=2)
     prm.config.posttrain_prm = {"separator": "; ", "split": "think", "num_classes": 2}
     save_checkpoint(prm, tok, root / "prm")
     write_jsonl(heldout_rows(3), root / "heldout.jsonl")

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import posttrain.rollout.engine
+import posttrain.rollout.sampler
 from posttrain.tasks import arithmetic as A
 from posttrain.tasks import preferences as P
 from posttrain.tasks.tokenizer import build_char_tokenizer
@@ -104,7 +104,7 @@ def test_onpolicy_pairs_pick_a_correct_and_an_incorrect_sample(monkeypatch):
             truncated += [kind == 3, False, False, False]
         return SimpleNamespace(completions=texts, truncated=torch.tensor(truncated))
 
-    monkeypatch.setattr(posttrain.rollout.engine, "model_engine",
+    monkeypatch.setattr(posttrain.rollout.sampler, "model_sampler",
                         lambda model, tokenizer: SimpleNamespace(generate=fake_generate))
     rows, stats = P.onpolicy_pairs(None, tok, 12, seed=0, samples=4, batch_size=16)
     assert calls == [4, 4, 4]  # 16 sequences per generation batch = 4 prompts x 4 samples

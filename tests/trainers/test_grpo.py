@@ -195,7 +195,7 @@ def test_bf16_sampler_weights_follow_the_policy(toy_world, tmp_path):
     trainer = GRPOTrainer(_cfg(toy_world, str(tmp_path), autocast_bf16=True))
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     trainer.train()
-    sampler, autocast = trainer.sampler().sampling_model()
+    sampler, autocast = trainer.sync_sampler().sampling_model()  # the step: synced now
     assert sampler is not trainer.model and autocast is False
     policy = dict(trainer.model.named_parameters(remove_duplicate=False))
     head = trainer.model.get_output_embeddings().weight
@@ -211,7 +211,7 @@ def test_bf16_sampler_weights_follow_the_policy(toy_world, tmp_path):
     assert changed > 0
     _assert_learns(_reward_curve(str(tmp_path)))
     fp32 = GRPOTrainer(_cfg(toy_world, str(tmp_path / "fp32"), max_steps=1))
-    assert fp32.sampler().sampling_model() == (fp32.model, False)
+    assert fp32.sync_sampler().sampling_model() == (fp32.model, False)
 
 
 def test_lora_async_at_staleness_0_is_the_synchronous_lora_run(toy_world, tmp_path):

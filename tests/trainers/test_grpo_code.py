@@ -73,7 +73,7 @@ def test_code_reward_scores_a_right_program_in_the_trainer_scorer(code_world, tm
     rows = F.code_rows(3)
     completions = [rows[0]["solution"], F.program(F.parse_prompt(rows[1]["prompt"]),
                                                   flawed=True), "while True: pass"]
-    result = trainer.session.scorer.score(completions, rows)
+    result = trainer.session.rewards.score(completions, rows)
     assert result.per_function["code"][0] == 1.0 and result.per_function["code"][2] == 0.0
     assert result.metrics["code/passed"] >= 1 and result.metrics["code/timeout"] == 1
 

@@ -253,11 +253,11 @@ def test_shipped_process_recipes_load():
 
 def test_a_saved_prm_drives_grpo_process(world, tmp_path):
     """The real path: a PRM directory, steps cut with its saved rule, scores stored per step."""
-    from posttrain.models.reward import PRM_META_KEY, build_scorer
+    from posttrain.models.reward import PRM_META_KEY, build_reward_model
     from posttrain.trainers.process_steps import PRMStepScorer
 
     tok = build_char_tokenizer()
-    prm = build_scorer(world["model"], "prm", tok, num_labels=2)
+    prm = build_reward_model(world["model"], "prm", tok, num_labels=2)
     setattr(prm.config, PRM_META_KEY, {"separator": "\n", "split": ";"})
     save_checkpoint(prm, tok, tmp_path / "prm")
     scorer = PRMStepScorer(str(tmp_path / "prm"), device="cpu")

@@ -11,7 +11,7 @@ import torch
 
 from posttrain.config import ConfigError
 from posttrain.models.loading import save_checkpoint
-from posttrain.rollout.engine import ENGINES
+from posttrain.rollout.sampler import SAMPLERS
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
 from posttrain.trainers.grpo import GRPOTrainer
@@ -60,20 +60,20 @@ def call(name: str, **args: object) -> str:
 
 @pytest.fixture
 def scripted(monkeypatch):
-    """The hf engine samples from a script: call step(3), read 7, call step(3), read 10,
+    """The hf sampler samples from a script: call step(3), read 7, call step(3), read 10,
     answer; the policy (a tiny Llama) is what trains."""
     script = ("<s>Q start=4\n" + call("step", by=3) + "<tool_response>7</tool_response>\n"
               + call("step", by=3) + "<tool_response>10</tool_response>\n<answer>10</answer></s>")
     lm = ScriptLM(ids(TOK, script), len(TOK))
 
     def factory(cfg, tokenizer, *, role="eval", dist=None, model=None):
-        engine = ScriptedHF(tokenizer)
-        engine.script_model = lm
+        sampler = ScriptedHF(tokenizer)
+        sampler.script_model = lm
         if model is not None:
-            engine.update_weights(model, 0)
-        return engine
+            sampler.update_weights(model, 0)
+        return sampler
 
-    monkeypatch.setitem(ENGINES, "hf", factory)
+    monkeypatch.setitem(SAMPLERS, "hf", factory)
     Counter.resets, Counter.calls = [], []
     return script
 
@@ -315,11 +315,11 @@ def test_a_tool_answer_that_does_not_fit_is_named(tmp_path, capsys, monkeypatch)
     lm = ScriptLM(ids(TOK, "<s>Q\n" + call("huge", x="a") + "x" * 300), len(TOK))
 
     def factory(cfg, tokenizer, *, role="eval", dist=None, model=None):
-        engine = ScriptedHF(tokenizer)
-        engine.script_model = lm
-        return engine
+        sampler = ScriptedHF(tokenizer)
+        sampler.script_model = lm
+        return sampler
 
-    monkeypatch.setitem(ENGINES, "hf", factory)
+    monkeypatch.setitem(SAMPLERS, "hf", factory)
     t = trainer(tmp_path, tools=[huge], max_new_tokens=120)
     rollout, _, _ = t.sample_prompts(1)
     counts, _ = episode_metrics(rollout.episodes)

@@ -71,7 +71,7 @@ def test_kto_learns_desirable_over_undesirable(world, tmp_path):
 @pytest.mark.parametrize("precompute", [True, False])
 def test_simpo_loads_and_precomputes_no_reference(world, tmp_path, precompute):
     t = DPOTrainer(model=world["model"], train_data=world["pairs"], eval_pref_data=world["pairs"],
-                   loss_type="simpo", beta=2.0, gamma=0.5, precompute_ref=precompute,
+                   loss_type="simpo", beta=2.0, simpo_gamma=0.5, precompute_ref=precompute,
                    batch_size=8, max_seq_len=128, rewards=[], out_dir=str(tmp_path / "s"),
                    **COMMON)
     assert t.ref.model is None and not t.ref_tables and not t.ref_cache
@@ -79,10 +79,17 @@ def test_simpo_loads_and_precomputes_no_reference(world, tmp_path, precompute):
     assert "rewards/ref_accuracy" not in metrics and metrics["loss/dpo"] > 0
 
 
-def test_gamma_is_refused_for_a_loss_without_a_margin(world, tmp_path):
-    with pytest.raises(ConfigError, match="config key 'gamma'=0.5: loss_type=sigmoid"):
-        DPOTrainer(model=str(tmp_path / "missing"), train_data=world["pairs"], gamma=0.5,
-                   out_dir=str(tmp_path / "o"), **COMMON)
+@pytest.mark.parametrize("key", ["simpo_gamma", "gamma"])
+def test_simpo_gamma_is_refused_for_a_loss_without_a_margin(world, tmp_path, capsys, key):
+    """SimPO's margin is `simpo_gamma` (PPO's `gamma` is the discount); the old `gamma` of
+    `posttrain dpo` is read as `simpo_gamma`, said in one line."""
+    with pytest.raises(ConfigError, match="config key 'simpo_gamma'=0.5: loss_type=sigmoid"):
+        DPOTrainer(model=str(tmp_path / "missing"), train_data=world["pairs"], out_dir=str(
+            tmp_path / "o"), **{key: 0.5}, **COMMON)
+    said = [x for x in capsys.readouterr().err.splitlines() if "is now" in x]
+    assert said == ([] if key == "simpo_gamma" else [
+        "posttrain: config key 'gamma' is now 'simpo_gamma' in posttrain dpo: read as "
+        "'simpo_gamma'"])
 
 
 @pytest.mark.parametrize("keys, message", [

@@ -7,7 +7,7 @@ import torch
 from posttrain.config import ConfigError, PRMConfig, build_config
 from posttrain.data import DataError
 from posttrain.models.loading import save_checkpoint
-from posttrain.models.reward import check_scorer_dir, load_scorer, prm_meta
+from posttrain.models.reward import check_reward_model_dir, load_reward_model, prm_meta
 from posttrain.tasks.arithmetic import step_rows, write_jsonl
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
@@ -110,8 +110,8 @@ def test_prm_learns_bad_steps_above_chance(world, tmp_path):
     out = Path(cfg.out_dir)
     written = json.loads((out / "summary.json").read_text())
     assert written["eval_after"] == after["step_accuracy"] and written["bad_f1"] == after["bad_f1"]
-    check_scorer_dir(out / "final", "prm")
-    model, _ = load_scorer(out / "final", "prm")
+    check_reward_model_dir(out / "final", "prm")
+    model, _ = load_reward_model(out / "final", "prm")
     assert type(model).__name__ == "LlamaForTokenClassification"
     assert prm_meta(model) == {"separator": "\n", "split": "think", "num_classes": 2}
 
@@ -127,9 +127,9 @@ def test_classifier_dropout_is_the_configured_one(world, dropout):
     """transformers 5 ignores a config key its class lacks: without setting the module, the
     head kept HF's default 0.1 whatever `classifier_dropout` said (and rows' step scores in
     training mode depended on the batch's random masks)."""
-    from posttrain.models.reward import build_scorer
+    from posttrain.models.reward import build_reward_model
 
-    model = build_scorer(world["model"], "prm", build_char_tokenizer(), num_labels=2,
+    model = build_reward_model(world["model"], "prm", build_char_tokenizer(), num_labels=2,
                          dropout=dropout)
     drops = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
     assert drops and all(p == dropout for p in drops)

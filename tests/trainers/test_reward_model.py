@@ -8,9 +8,9 @@ from posttrain.config import ConfigError, RMConfig, build_config
 from posttrain.data import DataError
 from posttrain.models.loading import save_checkpoint
 from posttrain.models.reward import (
-    ScorerError,
-    check_scorer_dir,
-    load_scorer,
+    RewardModelError,
+    check_reward_model_dir,
+    load_reward_model,
     position_scores,
     sequence_scores,
 )
@@ -118,13 +118,13 @@ def test_orm_learns_pairs_above_chance(world, tmp_path):
     out = Path(cfg.out_dir)
     written = json.loads((out / "summary.json").read_text())
     assert written["eval_after"] == after["accuracy"]
-    check_scorer_dir(out / "final", "orm")
-    model, _ = load_scorer(out / "final", "orm")  # from_pretrained-loadable
+    check_reward_model_dir(out / "final", "orm")
+    model, _ = load_reward_model(out / "final", "orm")  # from_pretrained-loadable
     assert type(model).__name__ == "LlamaForSequenceClassification"
-    with pytest.raises(ScorerError, match="not a process reward model"):
-        check_scorer_dir(out / "final", "prm")
-    with pytest.raises(ScorerError, match="LlamaForCausalLM"):
-        check_scorer_dir(world["model"], "orm")
+    with pytest.raises(RewardModelError, match="not a process reward model"):
+        check_reward_model_dir(out / "final", "prm")
+    with pytest.raises(RewardModelError, match="LlamaForCausalLM"):
+        check_reward_model_dir(world["model"], "orm")
 
 
 def test_binary_objective_learns(world, tmp_path):
@@ -157,7 +157,7 @@ def test_token_level_objective_learns(world, tmp_path):
     after = summary["eval_after_detail"]
     assert after["auc"] > 0.8 and after["accuracy"] > 0.7
     assert after["positive_mean"] > after["negative_mean"]
-    check_scorer_dir(Path(cfg.out_dir) / "final", "orm")
+    check_reward_model_dir(Path(cfg.out_dir) / "final", "orm")
 
 
 def test_cli_and_python_api(world, tmp_path, capsys):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.config import GRPOConfig, PPOConfig, build_config
-from posttrain.rollout.engine import ENGINES
+from posttrain.rollout.sampler import SAMPLERS
 from posttrain.trainers.grpo import GRPOTrainer
 from posttrain.trainers.ppo import PPOTrainer
 from tests.rollout.doubles import shifted_hf
@@ -28,15 +28,15 @@ def _cfg(world: dict[str, str], out: str, **kw) -> GRPOConfig:
 
 @pytest.fixture
 def shifted_sampler(monkeypatch):
-    """Set `shifted_sampler["value"]`: the training engine then reports log q = log pi + value on
-    every counted token (a biased engine, registered as `rollout_engine: hf`)."""
+    """Set `shifted_sampler["value"]`: the training sampler then reports log q = log pi + value on
+    every counted token (a biased sampler, registered as `rollout_engine: hf`)."""
     shift = {"value": 0.0}
-    real = ENGINES["hf"]
+    real = SAMPLERS["hf"]
 
     def factory(*args, **kwargs):
         return shifted_hf(shift["value"], real=real)(*args, **kwargs)
 
-    monkeypatch.setitem(ENGINES, "hf", factory)
+    monkeypatch.setitem(SAMPLERS, "hf", factory)
     return shift
 
 
@@ -46,7 +46,7 @@ def _rows(out: Path) -> list[dict]:
 
 
 def test_no_gap_in_fp32(toy_world, tmp_path, shifted_sampler):
-    """The hf engine in fp32 samples from the learner's own distribution: no gap."""
+    """The hf sampler in fp32 samples from the learner's own distribution: no gap."""
     GRPOTrainer(_cfg(toy_world, str(tmp_path))).train()
     for row in _rows(tmp_path):
         assert row["rollout/logprob_abs_diff"] < 1e-5 and row["rollout/k3"] < 1e-9

@@ -1,5 +1,5 @@
-"""The one ROC AUC and the one bad-step metrics (posttrain.models.scorer_metrics): golden values
-by hand, and the brute-force pair count the rank formula must equal."""
+"""The one ROC AUC and the one bad-step metrics (posttrain.models.reward_model_metrics): golden
+values by hand, and the brute-force pair count the rank formula must equal."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from posttrain.models.scorer_metrics import roc_auc, step_metrics
+from posttrain.models.reward_model_metrics import roc_auc, step_metrics
 
 
 def test_roc_auc_golden():

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from posttrain.rollout.vllm_convert import Completion, completion_of, to_rollout
-from posttrain.rollout.vllm_engine import request_seeds
+from posttrain.rollout.completion import Completion, completion_of, to_rollout
+from posttrain.rollout.vllm_sampler import request_seeds
 from posttrain.rollout.vllm_server import server_choice
 from posttrain.tasks.tokenizer import build_char_tokenizer
 

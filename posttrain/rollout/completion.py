@@ -3,7 +3,7 @@
 A vLLM completion (``CompletionOutput``, or one choice of the HTTP server's answer) carries
 ``token_ids``, ``logprobs`` (one entry per generated token: a mapping token id -> an object
 with ``.logprob`` or a float, or the float itself) and ``finish_reason`` ("stop" or
-"length"). The engines send one request per sequence (n=1, a seed each), in group-contiguous
+"length"). The samplers send one request per sequence (n=1, a seed each), in group-contiguous
 order, so sequence i*G + j is sample j of prompt i.
 
 Notation: B prompts, G samples per prompt, N = B*G sequences, T the longest completion.
@@ -22,7 +22,7 @@ __all__ = ["Completion", "completion_of", "cut_at_stop", "sampled_logprob", "to_
 
 @dataclass
 class Completion:
-    """One sequence as the engines hand it over: its tokens, their log-probs, why it ended."""
+    """One sequence as the samplers hand it over: its tokens, their log-probs, why it ended."""
 
     token_ids: list[int]
     logprobs: list[float] | None

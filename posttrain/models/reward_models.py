@@ -1,16 +1,17 @@
-"""The one ORM / PRM scorer: a saved reward model scores completions the same way everywhere.
+"""The one ORM / PRM path: a saved reward model scores completions the same way everywhere.
 
 Used by the learned rewards, process supervision and test-time search, so the same PRM gives the
 same score in each. Inputs are formatted as the trainers formatted them; no gradients; batched
 (``batch_size`` sequences per forward pass) on the model's device.
-* :class:`ORMScorer`: ``render(prompt) + completion + turn end``, scored at the last real token;
+* :class:`OutcomeRewardModel`: ``render(prompt) + completion + turn end``, scored at the last
+  real token;
   ``transform="raw"`` (the logit, as TRL / OpenRLHF) or ``"sigmoid"`` (in (0, 1)).
-* :class:`ProcessScorer`: steps cut by the PRM's OWN saved rule (``posttrain_prm.split``, wins
+* :class:`ProcessRewardModel`: steps cut by the PRM's OWN saved rule (``posttrain_prm.split``, wins
   over a recipe's separator), written with its saved separator; each step scores P(good) at its
   separator; the completion's score aggregates them (``min`` default, the weakest step;
   ``prod``, ``last``, ``mean``). A completion without any step is not sent to the model and
   scores ``EMPTY_SCORE`` = 0.0, the worst P(good).
-More: docs/reward_models.md, "Module notes", posttrain.models.scorers.
+More: docs/reward_models.md, "Module notes", posttrain.models.reward_models.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from posttrain.data.prompts import close_turn, render_prompt, turn_end_id
 from posttrain.data.steps import split_steps, step_spans
 from posttrain.models.reward import (
     encode_steps,
-    load_scorer,
+    load_reward_model,
     pad_right,
     prm_meta,
     sequence_scores,
@@ -43,7 +44,7 @@ StepScoreFn = Callable[[Sequence[Any], Sequence[Sequence[str]]], list[list[float
 _CACHE: dict[tuple[str, str, str, str], Any] = {}
 
 
-class _Scorer:
+class _RewardModel:
     """What the ORM and the PRM share: the model, its tokenizer, loading and batching."""
 
     kind = ""
@@ -55,8 +56,8 @@ class _Scorer:
     @classmethod
     def load(cls, path: str | Path, device: str = "auto", dtype: str = "float32",
              batch_size: int = 64) -> Any:
-        """The scorer saved at ``path`` (its kind checked before any weight loads)."""
-        model, tokenizer = load_scorer(path, cls.kind, dtype)
+        """The reward model saved at ``path`` (its kind checked before any weight loads)."""
+        model, tokenizer = load_reward_model(path, cls.kind, dtype)
         model.to(resolve_device(str(device))).eval().requires_grad_(False)
         return cls(model, tokenizer, batch_size)
 
@@ -71,7 +72,7 @@ class _Scorer:
             yield ids.to(device), mask.to(device)
 
 
-class ORMScorer(_Scorer):
+class OutcomeRewardModel(_RewardModel):
     """A saved ORM: ``score(prompts, completions) -> [float]``."""
 
     kind = "orm"
@@ -98,7 +99,7 @@ class ORMScorer(_Scorer):
     __call__ = score
 
 
-class ProcessScorer(_Scorer):
+class ProcessRewardModel(_RewardModel):
     """A saved PRM: per-step scores P(good) and their aggregation (see the module doc).
 
     Called as ``scorer(prompts, steps)`` it is a search step scorer (:meth:`score_steps`).
@@ -183,10 +184,12 @@ def outcome_from_steps(score_steps: StepScoreFn, prompts: Sequence[Any],
     return aggregate_scores(scores_of_steps(score_steps, prompts, steps), aggregate)
 
 
-def get_scorer(path: str | Path, kind: str, device: str = "auto", dtype: str = "float32") -> Any:
-    """The process-wide cached :class:`ORMScorer` (``kind="orm"``) or
-    :class:`ProcessScorer` (``"prm"``) saved at ``path``."""
+def get_reward_model(path: str | Path, kind: str, device: str = "auto",
+                     dtype: str = "float32") -> Any:
+    """The process-wide cached :class:`OutcomeRewardModel` (``kind="orm"``) or
+    :class:`ProcessRewardModel` (``"prm"``) saved at ``path``."""
     key = (str(path), kind, str(device), dtype)
     if key not in _CACHE:
-        _CACHE[key] = {"orm": ORMScorer, "prm": ProcessScorer}[kind].load(path, device, dtype)
+        cls = {"orm": OutcomeRewardModel, "prm": ProcessRewardModel}[kind]
+        _CACHE[key] = cls.load(path, device, dtype)
     return _CACHE[key]

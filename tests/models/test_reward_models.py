@@ -1,5 +1,6 @@
-"""The one ORM / PRM scorer (posttrain.models.scorers): the same saved PRM gives the same score to
-the same completion as a GRPO reward, in process supervision and in test-time search."""
+"""The one ORM / PRM reward-model path (posttrain.models.reward_models): the same saved PRM gives
+the same score to the same completion as a GRPO reward, in process supervision and in test-time
+search."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import torch
 
 from posttrain.config import ConfigError, SearchConfig
 from posttrain.models.loading import save_checkpoint
-from posttrain.models.reward import PRM_META_KEY, build_scorer
-from posttrain.models.scorers import EMPTY_SCORE, aggregate_scores
-from posttrain.rewards.registry import RewardScorer, RewardSpec
+from posttrain.models.reward import PRM_META_KEY, build_reward_model
+from posttrain.models.reward_models import EMPTY_SCORE, aggregate_scores
+from posttrain.rewards.registry import Rewards, RewardSpec
 from posttrain.search import Candidate, prm_beam_search, prm_outcome
 from posttrain.search.command import check_verifiers
 from posttrain.search.verifiers import load_orm_scorer, load_prm_scorer
@@ -38,11 +39,11 @@ def saved(tmp_path_factory) -> dict[str, str]:
     lm = build_tiny_llama(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
                           seed=0)
     torch.manual_seed(0)
-    save_checkpoint(build_scorer(lm, "orm", tok), tok, root / "orm")
+    save_checkpoint(build_reward_model(lm, "orm", tok), tok, root / "orm")
     out = {"orm": str(root / "orm")}
     for name, rule in (("think", "think"), ("lines", "\n")):
         torch.manual_seed(1)
-        prm = build_scorer(lm, "prm", tok, num_labels=2)
+        prm = build_reward_model(lm, "prm", tok, num_labels=2)
         setattr(prm.config, PRM_META_KEY, {"separator": "\n", "split": rule})
         save_checkpoint(prm, tok, root / name)
         out[name] = str(root / name)
@@ -65,7 +66,7 @@ def test_one_prm_one_score_on_every_path(saved: dict[str, str], rule: str) -> No
     # 1. the GRPO reward path: the registry's process_reward_model reward
     spec = RewardSpec.from_dict({"name": "process_reward_model", "path": path,
                                  "aggregate": "prod"})
-    reward = RewardScorer([spec]).score(COMPLETIONS, rows).per_function["process_reward_model"]
+    reward = Rewards([spec]).score(COMPLETIONS, rows).per_function["process_reward_model"]
     # 2. process supervision (advantage: grpo_process): step ends and per-step scores
     steps = build_step_scorer(path)(PROMPTS, COMPLETIONS)
     process = aggregate_scores([scores for _, scores in steps], "prod")
@@ -92,7 +93,7 @@ def test_one_orm_one_score(saved: dict[str, str]) -> None:
     rows = [{"prompt": p} for p in PROMPTS]
     spec = RewardSpec.from_dict({"name": "reward_model", "path": saved["orm"],
                                  "transform": "sigmoid"})
-    reward = RewardScorer([spec]).score(COMPLETIONS, rows).per_function["reward_model"]
+    reward = Rewards([spec]).score(COMPLETIONS, rows).per_function["reward_model"]
     assert reward == load_orm_scorer(saved["orm"])(PROMPTS, COMPLETIONS)
     raw = load_orm_scorer(saved["orm"], probability=False)(PROMPTS, COMPLETIONS)
     assert torch.sigmoid(torch.tensor(raw)).tolist() == pytest.approx(reward, abs=1e-7)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from posttrain.engine.forward import completion_logprobs
-from posttrain.models.bf16_copy import BF16Sampler, bf16_copy_supported
+from posttrain.models.bf16_copy import BF16SamplingCopy, bf16_copy_supported
 from posttrain.rollout import SamplingParams, generate
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
@@ -18,7 +18,7 @@ def _tiny():
                             intermediate_size=64, seed=0), tok
 
 
-def _assert_synced(sampler: BF16Sampler, policy: torch.nn.Module) -> None:
+def _assert_synced(sampler: BF16SamplingCopy, policy: torch.nn.Module) -> None:
     head = policy.get_output_embeddings().weight
     masters = dict(policy.named_parameters(remove_duplicate=False))
     for name, mine in sampler.model.named_parameters():
@@ -31,7 +31,7 @@ def _assert_synced(sampler: BF16Sampler, policy: torch.nn.Module) -> None:
 
 def test_copy_is_bf16_with_the_policys_fp32_head():
     policy, _ = _tiny()
-    sampler = BF16Sampler(policy)
+    sampler = BF16SamplingCopy(policy)
     _assert_synced(sampler, policy)
     for (name, buf), ref in zip(sampler.model.named_buffers(), policy.buffers(), strict=True):
         assert buf.dtype == ref.dtype, name  # rotary inv_freq stays fp32
@@ -50,7 +50,7 @@ def test_copy_is_bf16_with_the_policys_fp32_head():
 
 def test_sync_follows_an_optimizer_step():
     policy, _ = _tiny()
-    sampler = BF16Sampler(policy)
+    sampler = BF16SamplingCopy(policy)
     opt = torch.optim.SGD(policy.parameters(), lr=0.5)
     policy(input_ids=torch.tensor([[5, 6, 7]])).logits.square().mean().backward()
     opt.step()
@@ -63,7 +63,7 @@ def test_sync_follows_an_optimizer_step():
 def test_samples_score_like_the_policy():
     """Rollout log-probs from the copy are the policy's up to bf16 body rounding."""
     policy, tok = _tiny()
-    sampler = BF16Sampler(policy)
+    sampler = BF16SamplingCopy(policy)
     r = generate(sampler.model, tok, ["12+7\n", "5\n"], group_size=3,
                  params=SamplingParams(max_new_tokens=8), seeds=list(range(6)))
     lp, _ = completion_logprobs(policy, r.prompt_ids, r.prompt_mask, r.completion_ids,
@@ -87,7 +87,7 @@ def test_packed_linears_sample_exactly_what_plain_linears_do():
     from posttrain.models.bf16_copy import packed_linear_supported
 
     policy, tok = _tiny()
-    sampler = BF16Sampler(policy)
+    sampler = BF16SamplingCopy(policy)
     if not packed_linear_supported():
         assert not sampler._packed  # nothing packed where it is not exact
         return
@@ -123,11 +123,11 @@ def test_fp32_kv_cache_where_it_pays_scores_like_the_bf16_cache(monkeypatch):
     policy = build_tiny_llama(tok, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                               intermediate_size=64, seed=0)
     monkeypatch.setattr(bf16_copy, "fp32_decode_attention_pays", lambda: False)
-    amx = BF16Sampler(policy).model  # as on an AMX CPU
+    amx = BF16SamplingCopy(policy).model  # as on an AMX CPU
     assert amx.config._attn_implementation == "sdpa"
     assert getattr(amx, "kv_cache_dtype", None) is None
     monkeypatch.setattr(bf16_copy, "fp32_decode_attention_pays", lambda: True)
-    sampler = BF16Sampler(policy)
+    sampler = BF16SamplingCopy(policy)
     assert sampler.model.config._attn_implementation == DECODE_ATTENTION
     cache = decode_cache(sampler.model, 16)
     with torch.no_grad():
@@ -153,7 +153,7 @@ def test_fp32_kv_cache_carried_across_turns_scores_like_the_policy(monkeypatch):
 
     monkeypatch.setattr(bf16_copy, "fp32_decode_attention_pays", lambda: True)
     policy, tok = _tiny()
-    sampler = BF16Sampler(policy)
+    sampler = BF16SamplingCopy(policy)
     eos, pad = tok.eos_token_id, tok.pad_token_id
     ctx = [tok(p, add_special_tokens=False)["input_ids"] for p in ["12+7\n", "3*4-1\n", "5\n"]]
     keys, params = [0, 1, 2], SamplingParams(max_new_tokens=0)

@@ -1,6 +1,6 @@
-"""The rollout-engine protocol: the hf engine is today's sampler, the factory and registry,
-trainers and evaluation sample through the engine, and vLLM engines are refused in one line
-where they cannot run (here: no vLLM installed, no GPU). The vLLM engines themselves run against
+"""The sampler protocol: the hf sampler is today's sampler, the factory and registry,
+trainers and evaluation sample through the sampler, and vLLM samplers are refused in one line
+where they cannot run (here: no vLLM installed, no GPU). The vLLM samplers themselves run against
 a stand-in for vLLM 0.33 in test_vllm_colocate.py and test_vllm_server.py."""
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import torch
 
 from posttrain.cli import main
 from posttrain.config import ConfigError, GRPOConfig, SearchConfig, SFTConfig, build_config
-from posttrain.config import engine as engine_checks
+from posttrain.config import sampler as sampler_checks
 from posttrain.models.loading import save_checkpoint
 from posttrain.rollout import SamplingParams, generate
-from posttrain.rollout.engine import (
-    ENGINES,
-    HFEngine,
+from posttrain.rollout.sampler import (
+    SAMPLERS,
+    HFSampler,
     Sampler,
-    build_engine,
-    register_engine,
+    build_sampler,
+    register_sampler,
 )
 from posttrain.tasks.tiny import build_tiny_llama
 from posttrain.tasks.tokenizer import build_char_tokenizer
@@ -55,38 +55,38 @@ def test_hf_engine_equals_generate(model_tok, case):
         kw.update(params=SamplingParams(max_new_tokens=6, greedy=True), batch_size=2)
     elif case == "stop_ids":
         kw.update(stop_ids=tok.convert_tokens_to_ids(["a", "b"]), seeds=list(range(6)))
-    engine = HFEngine(tok)
-    assert isinstance(engine, Sampler)
-    engine.update_weights(model, 0)
+    sampler = HFSampler(tok)
+    assert isinstance(sampler, Sampler)
+    sampler.update_weights(model, 0)
     if case == "generator":
-        got = engine.generate(PROMPTS, generator=torch.Generator().manual_seed(3), **kw)
+        got = sampler.generate(PROMPTS, generator=torch.Generator().manual_seed(3), **kw)
         want = generate(model, tok, PROMPTS, generator=torch.Generator().manual_seed(3), **kw)
     else:
-        got, want = engine.generate(PROMPTS, **kw), generate(model, tok, PROMPTS, **kw)
+        got, want = sampler.generate(PROMPTS, **kw), generate(model, tok, PROMPTS, **kw)
     _same(got, want)
 
 
 def test_hf_sampler_copy_follows_the_version(model_tok):
     model, tok = model_tok
-    engine = HFEngine(tok, sampler_copy=True)
-    engine.update_weights(model, 0)
-    sampler, autocast = engine.sampling_model()
-    assert sampler is not model and autocast is False
+    sampler = HFSampler(tok, sampler_copy=True)
+    sampler.update_weights(model, 0)
+    copy, autocast = sampler.sampling_model()
+    assert copy is not model and autocast is False
     q = "model.layers.0.self_attn.q_proj.weight"
-    copy_q = dict(sampler.named_parameters())[q]
+    copy_q = dict(copy.named_parameters())[q]
     master = dict(model.named_parameters())[q]
     old = master.detach().clone()
     try:
         with torch.no_grad():
             master.add_(1.0)
-        engine.update_weights(model, 0)  # same version: nothing happens
+        sampler.update_weights(model, 0)  # same version: nothing happens
         assert torch.equal(copy_q, old.to(torch.bfloat16))
-        engine.update_weights(model, 1)  # new version: re-synced
+        sampler.update_weights(model, 1)  # new version: re-synced
         assert torch.equal(copy_q, master.detach().to(torch.bfloat16))
     finally:
         with torch.no_grad():
             master.copy_(old)
-    plain = HFEngine(tok, autocast=True)
+    plain = HFSampler(tok, autocast=True)
     plain.update_weights(model, 0)
     assert plain.sampling_model() == (model, True)
 
@@ -94,31 +94,31 @@ def test_hf_sampler_copy_follows_the_version(model_tok):
 def test_build_engine_roles_and_registry(model_tok, monkeypatch):
     model, tok = model_tok
     cfg = GRPOConfig(autocast_bf16=True)
-    train = build_engine(cfg, tok, role="train", model=model)
-    evaluation = build_engine(cfg, tok, role="eval", model=model)
+    train = build_sampler(cfg, tok, role="train", model=model)
+    evaluation = build_sampler(cfg, tok, role="eval", model=model)
     assert train.sampling_model()[0] is not model  # the bf16 sampler copy
     assert evaluation.sampling_model() == (model, True)  # the policy under autocast, as before
     seen = []
-    monkeypatch.setitem(ENGINES, "hf", ENGINES["hf"])
-    previous = register_engine("hf", lambda c, t, **kw: seen.append(kw["role"]) or
+    monkeypatch.setitem(SAMPLERS, "hf", SAMPLERS["hf"])
+    previous = register_sampler("hf", lambda c, t, **kw: seen.append(kw["role"]) or
                                previous(c, t, **kw))
-    build_engine(cfg, tok, role="train", model=model)
+    build_sampler(cfg, tok, role="train", model=model)
     assert seen == ["train"]
 
 
 def test_vllm_colocate_without_vllm_is_a_clear_error(model_tok, monkeypatch):
-    monkeypatch.setattr(engine_checks, "vllm_available", lambda: False)
+    monkeypatch.setattr(sampler_checks, "vllm_available", lambda: False)
     for cls in (GRPOConfig, SFTConfig):  # every trainer's evaluation generates
         with pytest.raises(ConfigError) as err:
             cls(rollout_engine="vllm_colocate")
         assert str(err.value) == ("config key 'rollout_engine'=vllm_colocate needs vLLM: pip "
                                   "install 'posttrain[vllm]' (or use rollout_engine: hf)")
-    if engine_checks.vllm_available():
+    if sampler_checks.vllm_available():
         pytest.skip("vLLM is installed here")
     cfg = GRPOConfig()
-    cfg.rollout_engine = "vllm_colocate"  # past validate(): the engine itself says it too
+    cfg.rollout_engine = "vllm_colocate"  # past validate(): the sampler itself says it too
     with pytest.raises(ImportError, match=r"needs vLLM: pip install 'posttrain\[vllm\]'"):
-        build_engine(cfg, model_tok[1])
+        build_sampler(cfg, model_tok[1])
 
 
 @pytest.mark.parametrize("keys, needle", [
@@ -131,8 +131,8 @@ def test_vllm_colocate_without_vllm_is_a_clear_error(model_tok, monkeypatch):
                            "at a temperature in [0, 2.0] (vLLM refuses more)"),
 ])
 def test_vllm_combinations_that_cannot_work(monkeypatch, keys, needle):
-    monkeypatch.setattr(engine_checks, "vllm_available", lambda: True)
-    monkeypatch.setattr(engine_checks, "_cuda", lambda: True)
+    monkeypatch.setattr(sampler_checks, "vllm_available", lambda: True)
+    monkeypatch.setattr(sampler_checks, "_cuda", lambda: True)
     with pytest.raises(ConfigError, match="config key") as err:
         GRPOConfig(rollout_engine="vllm_server", **keys)
     assert needle in str(err.value)
@@ -144,7 +144,7 @@ def test_vllm_combinations_that_cannot_work(monkeypatch, keys, needle):
 
 
 def test_cli_without_vllm_is_one_line(toy_world_engine, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(engine_checks, "vllm_available", lambda: False)
+    monkeypatch.setattr(sampler_checks, "vllm_available", lambda: False)
     capsys.readouterr()
     code = main(["grpo", f"model={toy_world_engine['model']}",
                  f"train_data={toy_world_engine['data']}",
@@ -164,7 +164,7 @@ def test_grpo_samples_through_a_registered_engine(toy_world_engine, tmp_path, mo
     from posttrain.trainers.grpo import GRPOTrainer
 
     built: list = []
-    monkeypatch.setitem(ENGINES, "hf", shifted_hf(0.25, built))
+    monkeypatch.setitem(SAMPLERS, "hf", shifted_hf(0.25, built))
     cfg = build_config(GRPOConfig, overrides={
         "model": toy_world_engine["model"], "train_data": toy_world_engine["data"],
         "eval_data": toy_world_engine["data"], "eval_size": 4,
@@ -186,11 +186,11 @@ def test_grpo_samples_through_a_registered_engine(toy_world_engine, tmp_path, mo
     monkeypatch.setattr(trainer, "rollout_step", spy)
     summary = trainer.train()
     assert summary["steps"] == 2 and len(built) == 1
-    engine = built[0]
-    assert [c["batch_size"] for c in engine.calls] == [2, 2]
-    assert all(len(c["seeds"]) == 4 for c in engine.calls)
+    sampler = built[0]
+    assert [c["batch_size"] for c in sampler.calls] == [2, 2]
+    assert all(len(c["seeds"]) == 4 for c in sampler.calls)
     assert len(captured) == 2
-    for r, raw in zip(captured, engine.raw_logprobs, strict=True):  # the rollouts trained on
+    for r, raw in zip(captured, sampler.raw_logprobs, strict=True):  # the rollouts trained on
         assert torch.equal(r.logprobs, raw + 0.25 * r.response_mask.float())
         assert bool(r.response_mask.any())
 

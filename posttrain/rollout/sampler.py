@@ -1,16 +1,16 @@
-"""The rollout-engine protocol: one interface for every sampler (config key `rollout_engine`).
+"""The sampler protocol: one interface for every sampler (config key `rollout_engine`).
 
 Every caller that samples completions (training, held-out evaluation, search, the offline label
-and pair generators of `posttrain.tasks` through `model_engine`) goes through a
+and pair generators of `posttrain.tasks` through `model_sampler`) goes through a
 `Sampler`: `generate` returns a group-contiguous `Rollout` whose `logprobs` are the
 sampler's log-probs of the sampled tokens under the full distribution at the sampling
-temperature; `update_weights(model, version)` hands the engine the policy's current weights
-(nothing happens when `version` has not changed); `sleep` / `wake` free and take back the
-engine's memory around training; `close` releases it for good. An engine may return its rollout
+temperature; `update_weights(model, weights_version)` hands the sampler the policy's current weights
+(nothing happens when `weights_version` has not changed); `sleep` / `wake` free and take back the
+sampler's memory around training; `close` releases it for good. A sampler may return its rollout
 on any device (vLLM's are built on the CPU): whoever trains on it takes it through `on_device`,
 which moves it to the trainer's device or refuses it in one line.
-Engines: `hf` (`HFEngine`, the default and the CPU path) and the vLLM engines of
-`posttrain.rollout.vllm_engine`. `register_engine` adds or replaces a factory (e.g. a test double).
+Samplers: `hf` (`HFSampler`, the default and the CPU path) and the vLLM samplers of
+`posttrain.rollout.vllm_sampler`. `register_sampler` adds or replaces a factory (e.g. a fake).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
-from posttrain.models.bf16_copy import BF16Sampler, bf16_copy_supported
-from posttrain.rollout.episodes import AgentEngine
+from posttrain.models.bf16_copy import BF16SamplingCopy, bf16_copy_supported
+from posttrain.rollout.completion import Completion
+from posttrain.rollout.episodes import AgentSampler
 from posttrain.rollout.hf import (
     Carried,
     SamplingParams,
@@ -32,14 +33,13 @@ from posttrain.rollout.hf import (
 )
 from posttrain.rollout.record import Rollout, pad_id
 from posttrain.rollout.tools import AgentSpec
-from posttrain.rollout.vllm_convert import Completion
 
-__all__ = ["ENGINES", "EngineFactory", "HFEngine", "Role", "Sampler", "build_engine",
-           "model_engine", "on_device", "register_engine"]
+__all__ = ["SAMPLERS", "SamplerFactory", "HFSampler", "Role", "Sampler", "build_sampler",
+           "model_sampler", "on_device", "register_sampler"]
 
 Role = Literal["train", "eval"]
-"""What an engine is built for: `train` samples rollouts from the policy being trained (the
-`hf` engine then uses the bf16 sampler copy under autocast_bf16 / bf16_compute); `eval` runs a
+"""What a sampler is built for: `train` samples rollouts from the policy being trained (the
+`hf` sampler then uses the bf16 sampler copy under autocast_bf16 / bf16_compute); `eval` runs a
 model as it is (held-out evaluation, search, label generation)."""
 
 
@@ -61,28 +61,29 @@ class Sampler(Protocol):
         `generator` draws. `batch_size` > 0: generation batches of that many sequences."""
         ...
 
-    def update_weights(self, model: torch.nn.Module, version: int) -> None:
-        """Take `model`'s current weights; nothing when `version` equals the last one taken."""
+    def update_weights(self, model: torch.nn.Module, weights_version: int) -> None:
+        """Take `model`'s current weights; nothing when `weights_version` equals the last one
+        taken."""
         ...
 
     def sleep(self) -> None:
-        """Free the engine's memory while the trainer trains (no-op where there is none)."""
+        """Free the sampler's memory while the trainer trains (no-op where there is none)."""
         ...
 
     def wake(self) -> None:
-        """Take the memory back (`generate` wakes a sleeping engine by itself)."""
+        """Take the memory back (`generate` wakes a sleeping sampler by itself)."""
         ...
 
     def close(self) -> None:
-        """Release everything; the engine is not used again."""
+        """Release everything; the sampler is not used again."""
         ...
 
 
-class HFEngine:
-    """Today's sampler (`posttrain.rollout.hf.generate`) behind the engine protocol.
+class HFSampler:
+    """Today's sampler (`posttrain.rollout.hf.generate`) behind the sampler protocol.
 
     `sampler_copy`: sample from a bf16 copy of the model with its fp32 LM head
-    (`posttrain.models.bf16_copy.BF16Sampler`), re-synced whenever the weights' version
+    (`posttrain.models.bf16_copy.BF16SamplingCopy`), re-synced whenever the weights' version
     changes and run without autocast; a model that cannot be copied (LoRA, FSDP2) samples
     itself under autocast instead. Otherwise the model samples itself, under bf16 autocast
     when `autocast` is set.
@@ -97,27 +98,28 @@ class HFEngine:
         self.sampler_copy = sampler_copy
         self.autocast = autocast
         self.model: torch.nn.Module | None = None
-        self.version: int | None = None
-        self._copy: BF16Sampler | None = None
+        self.weights_version: int | None = None
+        self._copy: BF16SamplingCopy | None = None
         self._copy_of: torch.nn.Module | None = None
         self._carried: Carried | None = None
 
-    def update_weights(self, model: torch.nn.Module, version: int) -> None:
-        if model is self.model and version == self.version:
+    def update_weights(self, model: torch.nn.Module, weights_version: int) -> None:
+        if model is self.model and weights_version == self.weights_version:
             return
-        self.model, self.version = model, version
+        self.model, self.weights_version = model, weights_version
         if not self.sampler_copy:
             return
         if self._copy_of is not model:
             self._copy_of = model
-            self._copy = BF16Sampler(model) if bf16_copy_supported(model) else None
+            self._copy = BF16SamplingCopy(model) if bf16_copy_supported(model) else None
         if self._copy is not None:
             self._copy.sync()
 
     def sampling_model(self) -> tuple[torch.nn.Module, bool]:
         """(module, autocast) that `generate` samples with."""
         if self.model is None:
-            raise RuntimeError("HFEngine: call update_weights(model, version) before generate")
+            raise RuntimeError("HFSampler: call update_weights(model, weights_version) before "
+                               "generate")
         if not self.sampler_copy:
             return self.model, self.autocast
         if self._copy is None:
@@ -142,7 +144,7 @@ class HFEngine:
                    max_tokens: list[int] | None = None, seeds: list[int] | None = None,
                    generator: torch.Generator | None = None, keys: list[int] | None = None
                    ) -> list[Completion]:
-        """One completion of each token-id list, as the vLLM engines' `sample_ids`. `keys`
+        """One completion of each token-id list, as the vLLM samplers' `sample_ids`. `keys`
         (multi-turn episodes): each context's episode; one seen in the last call continues on
         the KV cache carried from it (only the ids appended since are prefilled), the rows of
         the others are freed; `end_turns` frees the cache."""
@@ -175,81 +177,81 @@ class HFEngine:
         """Nothing to take back."""
 
     def close(self) -> None:
-        self.model, self.version, self._copy, self._copy_of = None, None, None, None
+        self.model, self.weights_version, self._copy, self._copy_of = None, None, None, None
         self._carried = None
 
 
-def model_engine(model: torch.nn.Module, tokenizer: Any, autocast: bool = False) -> HFEngine:
-    """The `hf` engine on a model object as it is (offline label and pair generation, PRM beam
+def model_sampler(model: torch.nn.Module, tokenizer: Any, autocast: bool = False) -> HFSampler:
+    """The `hf` sampler on a model object as it is (offline label and pair generation, PRM beam
     search's step sampling), under bf16 autocast when `autocast`."""
-    engine = HFEngine(tokenizer, autocast=autocast)
-    engine.update_weights(model, 0)
-    return engine
+    sampler = HFSampler(tokenizer, autocast=autocast)
+    sampler.update_weights(model, 0)
+    return sampler
 
 
-def on_device(rollout: Rollout, device: torch.device, engine: str) -> Rollout:
+def on_device(rollout: Rollout, device: torch.device, sampler: str) -> Rollout:
     """`rollout` with every tensor on `device` (the trainer's), moved where it is elsewhere;
     refused in one line when a tensor holds no data (``meta``) and so cannot be moved."""
     where = rollout.devices()
     if any(d.type == "meta" for d in where):
-        raise ValueError(f"config key 'rollout_engine'={engine}: the engine returned its rollout "
+        raise ValueError(f"config key 'rollout_engine'={sampler}: the sampler returned its rollout "
                          f"on {sorted(map(str, where))}, tensors without data; the trainer "
                          f"needs them on {device}")
     return rollout if where <= {device} else rollout.to(device)
 
 
-EngineFactory = Callable[..., Sampler]
-"""`factory(cfg, tokenizer, *, role, dist, model)` -> an engine: `cfg` a config with the
+SamplerFactory = Callable[..., Sampler]
+"""`factory(cfg, tokenizer, *, role, dist, model)` -> a sampler: `cfg` a config with the
 `rollout_engine` keys, `role` "train" or "eval", `dist` the trainer's `Dist` (None outside a
-trainer), `model` the policy (an in-process engine starts with it; may be None)."""
+trainer), `model` the policy (an in-process sampler starts with it; may be None)."""
 
 
 def _hf(cfg: Any, tokenizer: Any, *, role: Role = "eval", dist: Any = None,
-        model: torch.nn.Module | None = None) -> HFEngine:
+        model: torch.nn.Module | None = None) -> HFSampler:
     copy = role == "train" and (cfg.autocast_bf16 or cfg.bf16_compute)
-    engine = HFEngine(tokenizer, sampler_copy=copy, autocast=cfg.autocast_bf16)
+    sampler = HFSampler(tokenizer, sampler_copy=copy, autocast=cfg.autocast_bf16)
     if model is not None:
-        engine.update_weights(model, 0)
-    return engine
+        sampler.update_weights(model, 0)
+    return sampler
 
 
 def _vllm_colocate(cfg: Any, tokenizer: Any, **kw: Any) -> Sampler:
-    from posttrain.rollout.vllm_engine import VLLMColocateEngine
+    from posttrain.rollout.vllm_sampler import VLLMColocateSampler
 
-    return VLLMColocateEngine.from_config(cfg, tokenizer, **kw)
+    return VLLMColocateSampler.from_config(cfg, tokenizer, **kw)
 
 
 def _vllm_server(cfg: Any, tokenizer: Any, **kw: Any) -> Sampler:
-    from posttrain.rollout.vllm_server import VLLMServerEngine
+    from posttrain.rollout.vllm_server import VLLMServerSampler
 
-    return VLLMServerEngine.from_config(cfg, tokenizer, **kw)
+    return VLLMServerSampler.from_config(cfg, tokenizer, **kw)
 
 
-ENGINES: dict[str, EngineFactory] = {"hf": _hf, "vllm_colocate": _vllm_colocate,
+SAMPLERS: dict[str, SamplerFactory] = {"hf": _hf, "vllm_colocate": _vllm_colocate,
                                      "vllm_server": _vllm_server}
 """`rollout_engine` value -> factory."""
 
 
-def register_engine(name: str, factory: EngineFactory) -> EngineFactory | None:
+def register_sampler(name: str, factory: SamplerFactory) -> SamplerFactory | None:
     """Add or replace the factory of `rollout_engine: name`; returns the one it replaced (to
     restore it), or None. The config accepts only the names it documents, so a test double is
     registered under one of them, e.g. "hf" wrapping the real `hf` factory."""
-    previous = ENGINES.get(name)
-    ENGINES[name] = factory
+    previous = SAMPLERS.get(name)
+    SAMPLERS[name] = factory
     return previous
 
 
-def build_engine(cfg: Any, tokenizer: Any, *, role: Role = "eval", dist: Any = None,
+def build_sampler(cfg: Any, tokenizer: Any, *, role: Role = "eval", dist: Any = None,
                  model: torch.nn.Module | None = None, agent: AgentSpec | None = None
                  ) -> Sampler:
-    """The engine `cfg.rollout_engine` names (default `hf`), built for `role`; with `agent`
-    (tools / an environment), the multi-turn `AgentEngine` over it."""
+    """The sampler `cfg.rollout_engine` names (default `hf`), built for `role`; with `agent`
+    (tools / an environment), the multi-turn `AgentSampler` over it."""
     name = getattr(cfg, "rollout_engine", "hf")
-    if name not in ENGINES:
-        raise ValueError(f"rollout_engine={name!r}: no such engine; known: {sorted(ENGINES)}")
-    engine = ENGINES[name](cfg, tokenizer, role=role, dist=dist, model=model)
+    if name not in SAMPLERS:
+        raise ValueError(f"rollout_engine={name!r}: no such sampler; known: {sorted(SAMPLERS)}")
+    sampler = SAMPLERS[name](cfg, tokenizer, role=role, dist=dist, model=model)
     if agent is None:
-        return engine
-    return AgentEngine(engine, agent, cfg.chat_template, getattr(cfg, "system_prompt", ""),
+        return sampler
+    return AgentSampler(sampler, agent, cfg.chat_template, getattr(cfg, "system_prompt", ""),
                        getattr(cfg, "tool_schemas", "template"),
                        getattr(cfg, "tool_call_parser", "auto"))
