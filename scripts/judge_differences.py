@@ -21,11 +21,13 @@ from collections.abc import Callable
 
 RUNNERS = re.compile(r"\b(eval|exec|compile|doctest|get_type_hints|timeit|runpy|pickle)\b|"
                      r"eval_str")
-# what the program process refuses (issue 56): frames, the collector's graph, tracing while
-# serving, native code, its own memory; `traceback` formats a traceback's frames
+# what the program process refuses (issue 56): frames, the collector's graph and its debug
+# flags, tracing while serving, native code, its own memory, signal handlers (it never runs on
+# the main thread), a builtin module made again; `traceback` formats a traceback's frames
 REACH = re.compile(r"_getframe|currentframe|inspect\.(stack|trace)|\btraceback\b|tb_frame|"
-                   r"gi_frame|cr_frame|ag_frame|gc\.get_|settrace|setprofile|ctypes|/mem\b|"
-                   r"__code__\s*=|addaudithook|_current_frames")
+                   r"gi_frame|cr_frame|ag_frame|gc\.|settrace|setprofile|ctypes|/mem\b|"
+                   r"__code__\s*=|addaudithook|_current_frames|\bsignal\b|main_thread|"
+                   r"\b_imp\b|/proc/")
 HELLO_VALUE_BYTES = 1024  # posttrain.sandbox.judge: a larger plain top-level value is a handle
 
 
@@ -98,7 +100,7 @@ SHAPES: dict[str, Callable[[dict, str, ast.Module], bool]] = {
 }
 
 
-PROGRAM_SHAPE = "program reaches frames/gc/tracing"
+PROGRAM_SHAPE = "program: frames/gc/trace/signal"
 
 
 def count(rows: list[tuple[str, str]]) -> dict[str, int]:

@@ -138,13 +138,20 @@ def guard_program(serving):
     whose first item is true once the supervisor answers requests; from then on tracing hooks
     are refused too (during the top level, ``doctest``'s own ``sys.settrace`` still works; the
     supervisor clears both hooks before it serves). Every name the hook uses is bound here,
-    before the program runs: it looks nothing up in globals or builtins."""
+    before the program runs: it looks nothing up in globals or builtins, and it runs no code
+    of the program (``sys.audit`` may pass anything: only exact ``str`` are compared; Python
+    also runs no trace function inside a hook)."""
     refusal, events, frames, tracing = RefusedInProgram, _PROGRAM_EVENTS, _FRAME_ATTRIBUTES, \
         _TRACE_EVENTS
-    is_proc_memory = _proc_memory_check()
+    is_proc_memory, kind_of = _proc_memory_check(), type
+    create_builtin, spec = _seal_collector()
 
     def hook(event, args):
+        if kind_of(event) is not str or kind_of(args) is not tuple:
+            raise refusal("an audit event that is not a str")
         if event in events or event[:7] == "ctypes.":
+            raise refusal(event)
+        if event[:7] == "object." and (len(args) < 2 or kind_of(args[1]) is not str):
             raise refusal(event)
         if event == "object.__getattr__":
             if args[1] in frames:
@@ -157,8 +164,38 @@ def guard_program(serving):
                 raise refusal(event)
         elif (event == "open" or event == "os.symlink") and is_proc_memory(args[0]):
             raise refusal(f"{event} of a process's memory")
+        elif event == "posttrain.create_builtin":
+            name, made = args
+            if kind_of(name) is not str or name in ("gc", "_imp") or kind_of(made) is not list:
+                raise refusal(event)
+            made.append(create_builtin(spec(name, None, origin="built-in")))
 
     sys.addaudithook(hook)
+
+
+def _seal_collector():
+    """``gc.set_debug`` refused in the program process: with ``DEBUG_SAVEALL`` the collector
+    keeps every frame of a cycle in ``gc.garbage``, and a frame leads to its callers' (the
+    serving code's). No fresh ``gc`` module brings it back (``del sys.modules['gc']``,
+    ``importlib``, a loader's ``create_module``): ``_imp.create_builtin`` becomes a function
+    that asks the audit hook, which alone holds the real one and refuses ``gc`` and ``_imp``
+    (:func:`guard_program`); ``importlib.reload`` adds no functions. Returns the real
+    ``create_builtin`` and the spec class it is called with."""
+    import _imp
+    import gc
+
+    create, spec = _imp.create_builtin, type(sys.__spec__)
+
+    def refuse_debug(*args, **kwargs):
+        raise RefusedInProgram("gc.set_debug")
+
+    def create_builtin(given):
+        name, made = given.name, []
+        sys.audit("posttrain.create_builtin", name, made)
+        return made[0]
+
+    gc.set_debug, _imp.create_builtin = refuse_debug, create_builtin
+    return create, spec
 
 
 def _proc_memory_check():

@@ -15,6 +15,7 @@ More: docs/sandbox.md, "Module notes", posttrain.sandbox.harness.
 """
 
 import _socket  # the C module: socket.py would cost ~3 ms of imports per run
+import _thread
 import contextlib
 import json
 import os
@@ -23,6 +24,9 @@ import select
 import signal
 import sys
 import time
+from _queue import SimpleQueue
+from _weakref import ref as weakref_ref
+from itertools import chain, starmap
 
 # <parent-only> (removed from the sandbox's source, which starts with wire's and judge's)
 from posttrain.sandbox.guard import guard_program
@@ -123,10 +127,10 @@ def _finish_script(namespace):
     import atexit
     import gc
 
-    threading = sys.modules.get("threading")
-    if threading is not None:
+    module = sys.modules.get("threading")  # the program's view of it
+    if module is not None:
         with contextlib.suppress(Exception):
-            threading._shutdown()
+            module._shutdown()
     with contextlib.suppress(Exception):
         atexit._run_exitfuncs()
     for _ in range(2):
@@ -317,31 +321,45 @@ def _program_process(code, link, close, run, describe, key):
     Exit status: 0 served to the end, 1 an exception, 3 ``MemoryError``, 71 set-up failed.
     Before the program runs: the private copy of the supervisor that serves (its globals
     unreachable from the program) and the audit hook that refuses frames, the collector's
-    object graph and tracing while serving (:func:`guard_program`; docs/sandbox.md)."""
-    execute, exit_now, flush = exec, os._exit, sys.stdout.flush
-    settrace, setprofile = sys.settrace, sys.setprofile
-    base_exception, memory_error = BaseException, MemoryError
-    cap, serving = 4 * run["max_value_bytes"] + 1024, [False]
+    object graph and tracing while serving (:func:`guard_program`; docs/sandbox.md). The
+    program and the serving run in a thread of their own (:func:`_apart`)."""
+    exit_now, cap, serving = os._exit, 4 * run["max_value_bytes"] + 1024, [False]
     try:
         _setup_forked(close, run["cpu_s"])
         serve = private_world(globals())["serve_program"]
         guard_program(serving)
-    except base_exception:
+        namespace = _main_namespace()
+        steps = (starmap(exec, [(code, namespace)]), starmap(sys.stdout.flush, [()]),
+                 starmap(sys.settrace, [(None,)]), starmap(sys.setprofile, [(None,)]),
+                 starmap(serving.__setitem__, [(0, True)]),
+                 starmap(serve, [(namespace, link, cap, describe, key)]),
+                 starmap(exit_now, [(0,)]))
+    except BaseException:
         exit_now(71)
-    namespace = _main_namespace()
-    try:
-        execute(code, namespace)
-        with contextlib.suppress(base_exception):
-            flush()
-        settrace(None)  # a hook of the top level (doctest's) never sees the supervisor's frames
-        setprofile(None)
-        serving[0] = True
-        serve(namespace, link, cap, describe, key)
-    except memory_error:
-        exit_now(3)
-    except base_exception:
-        exit_now(1)
-    exit_now(0)
+    _apart(steps, exit_now)
+
+
+def _apart(steps, exit_now):
+    """Run ``steps`` (iterators of C calls) in a new thread started from C, so that no frame
+    of the supervisor lies below the program's: a frame the program obtains (a trace hook's
+    at its top level) leads back to nothing of ours, and as the program never runs on the
+    main thread it cannot set a signal handler (Python runs those on the main thread only,
+    with the frame they interrupt). This thread waits, without running Python, until that
+    one ends: by ``exit_now(0)`` after serving, or by an exception (exit status 1, 3 for
+    ``MemoryError``), seen when a lock only the thread's own locals hold is freed with them;
+    it allocates nothing on its way out, so no finalizer of the program runs on it."""
+    ended, raised, memory_error = SimpleQueue(), [], MemoryError
+    marker, own = _thread.allocate_lock(), _thread._local()
+    _watch = weakref_ref(marker, ended.put)  # called when the thread's locals are freed
+    steps = chain(starmap(setattr, [(own, "marker", marker)]), *steps)
+    del marker
+    sys.unraisablehook = raised.append  # how the thread's exception reaches us (or not)
+    size = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    _thread.stack_size(size if 0 < size <= 1 << 30 else 0)  # the main thread's stack
+    _thread.start_new_thread(list().extend, (steps,))
+    _thread.stack_size(0)
+    ended.get()
+    exit_now(3 if raised and raised[0][0] is memory_error else 1)
 
 
 def _fork_program(code, run, describe, key):

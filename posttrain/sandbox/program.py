@@ -267,7 +267,7 @@ def serve_program(namespace, fd, cap, describe, key):
 
     hello = {"names": changed() if describe else {}}
     if describe:  # threads of the program alive: its names may change after any answer
-        hello["threads"] = _thread._count()
+        hello["threads"] = _thread._count() - 1  # not the serving thread
     write_frame(fd, {**hello, "back": shared.state()}, key)
     while True:
         request = read_frame(fd, cap)
@@ -284,7 +284,7 @@ def serve_program(namespace, fd, cap, describe, key):
         except Exception as exc:
             answer = {"id": request["id"], "raise": _raised(exc, shared)}
         if describe:
-            answer["names"], answer["threads"] = changed(), _thread._count()
+            answer["names"], answer["threads"] = changed(), _thread._count() - 1
         answer["back"] = shared.state()  # last: the value and the names may share objects
         write_frame(fd, answer, key)
 

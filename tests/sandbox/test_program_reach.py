@@ -49,7 +49,33 @@ def _forge(body: str, top: str = "") -> str:
     return f"{_EVIL}{top}def f(x):\n{lines}    return 0\n"
 
 
+def _walk(start: str) -> str:
+    """Lines that rewrite the encoder in the globals of the frame ``start`` and of every frame
+    below it (and in a supervisor function's globals found in their locals)."""
+    return (f"fr = {start}\nwhile fr is not None:\n    _evil(fr.f_globals)\n"
+            "    for v in list(fr.f_locals.values()):\n"
+            "        if type(v) is type(_evil):\n            _evil(v.__globals__)\n"
+            "    fr = fr.f_back\n")
+
+
+def _indent(text: str, by: int) -> str:
+    return "".join(" " * by + line + "\n" for line in text.splitlines())
+
+
 FORGES = {
+    # issue 56, found after the private copy: a frame no audit event guards
+    "signal handler": _forge(
+        "import signal\ndef h(sig, frame):\n" + _indent(_walk("frame"), 4)
+        + "signal.signal(signal.SIGUSR1, h)\nsignal.raise_signal(signal.SIGUSR1)"),
+    "gc.garbage (DEBUG_SAVEALL)": _forge(
+        "import gc\ngc.set_debug(gc.DEBUG_SAVEALL)\n"
+        "def g():\n    try:\n        raise ValueError\n    except ValueError as e:\n"
+        "        keep = e\ng()\ngc.collect()\n"
+        "for o in list(gc.garbage):\n    if type(o).__name__ == 'frame':\n"
+        + _indent(_walk("o"), 8)),
+    "top-level settrace": _forge(
+        "", "import sys\nSEEN = []\ndef tr(frame, event, arg):\n    SEEN.append(frame)\n"
+        "def g():\n    pass\nsys.settrace(tr)\ng()\nsys.settrace(None)\n" + _walk("SEEN[0]")),
     "getframe": _forge("import sys\n_evil(sys._getframe(1).f_globals)"),
     "inspect": _forge("import inspect\n_evil(inspect.currentframe().f_back.f_globals)"),
     "traceback": _forge("try:\n    raise ValueError\nexcept ValueError as e:\n"
@@ -155,6 +181,23 @@ def probe(where):
             refused(lambda: os.open('/proc/%d/mem' % os.getpid(), os.O_RDONLY)),
             refused(lambda: os.symlink('/proc/self/mem', link)),
             refused(lambda: os.symlink('/proc/self', link) or open(link + '/mem', 'rb'))]
+def fresh_gc():
+    import importlib, importlib.util, _imp
+    saved = sys.modules.pop('gc')
+    try:
+        yield lambda: __import__('gc').set_debug(0)
+        yield lambda: importlib.import_module('gc').set_debug(0)
+    finally:
+        sys.modules['gc'] = saved
+    yield lambda: importlib.util.module_from_spec(importlib.util.find_spec('gc')).set_debug(0)
+    yield lambda: _imp.create_builtin(importlib.util.find_spec('gc')).set_debug(0)
+    yield lambda: importlib.reload(gc).set_debug(0)
+def probe_frames():
+    import signal, _signal
+    return [refused(lambda: signal.signal(signal.SIGUSR1, lambda s, f: None)),
+            refused(lambda: _signal.signal(signal.SIGALRM, lambda s, f: None)),
+            refused(lambda: gc.set_debug(gc.DEBUG_SAVEALL)), gc.get_debug() == 0,
+            *[refused(route) for route in fresh_gc()], gc.get_debug() == 0]
 """
 
 
@@ -162,6 +205,9 @@ def test_what_reaches_the_supervisor_is_refused_in_the_program(mode: str) -> Non
     where = f"/tmp/reach56_{random.randrange(10**9)}"
     program = _REFUSED + f"os.makedirs({where!r})\n"
     assert _statuses(program, [f"assert probe({where!r}) == [True] * 14"], mode) == ["passed"]
+    # what hands a frame over with no audit event: a signal handler (the program never runs
+    # on the main thread), the collector's DEBUG_SAVEALL (refused, in every gc module)
+    assert _statuses(program, ["assert probe_frames() == [True] * 10"], mode) == ["passed"]
 
 
 HONEST = """
@@ -197,7 +243,8 @@ def test_the_forges_reach_the_encoder_without_the_guard() -> None:
     import sys
 
     for name in ("getframe", "traceback", "generator", "gc.get_objects",
-                 "class methods' globals"):
+                 "class methods' globals", "signal handler", "gc.garbage (DEBUG_SAVEALL)",
+                 "top-level settrace"):
         host = ("class Serve:\n    def encode(self, v):\n        return wire_encode(v)\n"
                 "def wire_encode(v):\n    return v\n"
                 "def _perform(fn):\n    return Serve().encode(fn(1))\n"
@@ -237,3 +284,52 @@ def test_answers_written_on_the_socket_by_the_program_never_pass(mode: str, test
     Before answers were signed (issue 56) both scored 1.0."""
     status = _statuses(f"JUDGE = {test != TESTS[0]}\n" + _SOCKET, [test], mode)
     assert status in (["sandbox_error"], ["failed"]), status
+
+
+_MEMORY = r'''
+import os, subprocess, sys
+def blocked(action):
+    try:
+        os.close(action())
+    except (ValueError, PermissionError):  # the audit hook, or the kernel
+        return True
+    except Exception as exc:
+        return repr(exc)
+    return False
+def routes(where):
+    os.makedirs(where, exist_ok=True)
+    pid = os.getpid()
+    subprocess.run(["ln", "-sf", f"/proc/{pid}/mem", where + "/x"], check=True)
+    subprocess.run(["ln", "-sf", f"/proc/{pid}", where + "/p"], check=True)
+    here = os.open(where, os.O_RDONLY)
+    proc = os.open(f"/proc/{pid}", os.O_RDONLY)
+    os.chdir("/")  # the hook resolves a relative name from here, not from the descriptor
+    return [blocked(lambda: os.open("x", os.O_RDWR, dir_fd=here)),
+            blocked(lambda: os.open(where + "/x", os.O_RDWR)),
+            blocked(lambda: os.open("mem", os.O_RDWR, dir_fd=proc)),
+            blocked(lambda: os.open(where + "/p/mem", os.O_RDWR)),
+            blocked(lambda: os.open("/proc/thread-self/mem", os.O_RDWR)),
+            blocked(lambda: os.open(f"/proc/self/task/{pid}/mem", os.O_RDONLY)),
+            blocked(lambda: os.open(where + "/ok", os.O_CREAT | os.O_WRONLY)) is False]
+# the control: a process of the program's own uid that is dumpable (a fresh interpreter)
+# opens its memory through the same kind of link and directory descriptor
+CONTROL = ("import os, sys; w = sys.argv[1] + f'/c{os.getpid()}'; "
+           "os.symlink(f'/proc/{os.getpid()}', w); d = os.open(w, os.O_RDONLY); "
+           "os.close(os.open('mem', os.O_RDWR, dir_fd=d)); print('opened')")
+def control(where):
+    done = subprocess.run([sys.executable, "-I", "-c", CONTROL, where], capture_output=True,
+                          text=True)
+    return done.stdout.strip()
+'''
+
+
+def test_own_memory_is_out_of_reach_by_every_route(mode: str) -> None:
+    """Opening the program process's /proc/<pid>/mem: through a link another process made
+    (no audit event names it), a directory descriptor (the hook cannot see it), a link to
+    /proc/<pid>, /proc/thread-self, a task's mem. The hook refuses what it can name; the rest
+    fails in the kernel: a non-dumpable process's /proc files belong to root, and the program
+    never runs as root. The control, a dumpable process of the same uid, opens its own."""
+    where = f"/tmp/mem56_{random.randrange(10**9)}"
+    program = _MEMORY + f"R = routes({where!r})\nC = control({where!r})\n"
+    tests = ["assert R == [True] * 7", "assert C == 'opened'"]
+    assert _statuses(program, tests, mode) == ["passed", "passed"]
