@@ -12,7 +12,6 @@ import pytest
 
 from posttrain.rewards import SandboxLimits, code_reward_detailed
 from tests.sandbox.test_adversarial_programs import (
-    _children_before_the_test,  # noqa: F401 (autouse: children alive before a test are not its)
     _own_children,
     mode,
 )

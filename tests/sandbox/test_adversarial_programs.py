@@ -48,15 +48,9 @@ Python's multiprocessing starts at its first semaphore (async GRPO's sampler que
 
 
 _EARLIER: set[tuple[int, float]] = set()
-
-
-@pytest.fixture(autouse=True)
-def _children_before_the_test():
-    """Descendants alive when a test starts are not the test's: a session helper, or a pool an
-    earlier test left to the session in this process (a pytest-xdist worker runs many files)."""
-    _EARLIER.clear()
-    _EARLIER.update((p.pid, p.create_time()) for p in psutil.Process().children(recursive=True))
-    yield
+"""(pid, start time) of our descendants alive when the test started (`tests/sandbox/conftest.py`):
+a session helper, or a pool an earlier test left to the session in this process (a pytest-xdist
+worker runs many files)."""
 
 
 def _own_children() -> list[psutil.Process]:

@@ -17,7 +17,6 @@ from posttrain.rewards import SandboxLimits, SandboxUnavailableError, run_sandbo
 from posttrain.sandbox import jail as sandbox_module
 from tests.sandbox.test_adversarial_programs import (
     AS_ROOT,
-    _children_before_the_test,  # noqa: F401 (autouse: children alive before a test are not its)
     _own_children,
     mode,
 )
