@@ -36,6 +36,7 @@ from posttrain.config import ConfigError
 from posttrain.core.errors import UserFunctionError
 from posttrain.data import DataError
 from posttrain.engine.push_check import PushCheckError, check_push, probe_ids
+from posttrain.engine.sampler_start import SAMPLER_NAME, start_sampler, stop, take_early
 from posttrain.rewards.registry import ScoreResult
 from posttrain.rollout import Rollout, SamplingParams
 from posttrain.rollout.engine import build_engine
@@ -44,7 +45,6 @@ from posttrain.rollout.vllm_server import ServerError
 
 POLL_S = 0.2
 """How often a waiting side looks whether the other one is still alive."""
-SAMPLER_NAME = "posttrain-sampler"
 REIMPORTED = 86
 """The sampler's exit code when the script that started the run trained again at its import."""
 REIMPORT_LINE = ("config key 'async_rollouts': the sampler process imports the script that "
@@ -109,35 +109,31 @@ class SamplerDied(RuntimeError):
 
 class AsyncSampler:
     """The learner's side: starts the sampler process, sends jobs, pushes weights, takes
-    results. Spawned before the learner loads its model (the process's imports overlap that
-    load); `attach` then sends it the tokenizer, the policy's shared copy and the push check's
-    text. `agent`, `reward_fns`: what the trainer's own engine and scorer were built from."""
+    results. The process is the one the CLI started before its imports, or spawned now (at
+    validation: its imports overlap the model's load); `attach` then sends it what it samples
+    with. `agent`, `reward_fns`: what the trainer's own engine and scorer were built from."""
 
     def __init__(self, cfg: Any, agent: Any, reward_fns: dict[str, Any] | None,
                  threads: int) -> None:
-        ctx = mp.get_context("spawn")
         self.out_dir = cfg.out_dir  # where the sampler's traceback is written when it raised
         self.buffers: dict[str, torch.Tensor] | None = None  # the push buffers, once attached
-        self.version, self.loaded = ctx.Value("q", -1), ctx.Value("q", 0)
-        self.lock = ctx.Lock()
-        self.setup: Any = ctx.Queue()
-        self.jobs: Any = ctx.Queue()
-        self.results: Any = ctx.Queue()
+        self.config = (cfg, agent, reward_fns, threads)  # sent with the setup
+        parts = take_early() or start_sampler()  # the CLI's: started before the imports
+        self.proc, self.setup, self.jobs, self.results = (parts.proc, parts.setup, parts.jobs,
+                                                          parts.results)
+        self.version, self.loaded, self.lock = parts.version, parts.loaded, parts.lock
         self.ready: dict[int, Sampled] = {}
         self.sent: set[int] = set()  # steps whose jobs went to the process
-        self.proc = ctx.Process(target=_sampler_main, name=SAMPLER_NAME, args=(
-            cfg, agent, reward_fns, threads, os.getpid(), self.setup, self.jobs,
-            self.results, self.version, self.loaded, self.lock, python_mode()))
-        self.proc.start()
-        self._finalizer = weakref.finalize(self, _stop, self.proc, self.jobs, self.setup)
+        self._finalizer = weakref.finalize(self, stop, self.proc, self.jobs, self.setup)
 
     def attach(self, tokenizer: Any, model: torch.nn.Module, probe: str = "") -> None:
-        """Send the process what it samples with: `model`'s copy in shared memory (the push
-        buffers; `model` is the policy, a plain module on the CPU), once."""
+        """Send the process what it samples with: the config, agent and reward functions,
+        `model`'s copy in shared memory (the push buffers; `model` is the policy, a plain
+        module on the CPU) and the push check's text, once."""
         if self.buffers is None:
             skeleton = copy.deepcopy(model).share_memory()
             self.buffers = skeleton.state_dict()
-            self.setup.put((tokenizer, skeleton, probe))
+            self.setup.put((*self.config, python_mode(), tokenizer, skeleton, probe))
 
     def submit(self, job: Job) -> None:
         self.sent.add(job.step)
@@ -208,22 +204,6 @@ class AsyncSampler:
         self._finalizer()
 
 
-def _stop(proc: Any, jobs: Any, setup: Any = None) -> None:
-    """Ask the sampler to stop (waiting for its setup, or for a job), then end it."""
-    if proc.is_alive():
-        with contextlib.suppress(OSError, ValueError):  # a queue already closed
-            jobs.put(None)
-            if setup is not None:
-                setup.put(None)
-        proc.join(5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(5)
-    jobs.cancel_join_thread()
-    if setup is not None:
-        setup.cancel_join_thread()
-
-
 def _watch_parent(parent: int) -> None:
     """End this process when the learner's is gone (killed: it cannot stop us)."""
     while True:
@@ -232,24 +212,23 @@ def _watch_parent(parent: int) -> None:
             os._exit(3)
 
 
-def _sampler_main(cfg: Any, agent: Any, reward_fns: dict[str, Any] | None, threads: int,
-                  parent: int, setup: Any, jobs: Any, results: Any, version: Any, loaded: Any,
-                  lock: Any, sandbox_mode: str = "strict") -> None:
-    """The sampler process: wait for `setup` (tokenizer, the policy's shared copy, the push
-    check's text; None: stop), then per job load its weights, sample, score, send; errors are
-    sent. `sandbox_mode`: the learner's `python` tool mode (a spawned process starts from the
-    module default, not the run's `sandbox_mode`)."""
+def sampler_main(parent: int, setup: Any, jobs: Any, results: Any, version: Any, loaded: Any,
+                 lock: Any) -> None:
+    """The sampler process: wait for `setup` (the config, agent, reward functions, torch
+    threads, the learner's `python` tool mode (a spawned process starts from the module
+    default), the tokenizer, the policy's shared copy and the push check's text; None: stop),
+    then per job load its weights, sample, score, send; errors are sent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the learner stops us after its save
-    python_mode(sandbox_mode)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
-    torch.set_num_threads(threads)
     try:
         from posttrain.engine.session import build_scorer
         from posttrain.engine.values import prompt_values
 
         if (got := setup.get()) is None:  # the run ended before it sampled
             return
-        tokenizer, skeleton, probe = got
+        cfg, agent, reward_fns, threads, sandbox_mode, tokenizer, skeleton, probe = got
+        python_mode(sandbox_mode)
+        torch.set_num_threads(threads)
         buffers, model = skeleton.state_dict(), copy.deepcopy(skeleton)
         engine = build_engine(cfg, tokenizer, role="train", agent=agent)
         scorer, _ = build_scorer(prompt_values(cfg).rewards, reward_fns)
