@@ -21,11 +21,12 @@ import os
 import pickle
 import queue
 import signal
+import sys
 import threading
 import time
 import traceback
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,9 @@ import torch
 import torch.multiprocessing as mp
 
 from posttrain.config import ConfigError
+from posttrain.core.device import resolve_device
 from posttrain.core.errors import UserFunctionError
+from posttrain.core.runtime import sequence_seed
 from posttrain.data import DataError
 from posttrain.engine.push_check import PushCheckError, check_push, probe_ids
 from posttrain.engine.sampler_start import SAMPLER_NAME, start_sampler, stop, take_early
@@ -107,7 +110,7 @@ class SamplerDied(RuntimeError):
     """The sampler process stopped without a result (killed, or an error outside a job)."""
 
 
-class AsyncSampler:
+class SamplerProcess:
     """The learner's side: starts the sampler process, sends jobs, pushes weights, takes
     results. The process is the one the CLI started before its imports, or spawned now (at
     validation: its imports overlap the model's load); `attach` then sends it what it samples
@@ -202,6 +205,127 @@ class AsyncSampler:
 
     def close(self) -> None:
         self._finalizer()
+
+
+class AsyncRollouts:
+    """`async_rollouts` behind the synchronous interface: the trainer asks `take(step)` for a
+    step's scored groups where it would sample them and calls `push(step)` after its update;
+    the schedule, the staleness guard, the weight pushes, the refusals and what a checkpoint
+    holds live here. `trainer`: a prompt-RL trainer (cfg, dist, model, tokenizer, session,
+    agent, reward_fns, next_rows, sampling, start_step, push_metrics)."""
+
+    def __init__(self, trainer: Any) -> None:
+        """The refusals made before anything else is checked."""
+        cfg, self.t = trainer.cfg, trainer
+        if trainer.dist.world > 1 or resolve_device(cfg.device).type != "cpu":
+            raise ConfigError("config key 'async_rollouts': the sampler process runs beside one "
+                              "learner process on the CPU; torchrun and GPUs are not "
+                              "implemented yet (docs/async.md)")
+        self.proc: SamplerProcess | None = None
+        self.started = False
+        self.next_job = 0  # the next step whose job is drawn and sent (0: none yet)
+        self.held: list[Sampled] = []  # results a checkpoint held, given at the start
+
+    def spawn(self) -> None:
+        """The sampler process (at validation: its start overlaps the learner's own), once
+        what it is sent pickles (checked before any model loads)."""
+        if self.proc is not None:
+            return
+        try:
+            pickle.dumps((self.t.reward_fns, self.t.agent))
+        except Exception as err:  # noqa: BLE001 - pickle raises several kinds
+            raise ConfigError(f"config key 'async_rollouts': the reward functions and tools go "
+                              f"to the sampler process by pickling, which failed ({err}); "
+                              "define them at module level") from err
+        self.proc = SamplerProcess(self.t.cfg, self.t.agent, self.t.reward_fns,
+                                   self.t.cfg.sampler_threads)
+        self.started = False
+
+    def start(self) -> SamplerProcess:
+        """The sampler process with its setup and first jobs, at the first call."""
+        t = self.t
+        self.spawn()
+        if not self.started:
+            self.proc.attach(t.tokenizer, t.model,
+                             t.session.render(t.session.train_rows[0]["prompt"]))
+            self.started = True
+            self.proc.ready.update({s.step: s for s in self.held})
+            self.proc.push(t.model, t.start_step, -1)
+            self.next_job = self.next_job or t.start_step + 1
+            self.send_jobs(t.start_step)
+        return self.proc
+
+    def around_first_eval(self, evaluate: Any) -> Any:
+        """The evaluation before training, with sampling started meanwhile (on a vLLM server
+        after it: both would push to the one server)."""
+        if self.t.cfg.rollout_engine == "vllm_server":
+            out = evaluate()
+            self.start()
+            return out
+        self.start()
+        return evaluate()
+
+    def take(self, step: int) -> tuple[Rollout, ScoreResult, dict[str, float]]:
+        """Step `step`'s scored groups (the staleness guard applied) and seconds, with the
+        `async/*` metrics of taking them in the result's metrics."""
+        cfg = self.t.cfg
+        got, waited, queued = self.start().take(step)
+        kept, dropped = fresh([got], step - 1, cfg.max_staleness)
+        if dropped:  # never by the schedule: a guard
+            print(f"[{self.t.name}] warning: step {step}: its groups were sampled with weights "
+                  f"{got.version}, over max_staleness={cfg.max_staleness} behind", file=sys.stderr)
+        stale = float(step - 1 - got.version)
+        if got.push_gap is not None:  # a vllm_server push, checked in the sampler process
+            self.t.push_metrics["rollout/push_check_gap"] = got.push_gap
+        got.result.metrics.update({
+            "async/staleness_mean": stale, "async/staleness_max": stale,
+            "async/dropped_stale": float(dropped), "async/queue_groups": float(queued),
+            "async/learner_wait_s": waited, "async/sampler_wait_s": got.seconds["wait"]})
+        rollout = got.rollout if kept else got.rollout.select(torch.zeros(0, dtype=torch.long))
+        return rollout, got.result, {"gen": got.seconds["gen"], "score": got.seconds["score"]}
+
+    def send_jobs(self, done: int) -> None:
+        """Draw and send the jobs that may be sampled once step `done`'s weights are pushed."""
+        t, cfg = self.t, self.t.cfg
+        while self.next_job <= min(cfg.max_steps, done + 1 + cfg.max_staleness):
+            s = self.next_job
+            rows = t.next_rows(cfg.prompts_per_step)
+            prompts = [] if t.agent is not None else [t.session.render(r["prompt"])
+                                                      for r in rows]
+            seeds = [sequence_seed(cfg.seed, s, i, j) for i in range(len(rows))
+                     for j in range(cfg.group_size)]
+            version = needed_version(s, t.start_step, cfg.max_staleness)
+            self.proc.submit(Job(s, version, rows, prompts, seeds, t.sampling))
+            self.next_job += 1
+
+    def push(self, step: int) -> dict[str, float]:
+        """After step `step`'s update: push its weights for the jobs that need them, send
+        those jobs; `async/*` metrics of the push."""
+        if self.proc is None or self.next_job > self.t.cfg.max_steps:
+            return {"async/weight_sync_s": 0.0}
+        waited, copied = self.proc.push(self.t.model, step, step + self.t.cfg.max_staleness)
+        self.send_jobs(step)
+        return {"async/weight_sync_s": copied, "async/learner_wait_s": waited}
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint holds: the next job and every result sent and not taken (waited
+        for), so a resumed run trains on the very same samples."""
+        held = self.proc.pending() if self.proc is not None else self.held
+        return {"next_job": self.next_job, "held": [
+            {"step": h.step, "version": h.version, "seconds": h.seconds,
+             "rollout": {f.name: getattr(h.rollout, f.name) for f in fields(h.rollout)},
+             "result": {f.name: getattr(h.result, f.name) for f in fields(h.result)}}
+            for h in held]}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.next_job = state["next_job"]
+        self.held = [Sampled(h["step"], h["version"], Rollout(**h["rollout"]),
+                             ScoreResult(**h["result"]), h["seconds"]) for h in state["held"]]
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.close()
+            self.proc, self.started = None, False
 
 
 def _watch_parent(parent: int) -> None:

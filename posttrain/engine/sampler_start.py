@@ -2,7 +2,7 @@
 process before the learner's own imports (`start_early`), so the two processes import torch and
 transformers at the same time and the learner's first step does not wait for the sampler's
 imports (docs/async.md). The process learns what it samples with (config, tokenizer, policy)
-later, through its `setup` queue (`posttrain.engine.async_rollout.AsyncSampler.attach`).
+later, through its `setup` queue (`posttrain.engine.async_rollout.SamplerProcess.attach`).
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ def test_the_trainer_takes_the_process_the_cli_started(toy_world, tmp_path):
     early = sampler_start._EARLY[0].proc
     assert early.is_alive() and early.name == SAMPLER_NAME
     trainer = GRPOTrainer(build_config(GRPOConfig, overrides=argv))
-    assert trainer._async.proc is early and not sampler_start._EARLY  # taken, not a second one
+    assert trainer.rollouts_async.proc.proc is early  # taken, not a second one
+    assert not sampler_start._EARLY
     trainer.train()
     assert not early.is_alive()  # stopped with the run
 

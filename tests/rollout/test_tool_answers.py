@@ -132,7 +132,7 @@ def test_the_sampler_process_takes_the_runs_sandbox_mode(monkeypatch) -> None:
     parts = sampler_start.SamplerParts(proc, Jobs(), Jobs(), Jobs(), None, None, None)
     monkeypatch.setattr(async_rollout, "start_sampler", lambda: parts)
     cfg = SimpleNamespace(out_dir=".")  # where the sampler's traceback would go
-    async_rollout.AsyncSampler(cfg, None, None, 1).attach(None, torch.nn.Linear(1, 1))
+    async_rollout.SamplerProcess(cfg, None, None, 1).attach(None, torch.nn.Linear(1, 1))
     assert parts.setup.get_nowait()[4] == "limits"
     with pytest.raises(ValueError, match="expected strict or limits"):
         tools.python_mode("bwrap")
