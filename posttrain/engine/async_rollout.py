@@ -345,6 +345,8 @@ def sampler_main(parent: int, setup: Any, jobs: Any, results: Any, version: Any,
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the learner stops us after its save
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     try:
+        import transformers.modeling_utils  # noqa: F401 - what the policy's class imports
+
         from posttrain.engine.session import build_scorer
         from posttrain.engine.values import prompt_values
 

@@ -12,6 +12,7 @@ import contextlib
 import io
 import multiprocessing
 import os
+import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,7 @@ def start_sampler() -> SamplerParts:
 
 
 def _entry(*args: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the learner stops us (after a save)
     from posttrain.engine.async_rollout import sampler_main
 
     sampler_main(*args)
@@ -63,16 +65,19 @@ def start_early(command: str, argv: list[str]) -> None:
     trainer's own refusals then stop it (`close_early`)."""
     if command != "grpo" or os.environ.get("WORLD_SIZE", "1") != "1":
         return
-    from posttrain.config import GRPOConfig, build_config
+    from posttrain.config import GRPOConfig, build_config, hints
 
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--config", default=None)
+    noted = set(hints._noted)  # the run's own build says its notes (once per process)
     try:
         args, overrides = parser.parse_known_args(argv)
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             cfg = build_config(GRPOConfig, args.config, overrides)
     except (Exception, SystemExit):  # noqa: BLE001 - the run builds it again and says why
         return
+    finally:
+        hints._noted.intersection_update(noted)
     if cfg.async_rollouts and cfg.device in ("auto", "cpu"):
         _EARLY.append(start_sampler())
 

@@ -49,3 +49,17 @@ def test_an_untaken_process_ends_at_once(toy_world, tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun: the trainer refuses async, nothing starts
     start_early("grpo", _argv(toy_world, str(tmp_path), "async_rollouts=true"))
     assert not sampler_start._EARLY
+
+
+def test_the_runs_own_build_still_says_its_notes(toy_world, tmp_path, capsys):
+    """The early, silent build of the config does not use up a once-per-process note."""
+    from posttrain.config import GRPOConfig, build_config, hints
+
+    hints._noted.discard("generation_batch_size")
+    argv = _argv(toy_world, str(tmp_path), "async_rollouts=true", "generation_batch_size=8")
+    start_early("grpo", argv)
+    close_early()
+    assert capsys.readouterr().err == ""
+    build_config(GRPOConfig, overrides=argv)
+    assert "generation_batch_size is posttrain's generation memory bound" in \
+        capsys.readouterr().err
