@@ -4,7 +4,9 @@
     python benchmarks/async_grpo.py --out /tmp/async_grpo --settings tools --tools runs/tools
     .venv-vllm/bin/python benchmarks/async_grpo.py --engine vllm_server --settings demo
 
-Per setting and seed, one run of each mode in this order, same seeds and samples: (a) `sync2`:
+Per setting and seed, one run of each mode in this order, same seeds and samples, each a
+`posttrain grpo` in a fresh process as a user runs it (its imports, and async's sampler start
+beside them, before its first step): (a) `sync2`:
 synchronous on 2 threads; (b) `sync1`: synchronous on 1 thread, whose sampling + scoring seconds
 are the sampler alone (S) and the rest of its steps the learner alone (L); (c) `async1`,
 `async2`: async at max_staleness 1 and 2, learner and sampler process on 1 thread each.

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BUDGETS = {"core": 210, "config+cli": 1180, "data": 690, "models": 915, "ops": 1050,
-           "engine": 2740, "rollout": 2180, "sandbox": 2500, "rewards": 1320, "search": 500,
+           "engine": 2745, "rollout": 2180, "sandbox": 2500, "rewards": 1320, "search": 500,
            "trainers": 1690}
-LIBRARY = 14870
+LIBRARY = 14880
 PROSE = (0.10, 0.36)
 PEERS = {  # what a family's budget was sized against: feature -> (peer, its lines, ours)
     "trainers: KTO": ("TRL 1.16 kto_trainer.py", 1945, 208),
@@ -130,7 +130,7 @@ PEERS = {  # what a family's budget was sized against: feature -> (peer, its lin
     "the trainers into engine's AsyncRollouts) and its sampler process started by the CLI "
     "before the learner's imports (item 4: a module importable without torch)":
         ("no peer starts its sampler before its own imports; TRL's AsyncGRPO needs a "
-         "separate vllm-serve", 0, 68),
+         "separate vllm-serve", 0, 70),
 }
 NOT_LIBRARY = ("tasks", "demo.py")  # the offline demo world: uses the library, never imported
 FAMILY_OF = {"__init__.py": "core", "__main__.py": "config+cli", "cli.py": "config+cli",
