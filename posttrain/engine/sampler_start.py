@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import multiprocessing
 import os
@@ -48,10 +49,10 @@ def start_sampler() -> SamplerParts:
 
 
 def _entry(*args: Any) -> None:
+    """The process's first call: the engine module (torch, transformers) is imported here, in
+    the process, by name (the learner's side of that module imports this one)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the learner stops us (after a save)
-    from posttrain.engine.async_rollout import sampler_main
-
-    sampler_main(*args)
+    importlib.import_module("posttrain.engine.async_rollout").sampler_main(*args)
 
 
 _EARLY: list[SamplerParts] = []
