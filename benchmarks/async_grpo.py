@@ -4,7 +4,9 @@
     python benchmarks/async_grpo.py --out /tmp/async_grpo --settings tools --tools runs/tools
     .venv-vllm/bin/python benchmarks/async_grpo.py --engine vllm_server --settings demo
 
-Per setting and seed, one run of each mode in this order, same seeds and samples: (a) `sync2`:
+Per setting and seed, one run of each mode in this order, same seeds and samples, each a
+`posttrain grpo` in a fresh process as a user runs it (its imports, and async's sampler start
+beside them, before its first step): (a) `sync2`:
 synchronous on 2 threads; (b) `sync1`: synchronous on 1 thread, whose sampling + scoring seconds
 are the sampler alone (S) and the rest of its steps the learner alone (L); (c) `async1`,
 `async2`: async at max_staleness 1 and 2, learner and sampler process on 1 thread each.
@@ -114,15 +116,24 @@ def server(model: str, log: Path) -> Iterator[dict[str, Any]]:
 
 
 def run(keys: dict[str, Any], mode: str, seed: int, out: Path) -> dict[str, float]:
-    from posttrain.trainers.grpo import GRPOTrainer
+    """One run as a user starts it: `posttrain grpo --config` in a fresh process (its imports
+    and the sampler process's start included; `async1_pass`: in this process)."""
+    keys = {**keys, **MODES[mode], "seed": seed, "out_dir": str(out), "overwrite": True,
+            "progress": False, "report_to": [], "save_every": 0}
+    t0 = time.time()
+    if not keys.pop("defer", True):
+        from posttrain.trainers.grpo import GRPOTrainer
 
-    keys = {**keys, **MODES[mode]}
-    GRPOTrainer.defer_truncated_weights = keys.pop("defer", True)
-    cfg = build_config(GRPOConfig, overrides={
-        **keys, "seed": seed, "out_dir": str(out), "overwrite": True,
-        "progress": False, "report_to": [], "save_every": 0})
-    GRPOTrainer(cfg).train()
-    return measure(out)
+        GRPOTrainer.defer_truncated_weights = False
+        GRPOTrainer(build_config(GRPOConfig, overrides=keys)).train()
+        GRPOTrainer.defer_truncated_weights = True
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        (out.parent / f"{mode}_{seed}.yaml").write_text(yaml.safe_dump(keys))
+        subprocess.run([sys.executable, "-m", "posttrain", "grpo", "--config",
+                        str(out.parent / f"{mode}_{seed}.yaml")], check=True,
+                       stdout=subprocess.DEVNULL)
+    return {**measure(out), "wall": time.time() - t0}
 
 
 def measure(out: Path) -> dict[str, float]:

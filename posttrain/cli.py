@@ -43,6 +43,16 @@ def _runner(command: str) -> Callable[[Any], dict[str, Any]]:
 
 
 def _config_command(command: str, argv: list[str]) -> int:
+    from posttrain.engine.sampler_start import close_early, start_early
+
+    start_early(command, argv)  # async_rollouts: its imports beside the trainer's (docs/async.md)
+    try:
+        return _run_command(command, argv)
+    finally:
+        close_early()  # not taken: the run stopped before its trainer started
+
+
+def _run_command(command: str, argv: list[str]) -> int:
     cfg_cls = config_class(command)
     parser = argparse.ArgumentParser(
         prog=f"posttrain {command}", description=COMMANDS[command],

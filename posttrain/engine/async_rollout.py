@@ -21,11 +21,12 @@ import os
 import pickle
 import queue
 import signal
+import sys
 import threading
 import time
 import traceback
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,12 @@ import torch
 import torch.multiprocessing as mp
 
 from posttrain.config import ConfigError
+from posttrain.core.device import resolve_device
 from posttrain.core.errors import UserFunctionError
+from posttrain.core.runtime import sequence_seed
 from posttrain.data import DataError
 from posttrain.engine.push_check import PushCheckError, check_push, probe_ids
+from posttrain.engine.sampler_start import SAMPLER_NAME, start_sampler, stop, take_early
 from posttrain.rewards.registry import ScoreResult
 from posttrain.rollout import Rollout, SamplingParams
 from posttrain.rollout.sampler import build_sampler
@@ -44,7 +48,6 @@ from posttrain.rollout.vllm_server import ServerError
 
 POLL_S = 0.2
 """How often a waiting side looks whether the other one is still alive."""
-SAMPLER_NAME = "posttrain-sampler"
 REIMPORTED = 86
 """The sampler's exit code when the script that started the run trained again at its import."""
 REIMPORT_LINE = ("config key 'async_rollouts': the sampler process imports the script that "
@@ -69,7 +72,7 @@ def needed_version(step: int, start: int, max_staleness: int) -> int:
 @dataclass
 class Job:
     """One step's sampling work: `rows` [B] with G `seeds` each, rendered `prompts` (empty when
-    the engine renders rows itself), sampled with weights `version`."""
+    the sampler renders rows itself), sampled with weights `version`."""
 
     step: int
     version: int
@@ -107,37 +110,33 @@ class SamplerDied(RuntimeError):
     """The sampler process stopped without a result (killed, or an error outside a job)."""
 
 
-class AsyncSampler:
+class SamplerProcess:
     """The learner's side: starts the sampler process, sends jobs, pushes weights, takes
-    results. Spawned before the learner loads its model (the process's imports overlap that
-    load); `attach` then sends it the tokenizer, the policy's shared copy and the push check's
-    text. `agent`, `reward_fns`: what the trainer's own engine and scorer were built from."""
+    results. The process is the one the CLI started before its imports, or spawned now (at
+    validation: its imports overlap the model's load); `attach` then sends it what it samples
+    with. `agent`, `reward_fns`: what the trainer's own sampler and rewards were built from."""
 
     def __init__(self, cfg: Any, agent: Any, reward_fns: dict[str, Any] | None,
                  threads: int) -> None:
-        ctx = mp.get_context("spawn")
         self.out_dir = cfg.out_dir  # where the sampler's traceback is written when it raised
         self.buffers: dict[str, torch.Tensor] | None = None  # the push buffers, once attached
-        self.version, self.loaded = ctx.Value("q", -1), ctx.Value("q", 0)
-        self.lock = ctx.Lock()
-        self.setup: Any = ctx.Queue()
-        self.jobs: Any = ctx.Queue()
-        self.results: Any = ctx.Queue()
+        self.config = (cfg, agent, reward_fns, threads)  # sent with the setup
+        parts = take_early() or start_sampler()  # the CLI's: started before the imports
+        self.proc, self.setup, self.jobs, self.results = (parts.proc, parts.setup, parts.jobs,
+                                                          parts.results)
+        self.version, self.loaded, self.lock = parts.version, parts.loaded, parts.lock
         self.ready: dict[int, Sampled] = {}
         self.sent: set[int] = set()  # steps whose jobs went to the process
-        self.proc = ctx.Process(target=_sampler_main, name=SAMPLER_NAME, args=(
-            cfg, agent, reward_fns, threads, os.getpid(), self.setup, self.jobs,
-            self.results, self.version, self.loaded, self.lock, python_mode()))
-        self.proc.start()
-        self._finalizer = weakref.finalize(self, _stop, self.proc, self.jobs, self.setup)
+        self._finalizer = weakref.finalize(self, stop, self.proc, self.jobs, self.setup)
 
     def attach(self, tokenizer: Any, model: torch.nn.Module, probe: str = "") -> None:
-        """Send the process what it samples with: `model`'s copy in shared memory (the push
-        buffers; `model` is the policy, a plain module on the CPU), once."""
+        """Send the process what it samples with: the config, agent and reward functions,
+        `model`'s copy in shared memory (the push buffers; `model` is the policy, a plain
+        module on the CPU) and the push check's text, once."""
         if self.buffers is None:
             skeleton = copy.deepcopy(model).share_memory()
             self.buffers = skeleton.state_dict()
-            self.setup.put((tokenizer, skeleton, probe))
+            self.setup.put((*self.config, python_mode(), tokenizer, skeleton, probe))
 
     def submit(self, job: Job) -> None:
         self.sent.add(job.step)
@@ -208,20 +207,125 @@ class AsyncSampler:
         self._finalizer()
 
 
-def _stop(proc: Any, jobs: Any, setup: Any = None) -> None:
-    """Ask the sampler to stop (waiting for its setup, or for a job), then end it."""
-    if proc.is_alive():
-        with contextlib.suppress(OSError, ValueError):  # a queue already closed
-            jobs.put(None)
-            if setup is not None:
-                setup.put(None)
-        proc.join(5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(5)
-    jobs.cancel_join_thread()
-    if setup is not None:
-        setup.cancel_join_thread()
+class AsyncRollouts:
+    """`async_rollouts` behind the synchronous interface: the trainer asks `take(step)` for a
+    step's scored groups where it would sample them and calls `push(step)` after its update;
+    the schedule, the staleness guard, the weight pushes, the refusals and what a checkpoint
+    holds live here. `trainer`: a prompt-RL trainer (cfg, dist, model, tokenizer, session,
+    agent, reward_fns, next_rows, sampling, start_step, push_metrics)."""
+
+    def __init__(self, trainer: Any) -> None:
+        """The refusals made before anything else is checked."""
+        cfg, self.t = trainer.cfg, trainer
+        if trainer.dist.world > 1 or resolve_device(cfg.device).type != "cpu":
+            raise ConfigError("config key 'async_rollouts': the sampler process runs beside one "
+                              "learner process on the CPU; torchrun and GPUs are not "
+                              "implemented yet (docs/async.md)")
+        self.proc: SamplerProcess | None = None
+        self.started = False
+        self.next_job = 0  # the next step whose job is drawn and sent (0: none yet)
+        self.held: list[Sampled] = []  # results a checkpoint held, given at the start
+
+    def spawn(self) -> None:
+        """The sampler process (at validation: its start overlaps the learner's own), once
+        what it is sent pickles (checked before any model loads)."""
+        if self.proc is not None:
+            return
+        try:
+            pickle.dumps((self.t.reward_fns, self.t.agent))
+        except Exception as err:  # noqa: BLE001 - pickle raises several kinds
+            raise ConfigError(f"config key 'async_rollouts': the reward functions and tools go "
+                              f"to the sampler process by pickling, which failed ({err}); "
+                              "define them at module level") from err
+        self.proc = SamplerProcess(self.t.cfg, self.t.agent, self.t.reward_fns,
+                                   self.t.cfg.sampler_threads)
+        self.started = False
+
+    def start(self) -> SamplerProcess:
+        """The sampler process with its setup and first jobs, at the first call."""
+        t = self.t
+        self.spawn()
+        if not self.started:
+            self.proc.attach(t.tokenizer, t.model,
+                             t.session.render(t.session.train_rows[0]["prompt"]))
+            self.started = True
+            self.proc.ready.update({s.step: s for s in self.held})
+            self.proc.push(t.model, t.start_step, -1)
+            self.next_job = self.next_job or t.start_step + 1
+            self.send_jobs(t.start_step)
+        return self.proc
+
+    def around_first_eval(self, evaluate: Any) -> Any:
+        """The evaluation before training, with sampling started meanwhile (on a vLLM server
+        after it: both would push to the one server)."""
+        if self.t.cfg.rollout_engine == "vllm_server":
+            out = evaluate()
+            self.start()
+            return out
+        self.start()
+        return evaluate()
+
+    def take(self, step: int) -> tuple[Rollout, ScoreResult, dict[str, float]]:
+        """Step `step`'s scored groups (the staleness guard applied) and seconds, with the
+        `async/*` metrics of taking them in the result's metrics."""
+        cfg = self.t.cfg
+        got, waited, queued = self.start().take(step)
+        kept, dropped = fresh([got], step - 1, cfg.max_staleness)
+        if dropped:  # never by the schedule: a guard
+            print(f"[{self.t.name}] warning: step {step}: its groups were sampled with weights "
+                  f"{got.version}, over max_staleness={cfg.max_staleness} behind", file=sys.stderr)
+        stale = float(step - 1 - got.version)
+        if got.push_gap is not None:  # a vllm_server push, checked in the sampler process
+            self.t.push_metrics["rollout/push_check_gap"] = got.push_gap
+        got.result.metrics.update({
+            "async/staleness_mean": stale, "async/staleness_max": stale,
+            "async/dropped_stale": float(dropped), "async/queue_groups": float(queued),
+            "async/learner_wait_s": waited, "async/sampler_wait_s": got.seconds["wait"]})
+        rollout = got.rollout if kept else got.rollout.select(torch.zeros(0, dtype=torch.long))
+        return rollout, got.result, {"gen": got.seconds["gen"], "score": got.seconds["score"]}
+
+    def send_jobs(self, done: int) -> None:
+        """Draw and send the jobs that may be sampled once step `done`'s weights are pushed."""
+        t, cfg = self.t, self.t.cfg
+        while self.next_job <= min(cfg.max_steps, done + 1 + cfg.max_staleness):
+            s = self.next_job
+            rows = t.next_rows(cfg.prompts_per_step)
+            prompts = [] if t.agent is not None else [t.session.render(r["prompt"])
+                                                      for r in rows]
+            seeds = [sequence_seed(cfg.seed, s, i, j) for i in range(len(rows))
+                     for j in range(cfg.group_size)]
+            version = needed_version(s, t.start_step, cfg.max_staleness)
+            self.proc.submit(Job(s, version, rows, prompts, seeds, t.sampling))
+            self.next_job += 1
+
+    def push(self, step: int) -> dict[str, float]:
+        """After step `step`'s update: push its weights for the jobs that need them, send
+        those jobs; `async/*` metrics of the push."""
+        if self.proc is None or self.next_job > self.t.cfg.max_steps:
+            return {"async/weight_sync_s": 0.0}
+        waited, copied = self.proc.push(self.t.model, step, step + self.t.cfg.max_staleness)
+        self.send_jobs(step)
+        return {"async/weight_sync_s": copied, "async/learner_wait_s": waited}
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint holds: the next job and every result sent and not taken (waited
+        for), so a resumed run trains on the very same samples."""
+        held = self.proc.pending() if self.proc is not None else self.held
+        return {"next_job": self.next_job, "held": [
+            {"step": h.step, "version": h.version, "seconds": h.seconds,
+             "rollout": {f.name: getattr(h.rollout, f.name) for f in fields(h.rollout)},
+             "result": {f.name: getattr(h.result, f.name) for f in fields(h.result)}}
+            for h in held]}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.next_job = state["next_job"]
+        self.held = [Sampled(h["step"], h["version"], Rollout(**h["rollout"]),
+                             ScoreResult(**h["result"]), h["seconds"]) for h in state["held"]]
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.close()
+            self.proc, self.started = None, False
 
 
 def _watch_parent(parent: int) -> None:
@@ -232,30 +336,31 @@ def _watch_parent(parent: int) -> None:
             os._exit(3)
 
 
-def _sampler_main(cfg: Any, agent: Any, reward_fns: dict[str, Any] | None, threads: int,
-                  parent: int, setup: Any, jobs: Any, results: Any, version: Any, loaded: Any,
-                  lock: Any, sandbox_mode: str = "strict") -> None:
-    """The sampler process: wait for `setup` (tokenizer, the policy's shared copy, the push
-    check's text; None: stop), then per job load its weights, sample, score, send; errors are
-    sent. `sandbox_mode`: the learner's `python` tool mode (a spawned process starts from the
-    module default, not the run's `sandbox_mode`)."""
+def sampler_main(parent: int, setup: Any, jobs: Any, results: Any, version: Any, loaded: Any,
+                 lock: Any) -> None:
+    """The sampler process: wait for `setup` (the config, agent, reward functions, torch
+    threads, the learner's `python` tool mode (a spawned process starts from the module
+    default), the tokenizer, the policy's shared copy and the push check's text; None: stop),
+    then per job load its weights, sample, score, send; errors are sent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the learner stops us after its save
-    python_mode(sandbox_mode)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
-    torch.set_num_threads(threads)
     try:
+        import transformers.modeling_utils  # noqa: F401 - what the policy's class imports
+
         from posttrain.engine.session import build_rewards
         from posttrain.engine.values import prompt_values
 
         if (got := setup.get()) is None:  # the run ended before it sampled
             return
-        tokenizer, skeleton, probe = got
+        cfg, agent, reward_fns, threads, sandbox_mode, tokenizer, skeleton, probe = got
+        python_mode(sandbox_mode)
+        torch.set_num_threads(threads)
         buffers, model = skeleton.state_dict(), copy.deepcopy(skeleton)
-        engine = build_sampler(cfg, tokenizer, role="train", agent=agent)
-        scorer, _ = build_rewards(prompt_values(cfg).rewards, reward_fns)
-        pusher = _Pusher(engine, tokenizer, probe, cfg.vllm_push_check)
+        sampler = build_sampler(cfg, tokenizer, role="train", agent=agent)
+        rewards, _ = build_rewards(prompt_values(cfg).rewards, reward_fns)
+        pusher = _Pusher(sampler, tokenizer, probe, cfg.vllm_push_check)
         while (job := jobs.get()) is not None:
-            results.put(_run_job(job, model, buffers, pusher, scorer, cfg, version, loaded,
+            results.put(_run_job(job, model, buffers, pusher, rewards, cfg, version, loaded,
                                  lock))
     except BaseException as err:  # noqa: BLE001 - every failure goes to the learner
         text = traceback.format_exc()
@@ -267,19 +372,19 @@ def _sampler_main(cfg: Any, agent: Any, reward_fns: dict[str, Any] | None, threa
 
 
 class _Pusher:
-    """The sampler process's engine and its weight pushes: a push to a vLLM server is checked
+    """The sampler process's sampler and its weight pushes: a push to a vLLM server is checked
     against the sampler's copy of the same version (`posttrain.engine.push_check`; the probe
     is the learner's text and the server's greedy continuation, fixed at the first push)."""
 
-    def __init__(self, engine: Any, tokenizer: Any, text: str, bound: float) -> None:
-        self.engine, self.tokenizer, self.text, self.bound = engine, tokenizer, text, bound
-        self.target = getattr(engine, "inner", engine)  # episodes: the engine inside
+    def __init__(self, sampler: Any, tokenizer: Any, text: str, bound: float) -> None:
+        self.sampler, self.tokenizer, self.text, self.bound = sampler, tokenizer, text, bound
+        self.target = getattr(sampler, "inner", sampler)  # episodes: the sampler inside
         self.ids: list[int] | None = None
 
     def push(self, model: torch.nn.Module, version: int) -> float | None:
-        """Push `version` (nothing when the engine has it); the check's gap, or None."""
+        """Push `version` (nothing when the sampler has it); the check's gap, or None."""
         pushes = getattr(self.target, "weights_version", None) != version
-        self.engine.update_weights(model, version)
+        self.sampler.update_weights(model, version)
         if not (pushes and hasattr(self.target, "probe_logprobs") and self.bound > 0):
             return None
         if self.ids is None:
@@ -288,7 +393,7 @@ class _Pusher:
 
 
 def _run_job(job: Job, model: torch.nn.Module, buffers: dict[str, torch.Tensor],
-             pusher: _Pusher, scorer: Any, cfg: Any, version: Any, loaded: Any,
+             pusher: _Pusher, rewards: Any, cfg: Any, version: Any, loaded: Any,
              lock: Any) -> bytes:
     """One job, pickled for the learner."""
     t0 = time.time()
@@ -302,11 +407,11 @@ def _run_job(job: Job, model: torch.nn.Module, buffers: dict[str, torch.Tensor],
     loaded.value = job.step  # the learner may overwrite the buffers: the copy is private
     gap = pusher.push(model, job.version)
     t1 = time.time()
-    rollout = pusher.engine.generate(job.prompts, group_size=cfg.group_size, rows=job.rows,
+    rollout = pusher.sampler.generate(job.prompts, group_size=cfg.group_size, rows=job.rows,
                               params=job.params, seeds=job.seeds,
                               batch_size=cfg.generation_batch_size)
     t2 = time.time()
-    result = scorer.score(rollout.completions, rollout.rows)
+    result = rewards.score(rollout.completions, rollout.rows)
     rollout.rows = [{k: v for k, v in r.items() if k != "environments"} for r in rollout.rows]
     seconds = {"gen": t2 - t1, "score": time.time() - t2, "wait": t1 - t0}
     return pickle.dumps(("ok", Sampled(job.step, job.version, rollout, result, seconds, gap)))

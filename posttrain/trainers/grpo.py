@@ -99,14 +99,14 @@ class GRPOTrainer(PromptRLTrainer):
         if cfg.async_rollouts:  # the progress bar shows the lag and the queue
             self.progress_keys = (*self.progress_keys, "async/staleness_mean",
                                   "async/queue_groups")
-            self.spawn_sampler()
+            self.rollouts_async.spawn()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"async": self.async_state()} if self.cfg.async_rollouts else {}
+        return {"async": self.rollouts_async.state()} if self.rollouts_async else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "async" in state:
-            self.load_async_state(state["async"])
+            self.rollouts_async.load(state["async"])
 
     def optimizer_steps(self) -> int:
         return self.cfg.max_steps * self.cfg.num_iterations * self.cfg.mini_batches
@@ -119,8 +119,8 @@ class GRPOTrainer(PromptRLTrainer):
         t1 = time.time()
         metrics.update(self.update(rollout))  # 4 clipped policy-gradient update(s)
         t_train, t_gen = time.time() - t1, self._times["gen"]
-        if self.cfg.async_rollouts:  # 5 the new weights to the sampler process
-            pushed = self.push_weights(step)
+        if self.rollouts_async:  # 5 the new weights to the sampler process
+            pushed = self.rollouts_async.push(step)
             metrics["async/learner_wait_s"] += pushed.pop("async/learner_wait_s", 0.0)
             metrics.update(pushed)
         metrics.update({"perf/gen_seconds": t_gen, "perf/score_seconds": self._times["score"],

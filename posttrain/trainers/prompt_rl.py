@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import pickle
-import sys
 import time
-from dataclasses import fields
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from posttrain.config import ConfigError, math_and_format
-from posttrain.core.device import resolve_device
 from posttrain.core.runtime import sequence_seed
-from posttrain.engine.async_rollout import AsyncSampler, Job, Sampled, fresh, needed_version
+from posttrain.engine.async_rollout import AsyncRollouts
 from posttrain.engine.distributed import weighted
 from posttrain.engine.session import build_rewards
 from posttrain.engine.step_notes import StepNotes, completion_samples
@@ -61,11 +57,8 @@ class PromptRLTrainer(Trainer):
 
     def validate(self) -> None:
         world = self.dist.world
-        if getattr(self.cfg, "async_rollouts", False) and (
-                world > 1 or resolve_device(self.cfg.device).type != "cpu"):
-            raise ConfigError("config key 'async_rollouts': the sampler process runs beside one "
-                              "learner process on the CPU; torchrun and GPUs are not "
-                              "implemented yet (docs/async.md)")
+        if getattr(self.cfg, "async_rollouts", False):
+            self.rollouts_async = AsyncRollouts(self)
         if self.cfg.prompts_per_step % world:
             raise ConfigError(f"config key 'prompts_per_step'={self.cfg.prompts_per_step}: must "
                               f"be a multiple of the {world} torchrun processes")
@@ -74,14 +67,8 @@ class PromptRLTrainer(Trainer):
         audit = RewardValues(self.cfg.audit_rewards, self.cfg.reward_on_error,
                              self.cfg.reward_timeout_s, "audit_rewards")
         self.audit_fns = build_rewards(audit, None)[0]  # checked now
-        if getattr(self.cfg, "async_rollouts", False):
-            try:  # what the sampler process is sent, checked before any model loads
-                pickle.dumps((self.reward_fns, self.agent))
-            except Exception as err:  # noqa: BLE001 - pickle raises several kinds
-                raise ConfigError(f"config key 'async_rollouts': the reward functions and "
-                                  f"tools go to the sampler process by pickling, which failed "
-                                  f"({err}); define them at module level") from err
-            self.spawn_sampler()  # its start (imports) overlaps the model's load
+        if self.rollouts_async is not None:
+            self.rollouts_async.spawn()  # its start (imports) overlaps the model's load
 
     def _validate_agent(self) -> None:
         """Refuse what multi-turn episodes do not cover, one line naming the key; build the
@@ -168,8 +155,8 @@ class PromptRLTrainer(Trainer):
         Returns the rollout (`scores` [n] set, NaN where unscorable), the rewards' result
         (`per_function`, `metrics`) and the seconds spent ({"gen", "score"})."""
         cfg, G = self.cfg, self.cfg.group_size
-        if getattr(cfg, "async_rollouts", False):
-            rollout, result, seconds = self.take_sampled()
+        if self.rollouts_async is not None:
+            rollout, result, seconds = self.rollouts_async.take(self._step)
         else:
             drawn = self.next_rows(n_prompts)
             mine = self.dist.shard(list(range(n_prompts)))
@@ -201,105 +188,18 @@ class PromptRLTrainer(Trainer):
             self.notes.completions(cfg.out_dir, self._step, completion_samples(rollout, result, n))
         return rollout, result, seconds
 
-    # ---- asynchronous rollouts (`async_rollouts`, posttrain.engine.async_rollout) ------------
-    _async: AsyncSampler | None = None
-    _next_job: int = 0
-    """The next step whose job is drawn and sent (0: none yet)."""
-    _held: list[Sampled] = []
-    """Results a checkpoint held, given to the sampler when it starts."""
-
-    def take_sampled(self) -> tuple[Rollout, Any, dict[str, float]]:
-        """This step's scored groups from the sampler process (started at the first call) and
-        the `async/*` metrics of taking them, in the rewards result's metrics."""
-        cfg, step = self.cfg, self._step
-        got, waited, queued = self.start_sampler().take(step)
-        kept, dropped = fresh([got], step - 1, cfg.max_staleness)
-        if dropped:  # never by the schedule: a guard
-            print(f"[{self.name}] warning: step {step}: its groups were sampled with weights "
-                  f"{got.version}, over max_staleness={cfg.max_staleness} behind", file=sys.stderr)
-        stale = float(step - 1 - got.version)
-        if got.push_gap is not None:  # a vllm_server push, checked in the sampler process
-            self.push_metrics["rollout/push_check_gap"] = got.push_gap
-        got.result.metrics.update({
-            "async/staleness_mean": stale, "async/staleness_max": stale,
-            "async/dropped_stale": float(dropped), "async/queue_groups": float(queued),
-            "async/learner_wait_s": waited, "async/sampler_wait_s": got.seconds["wait"]})
-        rollout = got.rollout if kept else got.rollout.select(torch.zeros(0, dtype=torch.long))
-        return rollout, got.result, {"gen": got.seconds["gen"], "score": got.seconds["score"]}
-
-    def spawn_sampler(self) -> AsyncSampler:
-        """The sampler process (spawned at validation: its start overlaps the learner's own)."""
-        if self._async is None:
-            self._async = AsyncSampler(self.cfg, self.agent, self.reward_fns,
-                                       self.cfg.sampler_threads)
-            self._jobs_started = False
-        return self._async
-
-    def start_sampler(self) -> AsyncSampler:
-        """The sampler process with its first jobs, at the first call (the first evaluation's,
-        so the two overlap)."""
-        if not getattr(self, "_jobs_started", False):
-            self.spawn_sampler().attach(self.tokenizer, self.model, self.session.render(
-                self.session.train_rows[0]["prompt"]))
-            self._jobs_started = True
-            self._async.ready.update({s.step: s for s in self._held})
-            self._async.push(self.model, self.start_step, -1)
-            self._next_job = self._next_job or self.start_step + 1
-            self.send_jobs(self.start_step)
-        return self._async
+    rollouts_async: AsyncRollouts | None = None
+    """`async_rollouts`: the sampler process and its schedule (posttrain.engine.async_rollout)."""
 
     def evaluate(self, when: str) -> dict[str, Any]:
-        if when != "before" or not getattr(self.cfg, "async_rollouts", False):
+        if when != "before" or self.rollouts_async is None:
             return super().evaluate(when)
-        if self.cfg.rollout_engine == "vllm_server":  # one server: its evaluation comes first
-            out = super().evaluate(when)
-            self.start_sampler()
-            return out
-        self.start_sampler()  # sampling starts while the policy is evaluated
-        return super().evaluate(when)
-
-    def send_jobs(self, done: int) -> None:
-        """Draw and send the jobs that may be sampled once step `done`'s weights are pushed."""
-        cfg, G = self.cfg, self.cfg.group_size
-        while self._next_job <= min(cfg.max_steps, done + 1 + cfg.max_staleness):
-            s = self._next_job
-            rows = self.next_rows(cfg.prompts_per_step)
-            prompts = [] if self.agent is not None else [
-                self.session.render(r["prompt"]) for r in rows]
-            seeds = [sequence_seed(cfg.seed, s, i, j) for i in range(len(rows))
-                     for j in range(G)]
-            version = needed_version(s, self.start_step, cfg.max_staleness)
-            self._async.submit(Job(s, version, rows, prompts, seeds, self.sampling))
-            self._next_job += 1
-
-    def push_weights(self, step: int) -> dict[str, float]:
-        """After step `step`'s update: push its weights for the jobs that need them, send
-        those jobs; `async/*` metrics of the push."""
-        if self._async is None or self._next_job > self.cfg.max_steps:
-            return {"async/weight_sync_s": 0.0}
-        waited, copied = self._async.push(self.model, step, step + self.cfg.max_staleness)
-        self.send_jobs(step)
-        return {"async/weight_sync_s": copied, "async/learner_wait_s": waited}
-
-    def async_state(self) -> dict[str, Any]:
-        """What a checkpoint holds of the sampler: the next job and every result sent and not
-        taken (waited for), so a resumed run trains on the very same samples."""
-        held = self._async.pending() if self._async is not None else self._held
-        return {"next_job": self._next_job, "held": [
-            {"step": h.step, "version": h.version, "seconds": h.seconds,
-             "rollout": {f.name: getattr(h.rollout, f.name) for f in fields(h.rollout)},
-             "result": {f.name: getattr(h.result, f.name) for f in fields(h.result)}}
-            for h in held]}
-
-    def load_async_state(self, state: dict[str, Any]) -> None:
-        self._next_job = state["next_job"]
-        self._held = [Sampled(h["step"], h["version"], Rollout(**h["rollout"]),
-                              ScoreResult(**h["result"]), h["seconds"]) for h in state["held"]]
+        base = super().evaluate
+        return self.rollouts_async.around_first_eval(lambda: base(when))  # sampling meanwhile
 
     def close_sampler(self) -> None:
-        if self._async is not None:
-            self._async.close()
-            self._async, self._jobs_started = None, False
+        if self.rollouts_async is not None:
+            self.rollouts_async.close()
         super().close_sampler()
 
     def reward_metrics(self, scores: Tensor, rollout: Rollout,

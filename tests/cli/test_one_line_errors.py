@@ -86,9 +86,9 @@ def test_a_sampler_error_message_prints_no_traceback(tmp_path, capsys):
 
     import pytest
 
-    from posttrain.engine.async_rollout import AsyncSampler, SamplerDied
+    from posttrain.engine.async_rollout import SamplerDied, SamplerProcess
 
-    sampler = AsyncSampler.__new__(AsyncSampler)
+    sampler = SamplerProcess.__new__(SamplerProcess)
     sampler.out_dir, sampler.results = str(tmp_path), queue.Queue()
     sampler.ready, sampler.sent = {}, set()
     reward = RewardFunctionError("r", 3, ValueError("no"), "text")

@@ -83,7 +83,7 @@ def test_a_killed_sampler_stops_the_run_in_seconds(world, tmp_path):
     trainer = build("grpo", case_keys(world, "grpo", tmp_path, **ASYNC))
     trainer.model.train()
     trainer.step(1)
-    os.kill(trainer._async.proc.pid, signal.SIGKILL)
+    os.kill(trainer.rollouts_async.proc.proc.pid, signal.SIGKILL)
     t0 = time.time()
     with pytest.raises(SamplerDied, match="exited \\(code -9\\)"):
         trainer.step(2)

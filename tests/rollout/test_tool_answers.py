@@ -104,40 +104,35 @@ def test_a_timed_out_environment_call_marks_the_episode_closed() -> None:
 
 
 def test_the_sampler_process_takes_the_runs_sandbox_mode(monkeypatch) -> None:
-    """`_sampler_main` (the spawned process's entry) sets the python tool's mode it is given
-    before anything else; the learner passes its own (`python_mode()`)."""
+    """`sampler_main` (the spawned process's entry) sets the python tool's mode its setup
+    gives before it builds anything; the learner's setup carries its own (`python_mode()`)."""
     import os
 
-    from posttrain.engine import async_rollout
+    from posttrain.engine import async_rollout, sampler_start
 
     monkeypatch.setattr(tools, "_SANDBOX_MODE", {"mode": "strict"})
     before = signal.getsignal(signal.SIGINT)
     results: queue.Queue = queue.Queue()
     try:
-        setup: queue.Queue = queue.Queue()
-        setup.put((None, torch.nn.Linear(1, 1), ""))  # tokenizer, the policy's copy, probe
-        async_rollout._sampler_main(None, None, None, torch.get_num_threads(), os.getppid(),
-                                    setup, queue.Queue(), results, None, None, None, "limits")
+        setup: queue.Queue = queue.Queue()  # config, agent, rewards, threads, mode, tokenizer,
+        setup.put((None, None, None, torch.get_num_threads(), "limits",  # policy, probe
+                   None, torch.nn.Linear(1, 1), ""))
+        async_rollout.sampler_main(os.getppid(), setup, queue.Queue(), results, None, None,
+                                   None)
     finally:
         signal.signal(signal.SIGINT, before)
     assert tools.python_mode() == "limits"
     assert results.get_nowait()  # it failed later (no config), and said so to the learner
-    made: list[tuple] = []
 
     class Jobs(queue.Queue):
         def cancel_join_thread(self) -> None:
             pass
 
-    class Ctx:
-        Value, Lock, Queue = (lambda self, *a: None), (lambda self: None), Jobs
-
-        def Process(self, target, name, args):  # noqa: N802, ANN001, ANN201
-            made.append(args)
-            return type("P", (), {"start": lambda self: None, "is_alive": lambda self: False})()
-
-    monkeypatch.setattr(async_rollout.mp, "get_context", lambda kind: Ctx())
+    proc = type("P", (), {"is_alive": lambda self: False})()
+    parts = sampler_start.SamplerParts(proc, Jobs(), Jobs(), Jobs(), None, None, None)
+    monkeypatch.setattr(async_rollout, "start_sampler", lambda: parts)
     cfg = SimpleNamespace(out_dir=".")  # where the sampler's traceback would go
-    async_rollout.AsyncSampler(cfg, None, None, 1)
-    assert made[0][-1] == "limits"
+    async_rollout.SamplerProcess(cfg, None, None, 1).attach(None, torch.nn.Linear(1, 1))
+    assert parts.setup.get_nowait()[4] == "limits"
     with pytest.raises(ValueError, match="expected strict or limits"):
         tools.python_mode("bwrap")

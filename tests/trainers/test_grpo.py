@@ -242,14 +242,14 @@ def test_async_under_torchrun_or_on_a_gpu_is_refused_before_the_model_loads(toy_
     naming the key, before any model loads."""
     from types import SimpleNamespace
 
-    from posttrain.trainers import prompt_rl
+    from posttrain.engine import async_rollout
 
     monkeypatch.setattr(GRPOTrainer, "load_model", lambda self: pytest.fail("model loaded"))
     if where == "torchrun":
         monkeypatch.setattr("posttrain.engine.trainer.Dist", lambda device: SimpleNamespace(
             world=2, rank=0, is_main=True, enabled=True))
     else:
-        monkeypatch.setattr(prompt_rl, "resolve_device", lambda device: torch.device("cuda"))
+        monkeypatch.setattr(async_rollout, "resolve_device", lambda device: torch.device("cuda"))
     with pytest.raises(ConfigError) as err:
         GRPOTrainer(_cfg(toy_world, str(tmp_path), async_rollouts=True, max_steps=1))
     msg = str(err.value)
