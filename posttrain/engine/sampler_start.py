@@ -2,7 +2,7 @@
 process before the learner's own imports (`start_early`), so the two processes import torch and
 transformers at the same time and the learner's first step does not wait for the sampler's
 imports (docs/async.md). The process learns what it samples with (config, tokenizer, policy)
-later, through its `setup` queue (`posttrain.engine.async_rollout.SamplerProcess.attach`).
+later, through its `setup` queue (`SamplerProcess.attach` in `engine/async_rollout.py`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class SamplerParts:
 
 def start_sampler() -> SamplerParts:
     """Spawn the sampler process; it imports torch, transformers and the engines at once and
-    then waits for its setup (`posttrain.engine.async_rollout.sampler_main`)."""
+    then waits for its setup (`sampler_main` of `engine/sampler_loop.py`)."""
     ctx = multiprocessing.get_context("spawn")
     parts = SamplerParts(None, ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Value("q", -1),
                          ctx.Value("q", 0), ctx.Lock())
@@ -52,7 +52,7 @@ def _entry(*args: Any) -> None:
     """The process's first call: the engine module (torch, transformers) is imported here, in
     the process, by name (the learner's side of that module imports this one)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the learner stops us (after a save)
-    importlib.import_module("posttrain.engine.async_rollout").sampler_main(*args)
+    importlib.import_module("posttrain.engine.sampler_loop").sampler_main(*args)
 
 
 _EARLY: list[SamplerParts] = []

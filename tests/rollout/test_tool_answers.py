@@ -108,7 +108,7 @@ def test_the_sampler_process_takes_the_runs_sandbox_mode(monkeypatch) -> None:
     gives before it builds anything; the learner's setup carries its own (`python_mode()`)."""
     import os
 
-    from posttrain.engine import async_rollout, sampler_start
+    from posttrain.engine import async_rollout, sampler_loop, sampler_start
 
     monkeypatch.setattr(tools, "_SANDBOX_MODE", {"mode": "strict"})
     before = signal.getsignal(signal.SIGINT)
@@ -117,8 +117,8 @@ def test_the_sampler_process_takes_the_runs_sandbox_mode(monkeypatch) -> None:
         setup: queue.Queue = queue.Queue()  # config, agent, rewards, threads, mode, tokenizer,
         setup.put((None, None, None, torch.get_num_threads(), "limits",  # policy, probe
                    None, torch.nn.Linear(1, 1), ""))
-        async_rollout.sampler_main(os.getppid(), setup, queue.Queue(), results, None, None,
-                                   None)
+        sampler_loop.sampler_main(os.getppid(), setup, queue.Queue(), results, None, None,
+                                  None)
     finally:
         signal.signal(signal.SIGINT, before)
     assert tools.python_mode() == "limits"
