@@ -43,6 +43,14 @@ class HeldOutKeys(EvalKeys):
 
 
 @dataclass
+class StepKeys:
+    step_separator: str = "\n"
+    """The text that ends a reasoning step: appended after every step of a PRM's rows (the
+    step's prediction is read at its last token); where search's beam search stops generating a
+    step (there a boundary of the PRM's saved split rule)."""
+
+
+@dataclass
 class PromptKeys:
     prompt_field: str = "prompt"
     """Row field holding the prompt (str or list of chat messages); another name is read as

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from posttrain.config.base import BaseConfig, ConfigError, check_table
-from posttrain.config.keys import RowKeys
+from posttrain.config.keys import RowKeys, StepKeys
 
 
 @dataclass
@@ -44,11 +44,9 @@ class RMConfig(_RewardModelConfig):
 
 
 @dataclass
-class PRMConfig(_RewardModelConfig):
+class PRMConfig(StepKeys, _RewardModelConfig):
     num_classes: Literal[2, 3] = 2
     """Step classes: 2 (bad / good; a neutral 0 label counts as good) or 3 (bad/neutral/good)."""
-    step_separator: str = "\n"
-    """Text appended after every step; the step's prediction is read at its last token."""
     step_split: str = "think"
     """How the reward model splits a completion into steps: 'think' (each ';'-separated part of
     <think>...</think>, then the <answer> tag) or a literal delimiter such as '\\n'. Saved with

@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from posttrain.config.base import BaseConfig, ConfigError, check_table
-from posttrain.config.keys import PromptKeys
+from posttrain.config.keys import PromptKeys, StepKeys
 
 METHODS = ("best_of_n", "majority", "weighted", "beam")
 
 
 @dataclass
-class SearchConfig(PromptKeys, BaseConfig):
+class SearchConfig(StepKeys, PromptKeys, BaseConfig):
     trains_weights: ClassVar[bool] = False
     required: ClassVar[tuple[str, ...]] = ("model", "eval_data")
     eval_size: int = 200

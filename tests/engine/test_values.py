@@ -111,7 +111,6 @@ TWO_THINGS = {  # one key name, two different things (issue 60 item 2 gives each
     "rewards": ("HeldOutKeys", "PromptRLConfig"),  # held-out scoring only / trained on
     "loss_type": ("DPOLossConfig", "KTOConfig"),  # two losses' own sets of choices
     "batch_size": ("RowKeys", "SearchConfig"),  # rows per optimizer step / per generation
-    "step_separator": ("PRMConfig", "SearchConfig"),  # after each labelled step / beam stop
 }
 
 
