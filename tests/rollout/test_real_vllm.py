@@ -281,14 +281,14 @@ def test_a_server_side_push_error_reaches_the_trainer(world, server):
 
 
 def test_vllms_own_refusals_come_before_the_policy_loads(world, tmp_path, monkeypatch):
-    """vLLM's validation of the engine's arguments (here a context longer than the model's)
+    """vLLM's validation of the sampler's arguments (here a context longer than the model's)
     is one config line before any model loads, not a traceback after the policy loaded."""
     from posttrain.config import ConfigError
     from posttrain.trainers.grpo import GRPOTrainer
 
     monkeypatch.setattr(GRPOTrainer, "load_model", lambda self: pytest.fail("model loaded"))
     with pytest.raises(ConfigError, match=r"^config key 'rollout_engine'=vllm_colocate: vLLM "
-                                          r"refuses the engine's arguments: .*max_model_len"):
+                                          r"refuses the sampler's arguments: .*max_model_len"):
         GRPOTrainer(build_config(GRPOConfig, overrides=_grpo(world, tmp_path,
                                                               vllm_max_model_len=100_000)))
 
