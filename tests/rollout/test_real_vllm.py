@@ -7,8 +7,10 @@ checked against the real surface so it cannot drift."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import typing
@@ -184,7 +186,8 @@ def start_server(model_dir: str, log: Path) -> tuple[subprocess.Popen, int]:
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "posttrain", "vllm-serve", model_dir, "--port", str(port),
            "--log", str(log), "--max-model-len", "1024"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            start_new_session=True)  # its group: the engine core goes with it
     for _ in range(300):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)
@@ -206,6 +209,8 @@ def server_proc(world, tmp_path_factory):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+        with contextlib.suppress(ProcessLookupError):  # a killed server leaves its engine core
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
