@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n N`: N processes share the cores
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported, for every child
+    # a working directory of its own: a run left with the default out_dir (runs/experiment)
+    # locks it, and another worker's run there would be refused as a second run
+    os.chdir(tempfile.mkdtemp(prefix=f"posttrain-{os.environ['PYTEST_XDIST_WORKER']}-"))
 
 import pytest
 

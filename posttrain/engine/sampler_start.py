@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import io
 import multiprocessing
 import os
@@ -36,7 +35,7 @@ class SamplerParts:
 
 
 def start_sampler() -> SamplerParts:
-    """Spawn the sampler process; it imports torch, transformers and the engines at once and
+    """Spawn the sampler process; it imports torch, transformers and the samplers at once and
     then waits for its setup (`sampler_main` of `engine/sampler_loop.py`)."""
     ctx = multiprocessing.get_context("spawn")
     parts = SamplerParts(None, ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Value("q", -1),
@@ -49,10 +48,12 @@ def start_sampler() -> SamplerParts:
 
 
 def _entry(*args: Any) -> None:
-    """The process's first call: the engine module (torch, transformers) is imported here, in
-    the process, by name (the learner's side of that module imports this one)."""
+    """The process's first call: its loop (torch, transformers) is imported here, in the
+    process; the learner imports this module before torch."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the learner stops us (after a save)
-    importlib.import_module("posttrain.engine.sampler_loop").sampler_main(*args)
+    from posttrain.engine.sampler_loop import sampler_main
+
+    sampler_main(*args)
 
 
 _EARLY: list[SamplerParts] = []
