@@ -10,8 +10,7 @@ A trainer subclasses :class:`Trainer` and supplies its step; the base owns the r
 
 Hooks: `step` (required), `run_values`, `validate`, `load_model`, `setup`, `optimizer_steps`,
 `optimizer_groups`, `state_modules`, `evaluate`, `summary_fields`, `save`, `state_dict` /
-`load_state_dict`. Helpers, resume and stop, torchrun and the Python API (``GRPOTrainer(...)``):
-More: docs/trainers.md, "Module notes", posttrain.engine.trainer.
+`load_state_dict`. Helpers, resume, stop, torchrun, the Python API: docs/trainers.md.
 """
 
 from __future__ import annotations
@@ -97,9 +96,8 @@ class Trainer:
     supports_fsdp: ClassVar[bool] = True
     """Whether `fsdp: true` is supported (validated before any model loads)."""
     fsdp_meta_start: ClassVar[bool] = True
-    """Under FSDP2: whether the model is first used after `Dist.wrap` (not in `setup`), so
-    ranks other than 0 build it on ``meta``, nothing is moved to the device before sharding,
-    and a loaded reference is sharded like the policy (`posttrain.engine.fsdp`)."""
+    """Under FSDP2: whether the model is first used after `Dist.wrap` (not in `setup`): ranks
+    but 0 build it on ``meta``, a loaded reference is sharded alike (`posttrain.engine.fsdp`)."""
 
     def __init__(self, cfg: BaseConfig | None = None, session: Session | None = None, *,
                  model: Any = None, tokenizer: Any = None, train_data: Any = None,
@@ -124,9 +122,7 @@ class Trainer:
                 raise ConfigError(str(err)) from err
         if self.dist.is_main:
             check_warmup(cfg, self.optimizer_steps(), self.name)
-        # locked for this run; an earlier run there: refused or overwritten
         self._lock = prepare_out_dir(cfg, self.dist.is_main, self.name)
-        # Data, rewards and config are validated inside load_session before any model loads.
         self.session = session or load_session(cfg, kind=self.data_kind, loader=self.load_model,
                                                place=not self.sharded_start, agent=self.agent,
                                                values=self.run_values(cfg), **objects)
@@ -343,11 +339,8 @@ class Trainer:
         return self._sampler
 
     def sync_sampler(self) -> Sampler:
-        """The step before sampling: give the sampler the policy's current weights (a push only
-        when they changed since the last; on a vLLM sampler checked, `push_check`) and return
-        it. The `hf` sampler under `autocast_bf16` / `bf16_compute` samples from a bf16 copy of
-        the policy with its fp32 head, re-synced here, run without autocast; else from the
-        policy itself."""
+        """Give the sampler the policy's current weights (pushed only when changed, checked on a
+        vLLM sampler; the `hf` sampler's bf16 copy under bf16 compute re-synced); return it."""
         self.sampler()
         target = getattr(self._sampler, "inner", self._sampler)  # episodes: the sampler inside
         pushes = getattr(target, "weights_version", None) != self._weights_version
