@@ -3,8 +3,9 @@ names that exist in both worlds with another meaning (docs/trainers.md "Names fr
 verl").
 
 A hint is per trainer (config class): it names the key with the same meaning in that trainer,
-or no key and what to do instead, never a look-alike (SFT's `rewards` score held-out samples
-only, not TRL's `reward_funcs`). Keys renamed here are read under their new name, said in one line.
+or no key and what to do instead, never a look-alike (SFT's `eval_rewards` score held-out
+samples only, not TRL's `reward_funcs`). Keys renamed here are read under their new name, said
+in one line.
 tests/config/test_hint_meanings.py checks every hint against a table of meanings. Pure Python.
 """
 
@@ -93,16 +94,14 @@ VERL_NAMES: dict[str, str] = {
 # our keys that mean something else in some trainers (config classes) than the names hinted
 # to them: there those names get no key
 LOOK_ALIKES: dict[str, tuple[str, ...]] = {
-    "rewards": ("SFTConfig", "DPOConfig", "KTOConfig"),  # score held-out samples only
     "clip_eps_low": ("OnlineDPOConfig",), "clip_eps_high": ("OnlineDPOConfig",),  # no ratio
-    "batch_size": ("SearchConfig",),  # prompts per generation batch
     **{k: ("OnlineDPOConfig",) for k in ("dual_clip", "rollout_is", "rollout_is_cap")},
 }
 # what to do where a name has no key of its meaning (any other: docs/trainers.md)
 _NOT_CUT = ("rows are never truncated here: max_seq_len bounds prompt + completion (a longer row "
             "is an error); eval_max_new_tokens is only the held-out generation budget")
-_NO_SCORER = ("this trainer trains on its rows' labels; rewards only score held-out samples "
-              "(posttrain ppo / grpo / online_dpo take one)")
+_NO_SCORER = ("this trainer trains on its rows' labels; eval_rewards only score held-out "
+              "samples (posttrain ppo / grpo / online_dpo take rewards)")
 _SIMPO = ("SimPO and CPO are `posttrain dpo loss_type=simpo` (simpo_gamma: the margin, rpo_alpha: "
           "the NLL weight)")
 _NO_KEY: dict[str, str] = {
@@ -134,13 +133,17 @@ CONFIG_COMMANDS = {"SFTConfig": "sft", "GRPOConfig": "grpo", "PPOConfig": "ppo",
                    "RMConfig": "rm", "PRMConfig": "prm", "SearchConfig": "search"}
 # our keys renamed (issue 60: one word per thing) -> the new name, used where the old one is not
 # a key of the trainer and the new one is (`max_new_tokens` stays GRPO's, PPO's sampling budget)
-RENAMED: dict[str, str] = {"max_new_tokens": "eval_max_new_tokens", "gamma": "simpo_gamma"}
+RENAMED: dict[str, str] = {"max_new_tokens": "eval_max_new_tokens", "gamma": "simpo_gamma",
+                           "rewards": "eval_rewards", "batch_size": "generation_batch_size"}
+# renames that hold in these trainers only (GRPO's generation_batch_size is no batch_size)
+RENAMED_ONLY_IN: dict[str, tuple[str, ...]] = {"batch_size": ("SearchConfig",)}
 
 
 def renamed_key(key: str, valid: list[str], trainer: str = "") -> str:
     """`key` itself, or its new name where only that is valid (said in one line on stderr)."""
     new = RENAMED.get(key)
-    if new is None or key in valid or new not in valid:
+    if new is None or key in valid or new not in valid or trainer not in RENAMED_ONLY_IN.get(
+            key, (trainer,)):
         return key
     print(f"posttrain: config key '{key}' is now '{new}' in posttrain "
           f"{CONFIG_COMMANDS.get(trainer, trainer)}: read as '{new}'", file=sys.stderr)

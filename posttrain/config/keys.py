@@ -20,6 +20,15 @@ class MicroBatchKeys:
 
 
 @dataclass
+class GenerationBatchKeys:
+    generation_batch_size: int = 0
+    """Sequences per generation batch, a memory bound (the samples do not change; it bounds the
+    KV cache and the logits of a decode step on a GPU). RL trainers: a step's rollouts in whole
+    groups (rounded down to a multiple of group_size, at least one group); 0: all of a rank's
+    sequences in one batch. search: also the completions per verifier forward pass."""
+
+
+@dataclass
 class RowKeys(MicroBatchKeys):
     batch_size: int = 32
     """Rows per optimizer step: preference pairs (dpo, rm), rows (kto, rm objective=binary),
@@ -38,8 +47,9 @@ class EvalKeys:
 
 @dataclass
 class HeldOutKeys(EvalKeys):
-    rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
-    """Reward functions used to score held-out greedy samples (evaluation only)."""
+    eval_rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
+    """Reward functions that score held-out greedy samples (evaluation only; nothing trains on
+    them): the entries `rewards` takes in the RL trainers."""
 
 
 @dataclass
@@ -86,8 +96,23 @@ class PolicyGradientKeys:
     """Optimizer steps per pass over a rollout batch."""
 
 
+DPO_LOSS_TYPES = ("sigmoid", "cdpo", "robust", "ipo", "hinge", "simpo")  # dpo, online_dpo
+KTO_LOSS_TYPES = ("kto", "apo_zero_unpaired")
+LossType = Literal["sigmoid", "cdpo", "robust", "ipo", "hinge", "simpo", "kto", "apo_zero_unpaired"]
+
+
 @dataclass
-class BetaKeys:
+class PreferenceLossKeys:
+    loss_type: LossType = "sigmoid"
+    """The loss, by TRL's name for it (docs/algorithms.md). dpo, online_dpo: sigmoid | cdpo |
+    robust | ipo | hinge | simpo (ipo averages log-probs over tokens; simpo averages them and
+    uses no reference model: none is loaded or precomputed). kto: kto (KTO paper eq. 7, the
+    reference point from mismatched pairs) | apo_zero_unpaired (APO-zero without a reference
+    point, as TRL's KTO trainer)."""
     beta: float = 0.1
     """beta: scale of the implicit reward beta * (logp - logp_ref), the strength of the KL
     anchor to the reference (SimPO: the reward scale)."""
+
+    def loss_type_check(self, choices: tuple[str, ...]) -> dict[str, tuple[bool, str]]:
+        """`check_table`'s row for this trainer's own `loss_type` choices."""
+        return {"loss_type": (self.loss_type in choices, f"expected one of {list(choices)}")}

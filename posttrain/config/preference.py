@@ -4,20 +4,23 @@ prompts."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from posttrain.config.base import BaseConfig, ConfigError, check_generation_budget, check_table
-from posttrain.config.keys import BetaKeys, HeldOutKeys, RowKeys
+from posttrain.config.keys import (
+    DPO_LOSS_TYPES,
+    KTO_LOSS_TYPES,
+    HeldOutKeys,
+    LossType,
+    PreferenceLossKeys,
+    RowKeys,
+)
 from posttrain.config.rl import PromptRLConfig
 
 
 @dataclass
-class DPOLossConfig(BetaKeys):
+class DPOLossConfig(PreferenceLossKeys):
     """The DPO-family loss keys, shared by `posttrain dpo` and `posttrain online_dpo`."""
 
-    loss_type: Literal["sigmoid", "cdpo", "robust", "ipo", "hinge", "simpo"] = "sigmoid"
-    """Preference loss (docs/algorithms.md); ipo averages log-probs over tokens; simpo averages
-    them and uses no reference model (none is loaded or precomputed)."""
     label_smoothing: float = 0.0
     """Assumed label-noise rate s for cdpo / robust / simpo; sigmoid honours it too (then = cdpo,
     as in OpenRLHF; TRL 1.16's sigmoid ignores it: docs/algorithms.md)."""
@@ -31,6 +34,7 @@ class DPOLossConfig(BetaKeys):
 
     def check_loss(self) -> None:
         check_table(self, {
+            **self.loss_type_check(DPO_LOSS_TYPES),
             "beta": (self.beta > 0, "expected > 0"),
             "label_smoothing": (0.0 <= self.label_smoothing < 0.5, "expected in [0, 0.5)"),
             "rpo_alpha": (self.rpo_alpha >= 0, "expected >= 0 (0 disables the NLL term)"),
@@ -72,10 +76,8 @@ class DPOConfig(DPOLossConfig, PairsConfig):
 
 
 @dataclass
-class KTOConfig(BetaKeys, PairsConfig):
-    loss_type: Literal["kto", "apo_zero_unpaired"] = "kto"
-    """kto: KTO paper eq. 7 with the reference point from mismatched pairs; apo_zero_unpaired:
-    APO-zero without a reference point (as TRL's KTO trainer)."""
+class KTOConfig(PreferenceLossKeys, PairsConfig):
+    loss_type: LossType = "kto"
     desirable_weight: float = 1.0
     """lambda_D: weight of a desirable row's loss (raise it when desirable rows are rarer)."""
     undesirable_weight: float = 1.0
@@ -84,6 +86,7 @@ class KTOConfig(BetaKeys, PairsConfig):
     def validate(self) -> None:
         super().validate()
         check_table(self, {
+            **self.loss_type_check(KTO_LOSS_TYPES),
             "beta": (self.beta > 0, "expected > 0"),
             "desirable_weight": (self.desirable_weight >= 0, "expected >= 0"),
             "undesirable_weight": (self.undesirable_weight >= 0, "expected >= 0"),

@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from posttrain.config.base import BaseConfig, check_generation_budget, check_table, math_and_format
-from posttrain.config.keys import EvalKeys, MicroBatchKeys, PromptKeys
+from posttrain.config.keys import EvalKeys, GenerationBatchKeys, MicroBatchKeys, PromptKeys
 
 
 @dataclass
-class PromptRLConfig(PromptKeys, EvalKeys, MicroBatchKeys, BaseConfig):
+class PromptRLConfig(PromptKeys, EvalKeys, GenerationBatchKeys, MicroBatchKeys, BaseConfig):
     # --- data and rewards (prompt_field, answer_field, answer_marker: PromptKeys) ---
     rewards: list[dict[str, Any]] = field(default_factory=math_and_format)
     """Reward functions and weights: [{name: math|format|code|pkg.module:function, weight: w}]
@@ -55,10 +55,6 @@ class PromptRLConfig(PromptKeys, EvalKeys, MicroBatchKeys, BaseConfig):
     when the tokenizer loads, before the model's weights)."""
     top_k: int = 0
     """Top-k sampling; 0 disables."""
-    generation_batch_size: int = 0
-    """Sequences per generation batch when sampling a step's rollouts (whole groups: rounded
-    down to a multiple of group_size, at least one group); 0: all of a rank's sequences in one
-    batch. Bounds the KV cache and the logits of a decode step on a GPU."""
     # --- agents: multi-turn rollouts with tools (docs/agents.md) ---
     tools: list[str] = field(default_factory=list)
     """Tool functions `pkg.module:function` (typed, Google-style docstrings; TRL's `tools`) the

@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from posttrain.config.base import BaseConfig, ConfigError, check_table
-from posttrain.config.keys import PromptKeys, StepKeys
+from posttrain.config.keys import GenerationBatchKeys, PromptKeys, StepKeys
 
 METHODS = ("best_of_n", "majority", "weighted", "beam")
 
 
 @dataclass
-class SearchConfig(StepKeys, PromptKeys, BaseConfig):
+class SearchConfig(StepKeys, PromptKeys, GenerationBatchKeys, BaseConfig):
     trains_weights: ClassVar[bool] = False
     required: ClassVar[tuple[str, ...]] = ("model", "eval_data")
     eval_size: int = 200
@@ -40,8 +40,7 @@ class SearchConfig(StepKeys, PromptKeys, BaseConfig):
     step_separator: str = "; "
     """Where beam search stops generating a step (the arithmetic task's "; "); the PRM splits
     and scores solutions with its own saved rule, which must cut at this separator."""
-    batch_size: int = 512
-    """Sequences per generation batch and per verifier forward pass."""
+    generation_batch_size: int = 512
 
     def validate(self) -> None:
         validate_search(self)
@@ -60,7 +59,7 @@ def validate_search(cfg: SearchConfig) -> None:
         raise ConfigError(f"config key 'n'={cfg.n!r}: expected values >= 1 that divide max(n)")
     check_table(cfg, {**{k: (getattr(cfg, k) >= 1, "expected >= 1") for k in (
         "beam_width", "expansions", "beam_max_steps", "eval_size", "max_new_tokens",
-        "batch_size")}, "temperature": (cfg.temperature > 0, "expected > 0")})
+        "generation_batch_size")}, "temperature": (cfg.temperature > 0, "expected > 0")})
     needs = {"best_of_n": cfg.orm or cfg.prm, "weighted": cfg.orm or cfg.prm, "beam": cfg.prm}
     for method, ok in needs.items():
         if method in cfg.methods and not ok:

@@ -73,9 +73,12 @@ def resolve_config(cls: type[BaseConfig], cfg: BaseConfig | None, model: Any, to
             objects[key] = value
     if tokenizer is not None:
         objects["tokenizer"] = tokenizer
-    if rewards is not None:
-        specs, fns = _reward_specs(rewards)
-        values["rewards"] = specs
+    # `rewards=` is the trainer's reward functions: SFT / DPO / KTO score held-out samples only
+    key = "eval_rewards" if "eval_rewards" in cls.__dataclass_fields__ else "rewards"
+    given = rewards if rewards is not None else values.get(key)
+    if isinstance(given, list):
+        specs, fns = _reward_specs(given)
+        values[key] = specs
         if fns:
             objects["reward_fns"] = fns
     if cfg is not None:

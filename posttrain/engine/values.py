@@ -78,8 +78,8 @@ def prompt_values(cfg: PromptRLConfig) -> RunValues:
 
 def completion_values(cfg: SFTConfig | PairsConfig) -> RunValues:
     """The values of a config whose rows carry completions (SFT, DPO, KTO): greedy held-out
-    evaluation with `eval_max_new_tokens`, scored by `rewards`."""
-    return RunValues(rewards=RewardValues(cfg.rewards),
+    evaluation with `eval_max_new_tokens`, scored by `eval_rewards`."""
+    return RunValues(rewards=RewardValues(cfg.eval_rewards, key="eval_rewards"),
                      generation=GenerationValues(cfg.eval_max_new_tokens,
                                                  eval_max_new_tokens=cfg.eval_max_new_tokens),
                      micro_batch_size=cfg.micro_batch_size, max_len=cfg.max_seq_len)

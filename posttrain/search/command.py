@@ -88,22 +88,22 @@ def run_search(cfg: SearchConfig) -> dict[str, Any]:
         tok.chat_template = cfg.chat_template
     check_renderable(tok, rows, cfg.eval_data, cfg.chat_template)
     policy.to(device)
-    outcome, prm_steps = {}, None
+    outcome, prm_steps, batch = {}, None, cfg.generation_batch_size
     if cfg.orm:
-        outcome["orm"] = load_orm_scorer(cfg.orm, batch_size=cfg.batch_size, device=device)
+        outcome["orm"] = load_orm_scorer(cfg.orm, batch_size=batch, device=device)
     if cfg.prm:
-        prm_steps = load_prm_scorer(cfg.prm, batch_size=cfg.batch_size, device=device)
+        prm_steps = load_prm_scorer(cfg.prm, batch_size=batch, device=device)
         outcome["prm"] = prm_outcome(prm_steps, cfg.aggregate)
     summary: dict[str, Any] = {"problems": len(rows), "methods": {}}
     if any(m != "beam" for m in cfg.methods):
         sampler = build_sampler(cfg, tok, role="eval", model=policy)  # `rollout_engine`
         samples = sample_solutions(  # 3
             policy, tok, rows, max(cfg.n), max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature, top_p=cfg.top_p, batch_size=cfg.batch_size,
+            temperature=cfg.temperature, top_p=cfg.top_p, batch_size=batch,
             generator=gen, autocast=cfg.autocast_bf16, template=cfg.chat_template,
             sampler=sampler)
         sampler.close()
-        scores = {name: score_samples(samples, fn, cfg.batch_size) for name, fn in outcome.items()}
+        scores = {name: score_samples(samples, fn, batch) for name, fn in outcome.items()}
         sel = evaluate_selection(samples, sorted(set(cfg.n)), scores)  # 4
         weight_by = "prm" if "prm" in scores else "orm"
         wanted = {"majority": "majority", "oracle": "pass@n"}
@@ -130,7 +130,7 @@ def _beam(cfg: SearchConfig, rows: list[dict[str, Any]], policy: Any, tok: Any, 
 
     propose = PolicyProposer(policy, tok, separator=cfg.step_separator,
                              max_step_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                             top_p=cfg.top_p, batch_size=cfg.batch_size, generator=gen,
+                             top_p=cfg.top_p, batch_size=cfg.generation_batch_size, generator=gen,
                              autocast=cfg.autocast_bf16, template=cfg.chat_template)
     results = prm_beam_search([r["prompt"] for r in rows], propose, prm_steps,
                               beam_width=cfg.beam_width, expansions=cfg.expansions,

@@ -119,7 +119,7 @@ def build_code_world(out_dir: str | Path, seed: int = 0, *, quick: bool = False,
     cfg = build_config(SFTConfig, overrides={
         "model": paths["init"], "out_dir": str(out / "sft"), "train_data": paths["sft"],
         "seed": seed, "lr_schedule": "cosine", "max_seq_len": 96, "threads": threads,
-        "rewards": CODE_REWARD, "progress": progress, **sft_keys})
+        "eval_rewards": CODE_REWARD, "progress": progress, **sft_keys})
     sft = SFTTrainer(cfg).train()
     model, tok = load_model_and_tokenizer(str(out / "sft" / "final"))
     rows = load_rows(paths["heldout"], kind="code")[: s["measure"]]

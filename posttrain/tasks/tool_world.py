@@ -236,7 +236,8 @@ def build_tool_world(out_dir: str | Path, seed: int = 0, *, quick: bool = False,
                                         data / "heldout.jsonl"))}
     sft_keys = {k: v for k, v in s["sft"].items() if k not in ("rows", "tool_rate")}
     common = {"train_data": paths["sft"], "seed": seed, "lr_schedule": "cosine",
-              "max_seq_len": 160, "threads": threads, "rewards": [], "progress": progress}
+              "max_seq_len": 160, "threads": threads, "eval_rewards": [],
+              "progress": progress}
     first = SFTTrainer(build_config(SFTConfig, overrides={
         "model": paths["init"], "out_dir": str(out / "sft_phase1"), **common, **sft_keys})).train()
     more = s["sft_more"] if isinstance(s["sft_more"], list) else [s["sft_more"]]

@@ -2,8 +2,7 @@
 trainer, to the key with the same meaning there, or to no key with what to do instead.
 
 The meanings below are written independently of posttrain/config/hints.py: a hint added there
-without its meaning here fails, and so does one that names a look-alike. Where one of our keys
-means something else by trainer, its meaning is read from the field's docstring in that trainer.
+without its meaning here fails, and so does one that names a look-alike.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import dataclasses
 import pytest
 
 from posttrain.cli import main
-from posttrain.config import ConfigError, GRPOConfig, build_config, field_docs
+from posttrain.config import ConfigError, GRPOConfig, build_config
 from posttrain.config.hints import TRL_NAMES, VERL_NAMES, foreign_hint, unknown_key_message
 from posttrain.trainers import TRAINERS, config_class
 
@@ -78,11 +77,6 @@ OURS: dict[str, str] = {  # our key -> what it means (where the trainer has the 
     "vllm_sleep": "vLLM asleep while training", "vllm_max_model_len": "vLLM's longest sequence",
     "vllm_server_host": "where the vLLM server listens",
 }
-# keys whose meaning differs by trainer: a word of the field's docstring there -> its meaning
-BY_DOC: dict[str, tuple[str, str]] = {
-    "rewards": ("held-out", "scores held-out samples only"),
-    "batch_size": ("generation batch", "sequences per generation batch"),
-}
 BY_TRAINER = {("OnlineDPOConfig", "clip_eps_low"): "unused (no ratio)",
               ("OnlineDPOConfig", "clip_eps_high"): "unused (no ratio)"}
 COMMANDS = [*TRAINERS, "search"]
@@ -91,8 +85,6 @@ COMMANDS = [*TRAINERS, "search"]
 def our_meaning(cls: type, key: str) -> str:
     if (cls.__name__, key) in BY_TRAINER:
         return BY_TRAINER[(cls.__name__, key)]
-    if key in BY_DOC and BY_DOC[key][0] in field_docs(cls).get(key, ""):
-        return BY_DOC[key][1]
     return OURS[key]
 
 

@@ -21,6 +21,7 @@ from posttrain.config import (
     GRPOConfig,
     PPOConfig,
     RMConfig,
+    SearchConfig,
     SFTConfig,
     build_config,
 )
@@ -110,10 +111,15 @@ def test_a_shared_name_is_explained_the_first_time(capsys, monkeypatch):
                                            (DPOConfig, "max_new_tokens", "eval_max_new_tokens"),
                                            (KTOConfig, "max_new_tokens", "eval_max_new_tokens"),
                                            (DPOConfig, "gamma", "simpo_gamma"),
-                                           (OnlineDPOConfig, "gamma", "simpo_gamma")])
+                                           (OnlineDPOConfig, "gamma", "simpo_gamma"),
+                                           (SFTConfig, "rewards", "eval_rewards"),
+                                           (KTOConfig, "rewards", "eval_rewards"),
+                                           (SearchConfig, "batch_size", "generation_batch_size")])
 def test_a_renamed_key_is_read_under_its_new_name_in_one_line(capsys, cls, old, new):
-    cfg = build_config(cls, overrides={**BASE, old: 7})
-    assert getattr(cfg, new) == 7 and not hasattr(cfg, old)
+    value = [] if old == "rewards" else 7
+    more = {"eval_data": "e", "methods": ["majority"]} if cls is SearchConfig else {}
+    cfg = build_config(cls, overrides={**BASE, **more, old: value})
+    assert getattr(cfg, new) == value and not hasattr(cfg, old)
     err = [x for x in capsys.readouterr().err.splitlines() if "is now" in x]
     assert len(err) == 1 and f"config key '{old}' is now '{new}'" in err[0], err
 
@@ -126,6 +132,21 @@ def test_a_key_of_the_same_name_keeps_its_meaning_where_it_is_one(capsys):
     assert "is now" not in capsys.readouterr().err
     with pytest.raises(ConfigError, match="unknown config key 'max_new_tokens'"):
         build_config(RMConfig, overrides={**BASE, "max_new_tokens": 7})
+    # search's `batch_size` is now generation_batch_size; GRPO has that key, but a GRPO
+    # user's `batch_size` means rows per step (TRL's per_device_train_batch_size): not renamed
+    with pytest.raises(ConfigError, match="unknown config key 'batch_size'"):
+        build_config(GRPOConfig, overrides={**BASE, "batch_size": 7})
+    assert "is now" not in capsys.readouterr().err
+
+
+def test_dpo_and_kto_each_refuse_the_others_loss_in_one_line():
+    """`loss_type` is declared once (TRL's name in both); each trainer takes its own losses."""
+    with pytest.raises(ConfigError, match=r"'loss_type'='kto': expected one of \['sigmoid'"):
+        build_config(DPOConfig, overrides={**BASE, "loss_type": "kto"})
+    with pytest.raises(ConfigError, match=r"'loss_type'='ipo': expected one of \['kto'"):
+        build_config(KTOConfig, overrides={**BASE, "loss_type": "ipo"})
+    assert build_config(KTOConfig, overrides=BASE).loss_type == "kto"
+    assert build_config(OnlineDPOConfig, overrides=BASE).loss_type == "sigmoid"
 
 # ---- item 10: lora_target_modules all-linear, names checked -----------------------------------
 def test_all_linear_is_accepted_as_a_string_and_reaches_peft():

@@ -59,10 +59,10 @@ BY_KIND: dict[str, dict[str, Any]] = {
                 "group_size": 4, "prompts_per_step": 4, "max_new_tokens": 8,
                 "eval_max_new_tokens": 6, "micro_batch_size": 4, "num_iterations": 2,
                 "ppo_epochs": 2, "mini_batches": 2, "kl_coef": 0.05, "temperature": 1.0},
-    "sft": {"batch_size": 4, "micro_batch_size": 2, "rewards": []},
-    "preferences": {"batch_size": 4, "micro_batch_size": 4, "rewards": []},
-    "unpaired": {"batch_size": 4, "micro_batch_size": 4, "rewards": []},
-    "steps": {"batch_size": 4, "micro_batch_size": 2, "rewards": []},
+    "sft": {"batch_size": 4, "micro_batch_size": 2, "eval_rewards": []},
+    "preferences": {"batch_size": 4, "micro_batch_size": 4, "eval_rewards": []},
+    "unpaired": {"batch_size": 4, "micro_batch_size": 4, "eval_rewards": []},
+    "steps": {"batch_size": 4, "micro_batch_size": 2},
 }
 DATA = {"prompts": "prompts", "sft": "sft", "preferences": "pairs", "unpaired": "unpaired",
         "steps": "steps"}

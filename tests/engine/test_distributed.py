@@ -53,7 +53,7 @@ def world(tmp_path_factory) -> dict[str, str]:
 def _keys(world: dict[str, str], out: Path, **kw) -> dict:
     return {"model": world["model"], "train_data": world["data"], "out_dir": str(out),
             "batch_size": 8, "micro_batch_size": 2, "max_steps": 4, "threads": 1,
-            "report_to": [], "rewards": [], "lr": 3e-3, "lr_schedule": "constant",
+            "report_to": [], "eval_rewards": [], "lr": 3e-3, "lr_schedule": "constant",
             "progress": False, "save_every": 2, **kw}
 
 
@@ -161,7 +161,7 @@ def test_grpo_two_ranks_equal_one_process(world, tmp_path, fsdp):
     """Prompts sharded by rank (all G samples of a prompt on one rank), global normalisers."""
     keys = {**_keys(world, tmp_path / "one", train_data=world["prompts"], max_steps=3,
                     eval_data=world["prompts"], eval_max_new_tokens=8), **GRPO}
-    del keys["batch_size"]
+    del keys["batch_size"], keys["eval_rewards"]
     if fsdp:  # FSDP2 runs the plain forward (sharing's call count depends on the data)
         keys["share_prompt_prefix"] = False
     GRPOTrainer(build_config(GRPOConfig, overrides=keys)).train()

@@ -61,7 +61,8 @@ CASES = {  # config keys set away from their defaults -> what the trainer's valu
                         v.micro_batch_size, v.max_len),
              ("q", "a", "####", [{"name": "math", "weight": 1.0}], "zero", 5.0, 9, 11, 13,
               0.7, "none", "hermes", 3, 9)),
-    "sft": ({"eval_max_new_tokens": 7, "max_seq_len": 99, "micro_batch_size": 5, "rewards": []},
+    "sft": ({"eval_max_new_tokens": 7, "max_seq_len": 99, "micro_batch_size": 5,
+             "eval_rewards": []},
             lambda v: (v.generation.max_new_tokens, v.generation.eval_max_new_tokens,
                        v.rewards.specs, v.micro_batch_size, v.max_len),
             (7, 7, [], 5, 99)),
@@ -81,11 +82,12 @@ def test_values_carry_the_configs_keys(command: str) -> None:
 @pytest.mark.parametrize("command", sorted(TRAINERS))
 def test_every_trainer_whose_config_has_more_keys_builds_values(command: str) -> None:
     """A trainer whose config has keys the values read (`max_new_tokens`,
-    `eval_max_new_tokens`, `max_seq_len`, `rewards`) builds its own values; only a bare config
-    leaves the defaults."""
+    `eval_max_new_tokens`, `max_seq_len`, `rewards`, `eval_rewards`) builds its own values;
+    only a bare config leaves the defaults."""
     cls = trainer_class(command)
     names = {f.name for f in dataclasses.fields(cls.config_class)}
-    if names & {"max_new_tokens", "eval_max_new_tokens", "max_seq_len", "rewards"}:
+    if names & {"max_new_tokens", "eval_max_new_tokens", "max_seq_len", "rewards",
+                 "eval_rewards"}:
         assert cls.run_values is not Trainer.run_values, command
         assert isinstance(cls.run_values(cls.config_class()), RunValues)
 
@@ -103,15 +105,11 @@ def test_values_of_each_config_at_its_defaults(cfg: BaseConfig) -> None:
     assert v.generation.temperature == getattr(cfg, "temperature", 1.0)
     assert v.max_len == (getattr(cfg, "max_seq_len", None) or getattr(cfg, "max_new_tokens",
                                                                       None))
-    assert v.rewards.specs == getattr(cfg, "rewards", [])
+    assert v.rewards.specs == getattr(cfg, "eval_rewards", getattr(cfg, "rewards", []))
 
 
 # ---- every config key declared once; a re-declaration only to change a default ----------------
-TWO_THINGS = {  # one key name, two different things (issue 60 item 2 gives each its own word)
-    "rewards": ("HeldOutKeys", "PromptRLConfig"),  # held-out scoring only / trained on
-    "loss_type": ("DPOLossConfig", "KTOConfig"),  # two losses' own sets of choices
-    "batch_size": ("RowKeys", "SearchConfig"),  # rows per optimizer step / per generation
-}
+TWO_THINGS: dict[str, tuple[str, ...]] = {}  # one key name, two different things: none left
 
 
 def config_classes() -> list[type]:
