@@ -136,6 +136,7 @@ def mbpp_report(path: str, mode: str, timeout_s: float, compare: dict | None = N
     rows = mbpp_rows(path)
     imports = {row["task_id"]: row.get("test_imports") for row in rows}
     judged, inside, right, plain_right, losses, wrong, leaks = 0, [], 0, 0, [], 0, []
+    lenient = []  # references the judge passes and plain Python fails
     for task_id, kind, program, tests in mbpp_programs(rows):
         score, result = code_reward_detailed(program, tests, timeout_s, mode=mode,
                                              compare=compare, test_imports=imports[task_id])
@@ -145,6 +146,8 @@ def mbpp_report(path: str, mode: str, timeout_s: float, compare: dict | None = N
             inside.append((task_id, kind, result.in_process_verdicts))
         if kind == "reference":
             right, plain_right = right + (score == 1.0), plain_right + plain
+            if score == 1.0 and not plain:
+                lenient.append(task_id)
             if score != 1.0:
                 first = next((i for i, status in enumerate(result.test_status)
                               if status != "passed"), 0)
@@ -158,10 +161,11 @@ def mbpp_report(path: str, mode: str, timeout_s: float, compare: dict | None = N
     print(f"MBPP {len(rows)} rows, mode={mode}, timeout {timeout_s:g} s, compare={compare}")
     print(f"  references: {right} of {len(rows)} score 1.0 (plain Python passes {plain_right})")
     for task_id, plain, status, kind, detail in losses:
-        print(f"    task {task_id}: {status} in a {kind} test (plain Python "
+        print(f"    task {task_id}: {status} ({kind} test; plain Python "
               f"{'passes' if plain else 'fails'}) {detail!r}")
     unfair = sum(1 for loss in losses if loss[1])
     print(f"  references the judge fails but plain Python passes: {unfair}")
+    print(f"  references the judge passes but plain Python fails: {lenient}")
     print(f"  wrong programs: {wrong}, score > 0: {len(leaks)} "
           f"(where plain Python fails: {sum(1 for leak in leaks if not leak[2])}) {leaks}")
     print(f"  in-process verdicts: {sum(n for _, _, n in inside)} of {judged} tests judged "

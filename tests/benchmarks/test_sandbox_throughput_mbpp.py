@@ -58,7 +58,8 @@ def test_report_counts_the_judges_verdicts(tmp_path, capsys) -> None:
     bench.mbpp_report(str(path), "auto", 10.0)
     out = capsys.readouterr().out
     assert "references: 2 of 3 score 1.0 (plain Python passes 2)" in out
-    assert "task 3: failed in a value test (plain Python fails)" in out
+    assert "task 3: failed (value test; plain Python fails)" in out
     assert "judge fails but plain Python passes: 0" in out
+    assert "judge passes but plain Python fails: []" in out
     assert ("wrong programs: 6, score > 0: 1 (where plain Python fails: 0) "
             "[(3, 'other', True)]") in out
