@@ -155,7 +155,8 @@ def decode_value(text: str) -> tuple[bool, Any]:
     from posttrain.sandbox.io import ProtocolError
 
     try:
-        value = wire_decode(loads_strict(text.encode(), top_object=False), _opaque)
+        value = wire_decode(loads_strict(text.encode(), top_object=False), _opaque,
+                            in_order=False)
     except (WireError, RecursionError, MemoryError) as exc:
         raise ProtocolError(f"a value that is not in wire form: {exc}") from None
     return (True, value) if is_plain(value) and is_finite(value) else (False, None)
@@ -231,9 +232,16 @@ def _rstrip_lines(text: str) -> list[str]:
 
 
 def _literal(node: ast.expr) -> tuple[bool, Any]:
+    """``(True, value)`` of a literal; a set display in it is built as the test's compiled
+    code builds it (``literal_eval`` adds items one at a time: another order, and the program
+    gets the set in the order sent)."""
     try:
-        return True, ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        value = ast.literal_eval(node)
+        if any(isinstance(part, ast.Set) for part in ast.walk(node)):  # only literals: safe
+            code = compile(ast.fix_missing_locations(ast.Expression(node)), "<test>", "eval")
+            value = eval(code, {"__builtins__": {"set": set}})  # noqa: S307
+        return True, value
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, NameError):
         return False, None
 
 
