@@ -316,17 +316,17 @@ def _setup_forked(close, cpu_s):
         signal.signal(number, signal.SIG_DFL)
 
 
-def _program_process(code, link, close, run, describe, key):
-    """Forked child: the program, then :func:`serve_program` on ``link``. Never returns.
-    Exit status: 0 served to the end, 1 an exception, 3 ``MemoryError``, 71 set-up failed.
-    Before the program runs: the private copy of the supervisor that serves (its globals
-    unreachable from the program) and the audit hook that refuses frames, the collector's
-    object graph and tracing while serving (:func:`guard_program`; docs/sandbox.md). The
-    program and the serving run in a thread of their own (:func:`_apart`)."""
+def _program_process(code, link, close, run, describe, key, serve):
+    """Forked child: the program, then ``serve`` (:func:`serve_program` of the private copy of
+    the supervisor that :func:`main` made before any fork: its globals unreachable from the
+    program) on ``link``. Never returns. Exit status: 0 served to the end, 1 an exception,
+    3 ``MemoryError``, 71 set-up failed. Before the program runs: the audit hook that refuses
+    frames, the collector's object graph and tracing while serving (:func:`guard_program`;
+    docs/sandbox.md). The program and the serving run in a thread of their own
+    (:func:`_apart`)."""
     exit_now, cap, serving = os._exit, 4 * run["max_value_bytes"] + 1024, [False]
     try:
         _setup_forked(close, run["cpu_s"])
-        serve = private_world(globals())["serve_program"]
         guard_program(serving)
         namespace = _main_namespace()
         steps = (starmap(exec, [(code, namespace)]), starmap(sys.stdout.flush, [()]),
@@ -362,7 +362,7 @@ def _apart(steps, exit_now):
     exit_now(3 if raised and raised[0][0] is memory_error else 1)
 
 
-def _fork_program(code, run, describe, key):
+def _fork_program(code, run, describe, key, serve):
     """(pid, our end of its socket) of a fresh program process, or None when fork fails."""
     ours, theirs = _socket.socketpair()
     try:
@@ -373,7 +373,7 @@ def _fork_program(code, run, describe, key):
         return None
     if pid == 0:
         try:
-            _program_process(code, theirs.fileno(), [ours.fileno()], run, describe, key)
+            _program_process(code, theirs.fileno(), [ours.fileno()], run, describe, key, serve)
         finally:
             os._exit(72)
     theirs.close()
@@ -392,10 +392,10 @@ def _program_status(status, cpu_used, run, timed_out):
     return {3: "memory", 71: "sandbox_error"}.get(code, "failed")
 
 
-def _run_value(code, test, run):
+def _run_value(code, test, run, serve):
     """A value test: the program process answers one call; the value goes to the parent."""
     key = os.urandom(16)  # the answers' signing key (wire._signed), made for this test
-    forked = _fork_program(code, run, describe=False, key=key)
+    forked = _fork_program(code, run, describe=False, key=key, serve=serve)
     if forked is None:
         return _response("sandbox_error", False)
     pid, ours = forked
@@ -495,10 +495,10 @@ def _judge_report(data, status):
     return report
 
 
-def _run_judged(code, test, run):
+def _run_judged(code, test, run, serve):
     """An assert test: program process + judge process; the judge's verdict decides."""
     key = os.urandom(16)  # the answers' signing key (wire._signed), made for this test
-    forked = _fork_program(code, run, describe=True, key=key)
+    forked = _fork_program(code, run, describe=True, key=key, serve=serve)
     if forked is None:
         return _response("sandbox_error", False)
     pid, ours = forked
@@ -541,13 +541,13 @@ def _run_judged(code, test, run):
     return response
 
 
-def _answer(code, test, run):
+def _answer(code, test, run, serve):
     if code is None:
         return _response("failed", False)
     if test["kind"] == "value":
-        return _run_value(code, test, run)
+        return _run_value(code, test, run, serve)
     if test["kind"] == "assert":
-        return _run_judged(code, test, run)
+        return _run_judged(code, test, run, serve)
     return _run_test(code, test, run)
 
 
@@ -567,12 +567,16 @@ def main():
         code = compile(run["code"], "<program>", "exec")
     except (SyntaxError, ValueError, RecursionError, MemoryError):  # too deep to compile: 0
         code = None
+    # the private copy that serves in every program process, made once here (only this frame
+    # holds it: nothing a program can reach refers to it; each fork gets its own pages)
+    serve = private_world(globals())["serve_program"]
     for index, line in enumerate(commands):
-        response = _answer(code, json.loads(line), run)
+        response = _answer(code, json.loads(line), run, serve)
         response["id"] = index
         _write_all(result_fd, (json.dumps(response) + "\n").encode())
     _sweep(run["kill_all"], 0)  # nothing may outlive the run
     _clear_keyrings()
+    os._exit(0)  # every answer is written (os.write): the interpreter's teardown is not needed
 
 
 if __name__ == "__main__":
