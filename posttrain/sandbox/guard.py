@@ -197,16 +197,12 @@ def _seal_collector():
     return create, spec
 
 
-def _proc_device():
-    """The device of this process's ``/proc`` (None without one). Read once when the
-    supervisor starts: its program processes share its mount namespace, so its ``/proc``."""
-    try:
-        return os.stat("/proc/self/mem").st_dev
-    except OSError:
-        return None
-
-
-_PROC_DEVICE = _proc_device()
+# the device of /proc, read once when the supervisor starts (its program processes share its
+# mount namespace, so its /proc); None without one
+try:
+    _PROC_DEVICE = os.stat("/proc/self/mem").st_dev
+except OSError:
+    _PROC_DEVICE = None
 
 
 def _proc_memory_check():

@@ -14,9 +14,8 @@ an expected value. After every test the supervisor kills everything the program 
 More: docs/sandbox.md, "Module notes", posttrain.sandbox.harness.
 """
 
-import _json
-import _signal  # the C modules: socket.py, signal.py (enum), json and contextlib would cost
-import _socket  # ~7 ms of imports per run
+import _signal  # C modules, not signal.py (enum) or socket.py; and no json or contextlib:
+import _socket  # their imports would cost ~7 ms a run
 import _thread
 import os
 import resource
@@ -35,9 +34,8 @@ from posttrain.sandbox.program import private_world
 from posttrain.sandbox.wire import (
     _ENCODE,
     WireError,
-    _Options,
-    _refuse,
     dumps_frame,
+    json_codec,
     read_frame,
     split_frames,
     write_frame,
@@ -46,11 +44,7 @@ from posttrain.sandbox.wire import (
 # </parent-only>
 
 _TOKEN_BYTES = 16
-# the parent's commands (it is trusted: floats such as timeout_s allowed), read by _json's C
-# scanner; our answers to it are written by wire's encoder
-_COMMAND = _json.make_scanner(_Options(strict=True, object_hook=None, object_pairs_hook=None,
-                                       parse_float=float, parse_int=int,
-                                       parse_constant=_refuse, memo={}))
+_COMMAND = json_codec(float)[1]  # reads the parent's commands; wire's _ENCODE our answers
 _SUPERVISOR_FDS = []  # the result and tests pipes: every child closes them first
 _SOURCE_CAP = 1 << 24
 
