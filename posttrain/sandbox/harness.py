@@ -46,6 +46,13 @@ from posttrain.sandbox.wire import (
 _TOKEN_BYTES = 16
 _COMMAND = json_codec(float)[1]  # reads the parent's commands; wire's _ENCODE our answers
 _SUPERVISOR_FDS = []  # the result and tests pipes: every child closes them first
+# standard-library modules programs often import, loaded once before any fork when the
+# program's code names them (not again in each test's program process); none keeps state made
+# per process (random, tempfile, uuid are not here)
+_PRELOAD = frozenset(("abc", "bisect", "collections", "contextlib", "copy", "dataclasses",
+                      "datetime", "decimal", "enum", "fractions", "functools", "heapq",
+                      "itertools", "json", "math", "numbers", "operator", "re", "string",
+                      "textwrap", "typing"))
 _SOURCE_CAP = 1 << 24
 
 
@@ -570,6 +577,11 @@ def main():
         code = compile(run["code"], "<program>", "exec")
     except (SyntaxError, ValueError, RecursionError, MemoryError):  # too deep to compile: 0
         code = None
+    for name in sorted(program_names(code) & _PRELOAD if code is not None else ()):
+        try:  # noqa: SIM105 - one that fails is the program's own import, as before
+            __import__(name)
+        except Exception:
+            pass
     # the private copy that serves in every program process, made once here (only this frame
     # holds it: nothing a program can reach refers to it; each fork gets its own pages)
     serve = private_world(globals())["serve_program"]
