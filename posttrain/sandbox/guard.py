@@ -5,6 +5,8 @@ refuses code made at run time and starting or signalling processes, so nothing b
 program's output runs where a verdict is decided (docs/sandbox.md, "The judge process").
 """
 
+import _imp
+import gc
 import os
 import sys
 
@@ -181,9 +183,6 @@ def _seal_collector():
     that asks the audit hook, which alone holds the real one and refuses ``gc`` and ``_imp``
     (:func:`guard_program`); ``importlib.reload`` adds no functions. Returns the real
     ``create_builtin`` and the spec class it is called with."""
-    import _imp
-    import gc
-
     create, spec = _imp.create_builtin, type(sys.__spec__)
 
     def refuse_debug(*args, **kwargs):
@@ -198,6 +197,14 @@ def _seal_collector():
     return create, spec
 
 
+# the device of /proc, read once when the supervisor starts (its program processes share its
+# mount namespace, so its /proc); None without one
+try:
+    _PROC_DEVICE = os.stat("/proc/self/mem").st_dev
+except OSError:
+    _PROC_DEVICE = None
+
+
 def _proc_memory_check():
     """``check(path) -> bool``: does opening ``path`` (or linking to it) reach a process's
     memory (``/proc/<pid>/mem``, ``/proc/self/task/<tid>/mem``)? A path named ``mem``, or one
@@ -206,10 +213,7 @@ def _proc_memory_check():
     ``__fspath__`` could answer differently the second time)."""
     kinds, kind_of, stat, regular, errors = (int, str, bytes), type, os.stat, 0o100600, \
         (OSError, ValueError)
-    try:
-        proc = os.stat("/proc/self/mem").st_dev
-    except OSError:
-        proc = None
+    proc = _PROC_DEVICE
 
     def check(path):
         kind = kind_of(path)

@@ -14,14 +14,12 @@ an expected value. After every test the supervisor kills everything the program 
 More: docs/sandbox.md, "Module notes", posttrain.sandbox.harness.
 """
 
-import _socket  # the C module: socket.py would cost ~3 ms of imports per run
+import _signal  # C modules, not signal.py (enum) or socket.py; and no json or contextlib:
+import _socket  # their imports would cost ~7 ms a run
 import _thread
-import contextlib
-import json
 import os
 import resource
 import select
-import signal
 import sys
 import time
 from _queue import SimpleQueue
@@ -34,8 +32,10 @@ from posttrain.sandbox.judge import Link, judge_test, program_names
 from posttrain.sandbox.procs import _apply_limits, _clear_keyrings, _deny_sysinfo, _prctl, _sweep
 from posttrain.sandbox.program import private_world
 from posttrain.sandbox.wire import (
+    _ENCODE,
     WireError,
     dumps_frame,
+    json_codec,
     read_frame,
     split_frames,
     write_frame,
@@ -44,7 +44,15 @@ from posttrain.sandbox.wire import (
 # </parent-only>
 
 _TOKEN_BYTES = 16
+_COMMAND = json_codec(float)[1]  # reads the parent's commands; wire's _ENCODE our answers
 _SUPERVISOR_FDS = []  # the result and tests pipes: every child closes them first
+# standard-library modules programs often import, loaded once before any fork when the
+# program's code names them (not again in each test's program process); none keeps state made
+# per process (random, tempfile, uuid are not here)
+_PRELOAD = frozenset(("abc", "bisect", "collections", "contextlib", "copy", "dataclasses",
+                      "datetime", "decimal", "enum", "fractions", "functools", "heapq",
+                      "itertools", "json", "math", "numbers", "operator", "re", "string",
+                      "textwrap", "typing"))
 _SOURCE_CAP = 1 << 24
 
 
@@ -64,8 +72,8 @@ def _setup_child(fds, cpu_s):
         os.close(fds["stdout_w"])
     os.setpgid(0, 0)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-        signal.signal(number, signal.SIG_DFL)
+    for number in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGPIPE):
+        _signal.signal(number, _signal.SIG_DFL)
 
 
 def _child(code, test, fds, token, cpu_s):
@@ -93,8 +101,10 @@ def _child(code, test, fds, token, cpu_s):
                 raise
         if kind == "stdio":
             _finish_script(namespace)
-        with contextlib.suppress(base_exception):
+        try:  # noqa: SIM105 - contextlib is not imported here (~3 ms a run)
             stdout.flush()
+        except base_exception:
+            pass
         write(write_fd, b"U")
         settrace(None)
         setprofile(None)
@@ -128,18 +138,14 @@ def _finish_script(namespace):
     import gc
 
     module = sys.modules.get("threading")  # the program's view of it
-    if module is not None:
-        with contextlib.suppress(Exception):
-            module._shutdown()
-    with contextlib.suppress(Exception):
-        atexit._run_exitfuncs()
-    for _ in range(2):
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        namespace.clear()
-        with contextlib.suppress(Exception):
-            gc.collect()
+    steps = [lambda: module is None or module._shutdown(), atexit._run_exitfuncs]
+    steps += [lambda: sys.stdout.flush(), lambda: sys.stderr.flush(), namespace.clear,
+              gc.collect] * 2
+    for step in steps:
+        try:  # noqa: SIM105 - contextlib is not imported here (~3 ms a run)
+            step()
+        except Exception:
+            pass
 
 
 def _wait_child(pid, pipes, timeout_s):
@@ -159,7 +165,7 @@ def _wait_child(pid, pipes, timeout_s):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             timed_out = True
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, _signal.SIGKILL)
             done = os.wait4(pid, 0)
             break
         watch = sorted(open_fds) + ([pidfd] if pidfd is not None else [])
@@ -172,9 +178,11 @@ def _wait_child(pid, pipes, timeout_s):
             done = finished
     for fd in pipes:  # whatever the child wrote before exiting is still in the pipe
         os.set_blocking(fd, False)
-        with contextlib.suppress(OSError):
+        try:
             while fd in open_fds:
                 _read_into(fd, data, pipes[fd], open_fds, truncated)
+        except OSError:
+            open_fds.discard(fd)
         os.close(fd)
     if pidfd is not None:
         os.close(pidfd)
@@ -200,8 +208,8 @@ def _classify(kind, data, status, cpu_used, cpu_s, timed_out, token):
     """Status of a test from what its child left behind (see the module docstring)."""
     signaled = os.WIFSIGNALED(status)
     over_cpu = signaled and (
-        os.WTERMSIG(status) == signal.SIGXCPU
-        or (os.WTERMSIG(status) == signal.SIGKILL and cpu_used >= cpu_s)
+        os.WTERMSIG(status) == _signal.SIGXCPU
+        or (os.WTERMSIG(status) == _signal.SIGKILL and cpu_used >= cpu_s)
     )
     exited_ok = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     if data == b"S":
@@ -312,21 +320,21 @@ def _setup_forked(close, cpu_s):
     os.close(stdin)
     os.setpgid(0, 0)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-        signal.signal(number, signal.SIG_DFL)
+    for number in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGPIPE):
+        _signal.signal(number, _signal.SIG_DFL)
 
 
-def _program_process(code, link, close, run, describe, key):
-    """Forked child: the program, then :func:`serve_program` on ``link``. Never returns.
-    Exit status: 0 served to the end, 1 an exception, 3 ``MemoryError``, 71 set-up failed.
-    Before the program runs: the private copy of the supervisor that serves (its globals
-    unreachable from the program) and the audit hook that refuses frames, the collector's
-    object graph and tracing while serving (:func:`guard_program`; docs/sandbox.md). The
-    program and the serving run in a thread of their own (:func:`_apart`)."""
+def _program_process(code, link, close, run, describe, key, serve):
+    """Forked child: the program, then ``serve`` (:func:`serve_program` of the private copy of
+    the supervisor that :func:`main` made before any fork: its globals unreachable from the
+    program) on ``link``. Never returns. Exit status: 0 served to the end, 1 an exception,
+    3 ``MemoryError``, 71 set-up failed. Before the program runs: the audit hook that refuses
+    frames, the collector's object graph and tracing while serving (:func:`guard_program`;
+    docs/sandbox.md). The program and the serving run in a thread of their own
+    (:func:`_apart`)."""
     exit_now, cap, serving = os._exit, 4 * run["max_value_bytes"] + 1024, [False]
     try:
         _setup_forked(close, run["cpu_s"])
-        serve = private_world(globals())["serve_program"]
         guard_program(serving)
         namespace = _main_namespace()
         steps = (starmap(exec, [(code, namespace)]), starmap(sys.stdout.flush, [()]),
@@ -362,7 +370,7 @@ def _apart(steps, exit_now):
     exit_now(3 if raised and raised[0][0] is memory_error else 1)
 
 
-def _fork_program(code, run, describe, key):
+def _fork_program(code, run, describe, key, serve):
     """(pid, our end of its socket) of a fresh program process, or None when fork fails."""
     ours, theirs = _socket.socketpair()
     try:
@@ -373,7 +381,7 @@ def _fork_program(code, run, describe, key):
         return None
     if pid == 0:
         try:
-            _program_process(code, theirs.fileno(), [ours.fileno()], run, describe, key)
+            _program_process(code, theirs.fileno(), [ours.fileno()], run, describe, key, serve)
         finally:
             os._exit(72)
     theirs.close()
@@ -383,8 +391,8 @@ def _fork_program(code, run, describe, key):
 def _program_status(status, cpu_used, run, timed_out):
     """Status of a program process that ended before answering (exit codes above)."""
     signaled = os.WIFSIGNALED(status)
-    if timed_out or (signaled and (os.WTERMSIG(status) == signal.SIGXCPU or (
-            os.WTERMSIG(status) == signal.SIGKILL and cpu_used >= run["cpu_s"]))):
+    if timed_out or (signaled and (os.WTERMSIG(status) == _signal.SIGXCPU or (
+            os.WTERMSIG(status) == _signal.SIGKILL and cpu_used >= run["cpu_s"]))):
         return "timeout"
     if signaled:
         return "crashed"
@@ -392,10 +400,10 @@ def _program_status(status, cpu_used, run, timed_out):
     return {3: "memory", 71: "sandbox_error"}.get(code, "failed")
 
 
-def _run_value(code, test, run):
+def _run_value(code, test, run, serve):
     """A value test: the program process answers one call; the value goes to the parent."""
     key = os.urandom(16)  # the answers' signing key (wire._signed), made for this test
-    forked = _fork_program(code, run, describe=False, key=key)
+    forked = _fork_program(code, run, describe=False, key=key, serve=serve)
     if forked is None:
         return _response("sandbox_error", False)
     pid, ours = forked
@@ -438,7 +446,7 @@ def _value_response(data, truncated, status, cpu_used, run, timed_out, cap, key)
     if set(answer) != {"id", "ok", "back"}:
         return _response("sandbox_error", True)
     response = _response("returned", True)
-    response["value"] = json.dumps(answer["ok"])
+    response["value"] = "".join(_ENCODE(answer["ok"], 0))
     return response
 
 
@@ -495,10 +503,10 @@ def _judge_report(data, status):
     return report
 
 
-def _run_judged(code, test, run):
+def _run_judged(code, test, run, serve):
     """An assert test: program process + judge process; the judge's verdict decides."""
     key = os.urandom(16)  # the answers' signing key (wire._signed), made for this test
-    forked = _fork_program(code, run, describe=True, key=key)
+    forked = _fork_program(code, run, describe=True, key=key, serve=serve)
     if forked is None:
         return _response("sandbox_error", False)
     pid, ours = forked
@@ -525,8 +533,10 @@ def _run_judged(code, test, run):
     report = None if timed_out else _judge_report(data[verdict_r], status)
     verdict = None if report is None else report["verdict"]
     if timed_out:
-        with contextlib.suppress(WireError):  # did the program's top level finish?
+        try:  # did the program's top level finish?
             timed_out = {"top": True} in split_frames(data[verdict_r], _SOURCE_CAP + 1024)
+        except WireError:
+            timed_out = True
         response = _response("timeout", timed_out)
     elif verdict == "gone":  # the program ended or broke the protocol: its exit says why
         left = max(0.0, run["timeout_s"] - (time.monotonic() - started))
@@ -541,13 +551,13 @@ def _run_judged(code, test, run):
     return response
 
 
-def _answer(code, test, run):
+def _answer(code, test, run, serve):
     if code is None:
         return _response("failed", False)
     if test["kind"] == "value":
-        return _run_value(code, test, run)
+        return _run_value(code, test, run, serve)
     if test["kind"] == "assert":
-        return _run_judged(code, test, run)
+        return _run_judged(code, test, run, serve)
     return _run_test(code, test, run)
 
 
@@ -555,24 +565,33 @@ def main():
     result_fd, tests_fd = int(sys.argv[-2]), int(sys.argv[-1])
     _prctl(4, 0)  # PR_SET_DUMPABLE 0, before anything else (see the module docstring)
     _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
-    _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die if the parent dies
+    _prctl(1, _signal.SIGKILL)  # PR_SET_PDEATHSIG: die if the parent dies
     _SUPERVISOR_FDS.extend([result_fd, tests_fd])
     _clear_keyrings()  # what an earlier run of this uid left there never reaches this one
     _deny_sysinfo()  # host-wide memory figures: a channel between concurrent runs
     _write_all(result_fd, b"R\n")
     commands = _lines(0)
-    run = json.loads(next(commands))
+    run = _COMMAND(next(commands).decode(), 0)[0]
     _apply_limits(run["limits"])
     try:
         code = compile(run["code"], "<program>", "exec")
     except (SyntaxError, ValueError, RecursionError, MemoryError):  # too deep to compile: 0
         code = None
+    for name in sorted(program_names(code) & _PRELOAD if code is not None else ()):
+        try:  # noqa: SIM105 - one that fails is the program's own import, as before
+            __import__(name)
+        except Exception:
+            pass
+    # the private copy that serves in every program process, made once here (only this frame
+    # holds it: nothing a program can reach refers to it; each fork gets its own pages)
+    serve = private_world(globals())["serve_program"]
     for index, line in enumerate(commands):
-        response = _answer(code, json.loads(line), run)
+        response = _answer(code, _COMMAND(line.decode(), 0)[0], run, serve)
         response["id"] = index
-        _write_all(result_fd, (json.dumps(response) + "\n").encode())
+        _write_all(result_fd, ("".join(_ENCODE(response, 0)) + "\n").encode())
     _sweep(run["kill_all"], 0)  # nothing may outlive the run
     _clear_keyrings()
+    os._exit(0)  # every answer is written (os.write): the interpreter's teardown is not needed
 
 
 if __name__ == "__main__":

@@ -2,10 +2,9 @@
 its source joined to the supervisor's, see :mod:`posttrain.sandbox.harness`): prctl, resource
 limits, the sweep that kills what a test left, the keyring reset and the seccomp filter."""
 
-import contextlib
+import _signal
 import os
 import resource
-import signal
 import time
 
 
@@ -78,6 +77,15 @@ def _reap():
             return
 
 
+def _quietly(call, *args):
+    """``call(*args)``, an ``OSError`` ignored (what ``contextlib.suppress`` does, without its
+    imports: ~3 ms a run)."""
+    try:
+        return call(*args)
+    except OSError:
+        return None
+
+
 def _sweep(kill_all, pgid):
     """Kill every process the program left, then reap them.
 
@@ -89,21 +97,18 @@ def _sweep(kill_all, pgid):
     me = os.getpid()
     for _ in range(5000):
         if kill_all:
-            with contextlib.suppress(OSError):
-                os.kill(-1, signal.SIGKILL)
+            _quietly(os.kill, -1, _signal.SIGKILL)
             _reap()
             if not _others_alive(me):  # kill(-1)'s return value cannot tell us (kernel counts
                 break  # tasks it failed on with errors other than EPERM)
         else:
             if pgid:
-                with contextlib.suppress(OSError):
-                    os.killpg(pgid, signal.SIGKILL)
+                _quietly(os.killpg, pgid, _signal.SIGKILL)
             kids = _direct_children(me)
             if not kids:
                 break
             for pid in kids:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
+                _quietly(os.kill, pid, _signal.SIGKILL)
         _reap()
         time.sleep(0.001)
     _reap()

@@ -304,10 +304,11 @@ def serve_program(namespace, fd, cap, describe, key):
 
 
 def private_world(source):
-    """The globals of a private copy of the supervisor (``source``: its globals), made in the
-    program process before the program runs: every function of ``source`` copied with these
-    globals, its tables copied, each module it names as a snapshot of its attributes, the
-    builtins as they are now, the JSON codec made again from the copies. The program can
+    """The globals of a private copy of the supervisor (``source``: its globals), made once by
+    the supervisor before it forks a program process (held by no global): every function of
+    ``source`` copied with these globals, its tables copied, each module it names as a
+    snapshot of its attributes, the builtins as they are now, the JSON codec made again from
+    the copies. The program can
     still reach ``source`` (a method's ``__globals__`` of any supervisor class) and patch any
     module or builtin; none of those is what the copies look up, and nothing the program can
     reach refers to the copies (docs/sandbox.md, "Wire form")."""

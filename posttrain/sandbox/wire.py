@@ -204,15 +204,16 @@ def _not_json(obj):
     raise TypeError(f"not JSON: {type(obj).__name__}")
 
 
-def json_codec():
+def json_codec(parse_float=_refuse):
     """``(encode, scan)``: the C encoder and scanner of ``_json``, made once with their options
     (compact separators, ASCII, no NaN; no floats, no NaN, no duplicate keys), so writing and
     reading a frame looks nothing up in ``json``'s module globals at run time (the program
-    process makes its own with :mod:`.program`'s private copies)."""
+    process makes its own with :mod:`.program`'s private copies). ``parse_float=float``: the
+    supervisor's reader of the parent's commands (trusted; ``timeout_s`` is a float)."""
     encode = _json.make_encoder(None, _not_json, _json.encode_basestring_ascii, None, ":", ",",
                                 False, False, False)
     context = _Options(strict=True, object_hook=None, object_pairs_hook=_pairs,
-                       parse_float=_refuse, parse_int=int, parse_constant=_refuse, memo={})
+                       parse_float=parse_float, parse_int=int, parse_constant=_refuse, memo={})
     return encode, _json.make_scanner(context)
 
 

@@ -333,3 +333,32 @@ def test_own_memory_is_out_of_reach_by_every_route(mode: str) -> None:
     program = _MEMORY + f"R = routes({where!r})\nC = control({where!r})\n"
     tests = ["assert R == [True] * 7", "assert C == 'opened'"]
     assert _statuses(program, tests, mode) == ["passed", "passed"]
+
+
+def test_each_tests_program_process_starts_from_the_supervisor_as_it_was(mode: str) -> None:
+    # the supervisor makes its private copy and imports the modules a program names (re here)
+    # once, before its first fork: what one test's program process did to them (a counter kept
+    # in a module, a patched function) is not in the next one's, as in plain Python
+    program = ("import re\nre.RUNS = getattr(re, 'RUNS', 0) + 1\n"
+               "if re.RUNS == 1:\n    re.sub = None\n"
+               "def f(x):\n    return re.RUNS\n")
+    tests = ["assert f(0) == 1", "assert f(0) == 1", "assert (f(0) == 1) == True",
+             "assert (f(0) == 1) == True", "assert f(0) == 1"]
+    score, result = code_reward_detailed(program, tests, 3.0, mode=mode, partial=True)
+    assert result.test_status == ["passed"] * 5, result.test_status
+    assert result.test_kinds == ["value", "value", "assert", "assert", "value"]
+
+
+def test_the_modules_the_supervisor_loads_ahead_keep_no_state_made_per_process() -> None:
+    # a module seeded or named per process (random, tempfile, uuid, secrets) loaded once ahead
+    # would be the same in every test's program process: none of them comes with the list
+    import subprocess
+    import sys
+
+    from posttrain.sandbox.harness import _PRELOAD
+
+    code = (f"import sys\nfor name in {sorted(_PRELOAD)!r}:\n    __import__(name)\n"
+            "print(sorted({'random', 'tempfile', 'uuid', 'secrets'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
+                          text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]"
