@@ -63,6 +63,16 @@ def plain_size(value: object) -> int | None:
 PLAIN = (list, dict, set, tuple, frozenset, str, int, float)
 
 
+SOURCE = "\0source"  # the reference solution's tree, beside its names
+
+
+def makes_sets(tree: ast.Module) -> bool:
+    """A set display, set comprehension or set() / frozenset() call in ``tree``."""
+    return any(isinstance(node, (ast.Set, ast.SetComp)) or (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and
+        node.func.id in ("set", "frozenset")) for node in ast.walk(tree))
+
+
 def classes(program: dict) -> list[type]:
     """The program's own top-level classes (exceptions left out: they are stand-ins)."""
     return [v for v in program.values() if isinstance(v, type) and
@@ -94,6 +104,10 @@ SHAPES: dict[str, Callable[[dict, str, ast.Module], bool]] = {
     "program imports threads": lambda program, test, tree: any(
         getattr(v, "__name__", "").split(".")[0] in ("threading", "_thread", "concurrent")
         for v in program.values()),
+    # a set the test makes (it reaches the program refilled in its order, or the test fails)
+    "set made by the test": lambda program, test, tree: makes_sets(tree),
+    # a set the program makes (the judge's copy iterates in the nearest order it can: open)
+    "set made by the program": lambda program, test, tree: makes_sets(program[SOURCE]),
     # a program name shadowing a builtin that the test calls (plain Python's, counted for info)
     "program name shadows a builtin": lambda program, test, tree: bool(
         (used_names(tree) - top_level_names(tree)) & set(program) & set(dir(builtins))),
@@ -111,6 +125,7 @@ def count(rows: list[tuple[str, str]]) -> dict[str, int]:
         namespace: dict = {"__name__": "__main__"}
         exec(solution, namespace)  # trusted reference code
         program = {k: v for k, v in namespace.items() if not k.startswith("__")}
+        program[SOURCE] = ast.parse(solution)
         tree = ast.parse(test)
         for shape, touches in SHAPES.items():
             counts[shape] += touches(program, test, tree)

