@@ -106,7 +106,7 @@ SHAPES: dict[str, Callable[[dict, str, ast.Module], bool]] = {
         for v in program.values()),
     # a set the test makes (it reaches the program refilled in its order, or the test fails)
     "set made by the test": lambda program, test, tree: makes_sets(tree),
-    # a set the program makes (the judge's copy iterates in the nearest order it can: open)
+    # a set the program makes (reaches the judge refilled in its order, or the test fails)
     "set made by the program": lambda program, test, tree: makes_sets(program[SOURCE]),
     # a program name shadowing a builtin that the test calls (plain Python's, counted for info)
     "program name shadows a builtin": lambda program, test, tree: bool(

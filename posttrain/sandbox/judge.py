@@ -149,7 +149,7 @@ class Link:
         if type(how) is list and len(how) == 2:
             if how[0] == "v":
                 try:
-                    return wire_decode(how[1], self.handle, in_order=False)
+                    return wire_decode(how[1], self.handle, in_order=_disorder)
                 except WireError:
                     raise ProgramBroke("bad value in hello") from None
             if how[0] == "h" and type(how[1]) is int and how[1] >= 0:
@@ -195,7 +195,7 @@ class Link:
         if issubclass(kind, (StopIteration, StopAsyncIteration)) and op != "next":
             return RuntimeError(f"program raised {name}")  # PEP 479: it never ends a test's loop
         try:
-            args = (message,) if arguments is None else wire_decode(arguments, in_order=False)
+            args = (message,) if arguments is None else wire_decode(arguments, in_order=_disorder)
             exc = kind(*args) if type(args) is tuple else kind(message)
         except Exception:
             return ProgramError(f"{name}: {message}")
@@ -265,8 +265,8 @@ class Link:
         self.threads(answer["threads"])
         try:
             self._take_back(answer["back"], request["next"])
-            value = wire_decode(answer["ok"], self.handle, in_order=False) if "ok" in answer \
-                else None
+            value = wire_decode(answer["ok"], self.handle, in_order=_disorder) \
+                if "ok" in answer else None
         except (WireError, TypeError, KeyError, IndexError) as exc:
             raise ProgramBroke(f"bad value: {exc}") from None
         self.bind(answer["names"])
@@ -307,12 +307,18 @@ class Link:
                 obj = base()
             self.shared[number], self.numbers[id(obj)] = obj, number
             self.next_shared = max(self.next_shared, number + 1)
-        new = [wire_decode(item[1], self.handle, in_order=False) for item in back]
+        new = [wire_decode(item[1], self.handle, in_order=_disorder) for item in back]
         for number, value in zip(numbers, new, strict=True):
-            _fill(self.shared[number], value, in_order=False)
+            _fill(self.shared[number], value, in_order=_disorder)
 
 
 _UNSET = object()
+
+
+def _disorder():
+    """A set of the program the judge cannot rebuild in its order: the test would iterate it
+    unlike plain Python (docs/sandbox.md, "A set's iteration order")."""
+    not_python("a set of the program whose iteration order the judge cannot rebuild")
 
 
 class Handle:

@@ -173,8 +173,8 @@ def _shared_objects(share=False):
 def _fill(obj, new, in_order=True):
     """Give ``obj`` the items of ``new`` (its base type), keeping ``obj``'s identity; with the
     base type's own methods (an instance of a subclass of a list, dict or set too). A set
-    iterates in ``new``'s order where it can (``in_order``: else WireError(SET_ORDER), the
-    program would see another order than plain Python's; the judge keeps the nearest)."""
+    iterates in ``new``'s order where it can; elsewhere as :func:`.wire.same_order_set` says
+    for ``in_order`` (it keeps the nearest order when it does not raise)."""
     if not isinstance(obj, type(new)) or type(new) not in _MUTABLE:
         raise WireError("a shared object changed type")
     if type(new) is list:
@@ -189,8 +189,10 @@ def _fill(obj, new, in_order=True):
             set.update(obj, fill)
             if all(a is b for a, b in zip(set.__iter__(obj), order, strict=True)):
                 return
-        if in_order:
+        if in_order is True:
             raise WireError(SET_ORDER)
+        if in_order:
+            in_order()
 
 
 def _perform(request, shared, namespace):

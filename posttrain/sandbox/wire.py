@@ -116,20 +116,22 @@ def _text(item):
     return item
 
 
-def same_order_set(items, kind=set, strict=True):
+def same_order_set(items, kind=set, in_order=True):
     """A ``kind`` (set or frozenset) of ``items`` that iterates in their order (the sender's):
     filled as CPython fills one from a dict (presized, in order: a set display's layout), else
-    one item at a time. Neither: :class:`WireError` (``SET_ORDER``) when ``strict``, since the
-    receiver would iterate it in another order than plain Python does (docs/sandbox.md), else
-    the first of the two."""
+    one item at a time. Neither gives it: ``in_order`` True raises WireError(SET_ORDER) (the
+    receiver would iterate it unlike plain Python: docs/sandbox.md); a callable is called,
+    then (and for False) the first of the two is returned."""
     first = kind(dict.fromkeys(items))
     if len(first) != len(items):  # a set with duplicates was never a set
         raise WireError("duplicate set items")
     for made in (first, kind(items)):
         if all(a is b for a, b in zip(made, items, strict=True)):
             return made
-    if strict:
+    if in_order is True:
         raise WireError(SET_ORDER)
+    if in_order:
+        in_order()
     return first
 
 
@@ -170,8 +172,9 @@ def _decode_tagged(tag, rest, handle, depth, in_order):
 def wire_decode(data, handle=None, depth=0, in_order=True):
     """Inverse of :func:`wire_encode`; ``handle(n)`` resolves ``["h", n]`` (without it a handle
     is a :class:`WireError`). Raises :class:`WireError` on anything malformed. A set iterates in
-    the order it was sent where it can (:func:`same_order_set`); ``in_order``: or the value is
-    refused (the program's side; the parent and the judge take the nearest set)."""
+    the order it was sent where it can; elsewhere ``in_order`` says what happens
+    (:func:`same_order_set`: the program's side refuses, the judge fails the test, the parent,
+    which only compares values, takes the nearest set)."""
     kind = type(data)
     if data is None or kind is bool or kind is str:
         return data

