@@ -48,17 +48,9 @@ from posttrain.engine.checkpoint import (
 from posttrain.engine.distributed import Dist
 from posttrain.engine.forward import PolicyForward, policy_forward, say_full_logits
 from posttrain.engine.fsdp import SHARDED, full_weights, load_sharded, save_sharded
-from posttrain.engine.launch import (
-    StopRequest,
-    check_warmup,
-    config_changes,
-    enable_checkpointing,
-    prepare_out_dir,
-    report_resume,
-    report_stop,
-    resolve_config,
-)
+from posttrain.engine.launch import StopRequest, check_warmup, enable_checkpointing, resolve_config
 from posttrain.engine.optim import build_optimizer
+from posttrain.engine.out_dir import config_changes, prepare_out_dir, report_resume, report_stop
 from posttrain.engine.preflight import preflight
 from posttrain.engine.push_check import check_push, probe_ids
 from posttrain.engine.reference import ReferencePolicy
