@@ -20,6 +20,7 @@ from posttrain.sandbox.wire import (
     _MUTABLE,
     SET_ORDER,
     WireError,
+    iterates_as,
     overrides,
     read_frame,
     wire_decode,
@@ -184,15 +185,16 @@ def _fill(obj, new, in_order=True):
         dict.update(obj, new)
     else:  # a set: merged (``new``'s layout), else one item at a time, in ``new``'s order
         order = list(set.__iter__(new))
-        for fill in (new, order, new):
+        for fill in (new, order):
             set.clear(obj)
             set.update(obj, fill)
-            if all(a is b for a, b in zip(set.__iter__(obj), order, strict=True)):
+            if not in_order or iterates_as(obj, order):
                 return
         if in_order is True:
             raise WireError(SET_ORDER)
-        if in_order:
-            in_order()
+        in_order()
+        set.clear(obj)
+        set.update(obj, new)  # the nearest: new's own layout
 
 
 def _perform(request, shared, namespace):

@@ -116,22 +116,29 @@ def _text(item):
     return item
 
 
+def iterates_as(made, items):
+    """Whether the set ``made`` (read with its base type's iterator) yields ``items`` in order."""
+    return all(a is b for a, b in zip(set.__iter__(made) if isinstance(made, set) else made,
+                                      items, strict=True))
+
+
 def same_order_set(items, kind=set, in_order=True):
     """A ``kind`` (set or frozenset) of ``items`` that iterates in their order (the sender's):
     filled as CPython fills one from a dict (presized, in order: a set display's layout), else
     one item at a time. Neither gives it: ``in_order`` True raises WireError(SET_ORDER) (the
     receiver would iterate it unlike plain Python: docs/sandbox.md); a callable is called,
-    then (and for False) the first of the two is returned."""
-    first = kind(dict.fromkeys(items))
+    then the first of the two is returned; False (order unused) skips the search."""
+    first = kind(items) if in_order is False else kind(dict.fromkeys(items))
     if len(first) != len(items):  # a set with duplicates was never a set
         raise WireError("duplicate set items")
-    for made in (first, kind(items)):
-        if all(a is b for a, b in zip(made, items, strict=True)):
-            return made
+    if in_order is False or iterates_as(first, items):
+        return first
+    made = kind(items)
+    if iterates_as(made, items):
+        return made
     if in_order is True:
         raise WireError(SET_ORDER)
-    if in_order:
-        in_order()
+    in_order()
     return first
 
 
